@@ -1,0 +1,33 @@
+# The two commands of the README: `make lab` (the main job) and `make test`.
+# Both bootstrap themselves (scripts/bootstrap.sh) on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap lab test lint proto bench clean-lab
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+lab: bootstrap
+	$(VENV)/bin/flexcomm lab run $(LAB_ARGS)
+
+test: bootstrap
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+
+proto: bootstrap
+	$(PY) proto/generate.py
+
+bench: bootstrap
+	$(PY) bench/policy.py
+	$(PY) bench/compress.py
+	$(PY) bench/store.py
+	$(PY) bench/hook_overhead.py
+	$(PY) bench/agent_load.py
+
+clean-lab: bootstrap
+	$(VENV)/bin/flexcomm lab clean

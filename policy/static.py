@@ -1,0 +1,54 @@
+"""Fixed choices: always dense, or always one CR on one collective.
+
+These are the baselines the adaptive policies are compared with, and what a
+user pins when they do not want adaptation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flexcomm.policy.types import (
+    DENSE_COLLECTIVES,
+    DENSE_RING,
+    ROOT_STAR,
+    Decision,
+    NetworkObservation,
+    StepReport,
+)
+
+
+class StaticPolicy:
+    """Always the same (cr, collective, root). Dense collectives need cr = 1."""
+
+    name = "static"
+
+    def __init__(self, cr: float = 1.0, collective: str = DENSE_RING, root: str = ROOT_STAR) -> None:
+        if collective in DENSE_COLLECTIVES and cr == 1.0:
+            reason = f"static: dense {collective}"
+        else:
+            reason = f"static: Top-k at cr={cr:g} over {collective}"
+        # Decision validates cr, collective and root, naming the bad field.
+        self._decision = Decision(cr=cr, collective=collective, root=root, version=1, reason=reason)
+
+    def observe_network(self, net: NetworkObservation) -> None:
+        pass
+
+    def observe_step(self, report: StepReport) -> None:
+        pass
+
+    def decide(self) -> Decision:
+        return self._decision
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "decision": self._decision.to_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._decision = Decision.from_dict(state["decision"])
+
+
+def dense_policy() -> StaticPolicy:
+    policy = StaticPolicy(1.0, DENSE_RING)
+    policy.name = "dense"
+    return policy

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what flexcomm needs on a fresh Debian machine, idempotently:
+# Debian's iperf3 and iproute2, then a virtual environment in .venv with
+# torch==2.13.0 (the CPU wheel; an unpinned torch pulls gigabytes of CUDA) and
+# flexcomm itself in editable mode with the client, lab and dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${FLEXCOMM_VENV:-.venv}
+PY=${PYTHON:-python3}
+STAMP="$VENV/.flexcomm-installed"
+
+need_apt=()
+command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if ((${#need_apt[@]})); then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "bootstrap: need ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2
+        exit 1
+    fi
+    echo "bootstrap: apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "bootstrap: creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+    echo "bootstrap: installing torch==2.13.0 and flexcomm[client,lab,dev] into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[client,lab,dev]"
+    touch "$STAMP"
+fi
