@@ -1,0 +1,90 @@
+"""Between the proto messages and the policy vocabulary (flexcomm.policy.types).
+
+Enums map one to one onto the canonical names; an unknown or unspecified enum
+value raises ValueError naming the field, like every other bad field.
+"""
+
+from __future__ import annotations
+
+from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision, StepReport
+from flexcomm.proto.flexcomm.v1 import agent_pb2 as pb
+
+_COLLECTIVE_TO_ENUM = {name: pb.Collective.Value(f"COLLECTIVE_{name.upper()}") for name in COLLECTIVES}
+_ENUM_TO_COLLECTIVE = {v: k for k, v in _COLLECTIVE_TO_ENUM.items()}
+_ROOT_TO_ENUM = {name: pb.RootSelection.Value(f"ROOT_SELECTION_{name.upper()}") for name in ROOT_SELECTIONS}
+_ENUM_TO_ROOT = {v: k for k, v in _ROOT_TO_ENUM.items()}
+
+
+def collective_to_enum(name: str) -> int:
+    try:
+        return _COLLECTIVE_TO_ENUM[name]
+    except KeyError:
+        raise ValueError(f"collective: unknown collective {name!r} (one of {', '.join(COLLECTIVES)})") from None
+
+
+def collective_from_enum(value: int, field: str = "collective") -> str:
+    try:
+        return _ENUM_TO_COLLECTIVE[value]
+    except KeyError:
+        known = ", ".join(pb.Collective.Name(v) for v in _ENUM_TO_COLLECTIVE)
+        raise ValueError(f"{field}: unknown or unspecified collective {value} (one of {known})") from None
+
+
+def root_to_enum(name: str) -> int:
+    try:
+        return _ROOT_TO_ENUM[name]
+    except KeyError:
+        raise ValueError(f"root: unknown root selection {name!r} (one of star, var)") from None
+
+
+def root_from_enum(value: int, field: str = "root") -> str:
+    try:
+        return _ENUM_TO_ROOT[value]
+    except KeyError:
+        raise ValueError(f"{field}: unknown or unspecified root selection {value}") from None
+
+
+def decision_to_proto(decision: Decision, job_id: str = "", decided_unix: float = 0.0) -> pb.Decision:
+    return pb.Decision(
+        job_id=job_id,
+        cr=decision.cr,
+        collective=collective_to_enum(decision.collective),
+        root=root_to_enum(decision.root),
+        version=decision.version,
+        predicted_sync_s=decision.predicted_sync_s,
+        predicted_comp_s=decision.predicted_comp_s,
+        reason=decision.reason,
+        probe_crs=list(decision.probe_crs),
+        model_forms=decision.model_forms,
+        decided_unix=decided_unix,
+    )
+
+
+def decision_from_proto(msg: pb.Decision) -> Decision:
+    """Raises ValueError naming the field when the message is not a valid decision."""
+    return Decision(
+        cr=msg.cr,
+        collective=collective_from_enum(msg.collective),
+        root=root_from_enum(msg.root),
+        version=msg.version,
+        predicted_sync_s=msg.predicted_sync_s,
+        predicted_comp_s=msg.predicted_comp_s,
+        reason=msg.reason,
+        probe_crs=tuple(msg.probe_crs),
+        model_forms=msg.model_forms,
+    )
+
+
+def report_to_proto(report: StepReport) -> pb.StepReport:
+    return pb.StepReport(
+        step=report.step,
+        epoch=report.epoch,
+        cr=report.cr,
+        collective=collective_to_enum(report.collective),
+        t_comp_s=report.t_comp_s,
+        t_sync_s=report.t_sync_s,
+        t_compute_s=report.t_compute_s,
+        gain=report.gain,
+        bytes_sent=report.bytes_sent,
+        gains=[pb.GainAt(cr=c, gain=g) for c, g in report.gains.items()],
+    )

@@ -1,0 +1,1 @@
+"""flexcomm.proto.flexcomm: protoc output root (see proto/generate.py)."""

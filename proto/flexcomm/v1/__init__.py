@@ -1,0 +1,1 @@
+"""flexcomm.v1 generated messages and service stubs."""
