@@ -39,3 +39,61 @@ __all__ = [
     "Policy",
     "StepReport",
 ]
+
+
+POLICY_NAMES = ("dense", "static", "moo", "gravac")
+
+
+def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | None = None) -> Policy:
+    """Build a policy by name ("dense", "static", "moo", "gravac").
+
+    options are plain values (from the CLI, a TOML file or an RPC); an unknown
+    option or a bad value raises ValueError naming it. static takes cr,
+    collective and root; moo takes MooConfig's fields; gravac GravacConfig's.
+    """
+    from flexcomm.policy.gravac import GravacConfig, GravacPolicy
+    from flexcomm.policy.moo import MooConfig, MooPolicy
+    from flexcomm.policy.static import StaticPolicy, dense_policy
+
+    if not isinstance(nodes, int) or nodes < 2:
+        raise ValueError(f"nodes: need at least 2 workers, got {nodes!r}")
+    opts = dict(options or {})
+    if name == "dense":
+        if opts:
+            raise ValueError(f"{sorted(opts)[0]}: the dense policy takes no options")
+        return dense_policy()
+    if name == "static":
+        unknown = sorted(set(opts) - {"cr", "collective", "root"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown static option (known: collective, cr, root)")
+        return StaticPolicy(**opts)
+    if name == "moo":
+        return MooPolicy(grad_bytes, MooConfig.from_options(opts))
+    if name == "gravac":
+        return GravacPolicy(GravacConfig.from_options(opts))
+    raise ValueError(f"policy: unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
+
+
+def policy_from_state(state: dict) -> Policy:
+    """Rebuild a policy from its `state_dict()` (what the agent persists)."""
+    kind = state.get("kind")
+    if kind in ("static", "dense"):
+        from flexcomm.policy.static import StaticPolicy
+
+        policy = StaticPolicy()
+        policy.name = kind
+    elif kind == "moo":
+        from flexcomm.policy.moo import MooPolicy
+
+        policy = MooPolicy(float(state["grad_bytes"]))
+    elif kind == "gravac":
+        from flexcomm.policy.gravac import GravacPolicy
+
+        policy = GravacPolicy()
+    else:
+        raise ValueError(f"kind: unknown policy kind {kind!r} in stored state")
+    policy.load_state_dict(state)
+    return policy
+
+
+__all__ += ["POLICY_NAMES", "make_policy", "policy_from_state"]

@@ -1,0 +1,286 @@
+"""The alpha-beta cost model of gradient synchronisation (DESIGN.md section 3).
+
+alpha: per-message latency (s); beta: seconds per byte; M: dense message bytes;
+N: workers; c: compression ratio k/M. Logs are base 2.
+
+| collective | paper form                          | variant                            |
+|------------|-------------------------------------|------------------------------------|
+| ps         | 2a + 2(N-1)Mb                       |                                    |
+| dense_ring | 2(N-1)a + 2((N-1)/N)Mb              |                                    |
+| dense_tree | 2a logN + 2 logN Mb                 | pipelined (NCCL): 2a logN + 2Mb    |
+| ag_topk    | a logN + 2(N-1)Mcb                  | ring: (N-1)a + (N-1)s cM b         |
+| art_ring   | a[2(N-1)+logN] + Mcb[2(N-1)/N+logN] |                                    |
+| art_tree   | 3a logN + 3Mcb logN                 | pipelined: a logN + Mcb logN + 2a logN + 2Mcb |
+
+s = (value bytes + index bytes) / value bytes: 2 for fp32 values with int32
+indices. AR-Topk is an index broadcast (binomial tree: a logN + Mcb logN)
+followed by an AllReduce of the values at those indices; its tree variant
+swaps the paper's tree AllReduce for the pipelined one.
+
+Compressed options also pay t_comp(M, c): selection passes over the whole
+gradient plus packing/scatter of the selected entries. The defaults were read
+off this project's compressor on a 2-core CPU and are replaced by measured
+values as soon as the client reports them.
+
+`Calibration` turns raw predictions into calibrated ones with a per-collective
+affine fit (exponentially forgotten least squares) of measured against
+predicted sync time, and keeps the model's current relative error. The agent
+and the validation benchmark use this same class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flexcomm.policy.types import (
+    AG_TOPK,
+    ART_RING,
+    ART_TREE,
+    COLLECTIVES,
+    DENSE_RING,
+    DENSE_TREE,
+    PS,
+    SPARSE_COLLECTIVES,
+    NetworkObservation,
+    check_collective,
+    check_cr,
+)
+
+AG_FORMS = ("paper", "ring")
+TREE_FORMS = ("paper", "pipelined")
+
+
+def _log2(n: int) -> float:
+    return math.log2(n)
+
+
+@dataclass(frozen=True)
+class ModelForms:
+    """Which formula variants a prediction uses (DESIGN.md keeps both)."""
+
+    ag: str = "paper"
+    tree: str = "paper"
+    value_bytes: int = 4
+    index_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.ag not in AG_FORMS:
+            raise ValueError(f"ag_form: unknown form {self.ag!r} (one of paper, ring)")
+        if self.tree not in TREE_FORMS:
+            raise ValueError(f"tree_form: unknown form {self.tree!r} (one of paper, pipelined)")
+        for name in ("value_bytes", "index_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+
+    @property
+    def sparse_ratio(self) -> float:
+        """s: bytes per sparse entry over bytes per dense entry."""
+        return (self.value_bytes + self.index_bytes) / self.value_bytes
+
+    def describe(self) -> str:
+        return f"ag={self.ag},tree={self.tree}"
+
+
+def check_message_bytes(m: float, field_name: str = "size") -> float:
+    v = float(m)
+    if math.isnan(v) or math.isinf(v) or v <= 0:
+        raise ValueError(f"{field_name}: message size must be finite and > 0 bytes, got {m!r}")
+    return v
+
+
+def sync_time(collective: str, m: float, c: float, net: NetworkObservation,
+              forms: ModelForms = ModelForms()) -> float:
+    """Raw predicted seconds to synchronise an M-byte gradient at ratio c."""
+    check_collective(collective)
+    m = check_message_bytes(m)
+    c = check_cr(c)
+    a, b, n = net.alpha_s, net.beta_s_per_byte, net.nodes
+    lg = _log2(n)
+    mc = m * c
+    if collective == PS:
+        return 2 * a + 2 * (n - 1) * m * b
+    if collective == DENSE_RING:
+        return 2 * (n - 1) * a + 2 * ((n - 1) / n) * m * b
+    if collective == DENSE_TREE:
+        return _tree_allreduce(a, b, m, lg, forms)
+    if collective == AG_TOPK:
+        if forms.ag == "ring":
+            return (n - 1) * a + (n - 1) * forms.sparse_ratio * mc * b
+        return a * lg + 2 * (n - 1) * mc * b
+    broadcast = a * lg + mc * b * lg  # the root's indices, binomial tree
+    if collective == ART_RING:
+        return broadcast + 2 * (n - 1) * a + 2 * ((n - 1) / n) * mc * b
+    assert collective == ART_TREE
+    return broadcast + _tree_allreduce(a, b, mc, lg, forms)
+
+
+def _tree_allreduce(a: float, b: float, m: float, lg: float, forms: ModelForms) -> float:
+    if forms.tree == "pipelined":
+        return 2 * a * lg + 2 * m * b
+    return 2 * a * lg + 2 * lg * m * b
+
+
+@dataclass(frozen=True)
+class CompressionCost:
+    """t_comp(M, c) = per_byte * M + per_selected_byte * M * c (+ 0 when dense).
+
+    per_byte covers the selection passes over the whole gradient (error feedback
+    add, magnitude, threshold); per_selected_byte the packing and scatter-add.
+    """
+
+    per_byte: float = 1.6e-9
+    per_selected_byte: float = 2.0e-8
+
+    def __post_init__(self) -> None:
+        for name in ("per_byte", "per_selected_byte"):
+            v = getattr(self, name)
+            if math.isnan(v) or math.isinf(v) or v < 0:
+                raise ValueError(f"{name}: must be finite and >= 0, got {v!r}")
+
+    def seconds(self, m: float, c: float) -> float:
+        m = check_message_bytes(m)
+        if check_cr(c) == 1.0:
+            return 0.0
+        return self.per_byte * m + self.per_selected_byte * m * c
+
+
+# --- calibration -----------------------------------------------------------------
+
+@dataclass
+class _Fit:
+    """Exponentially forgotten sums for measured = slope * predicted + intercept."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+    err: float = 0.0  # EWMA of |measured - prediction before the update| / measured
+    n: int = 0
+
+    def observe(self, predicted: float, measured: float, decay: float) -> None:
+        if self.n:
+            self.err = decay * self.err + (1 - decay) * abs(measured - self.apply(predicted)) / measured
+        self.w = decay * self.w + 1
+        self.x = decay * self.x + predicted
+        self.y = decay * self.y + measured
+        self.xx = decay * self.xx + predicted * predicted
+        self.xy = decay * self.xy + predicted * measured
+        self.n += 1
+
+    def apply(self, predicted: float) -> float:
+        if self.n == 0 or self.x <= 0:
+            return predicted
+        ratio = self.y / self.x
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        # An affine fit needs spread in the predictions; without it, a ratio.
+        if self.n >= 3 and var > (0.05 * mx) ** 2:
+            slope = (self.xy / self.w - mx * my) / var
+            if slope > 0:
+                intercept = my - slope * mx
+                return max(slope * predicted + intercept, 0.1 * ratio * predicted)
+        return ratio * predicted
+
+
+class Calibration:
+    """Per-collective correction of raw predictions from (predicted, measured) pairs.
+
+    decay is the weight kept by older observations at each new one (0.9 keeps an
+    effective window of about ten). error() is the model's current relative error:
+    the smoothed |measured - calibrated prediction| / measured, judged before each
+    observation updates the fit (an honest, out-of-sample figure).
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not (0.0 < decay < 1.0):
+            raise ValueError(f"decay: must be in (0, 1), got {decay!r}")
+        self.decay = decay
+        self._fits: dict[str, _Fit] = {}
+
+    def observe(self, collective: str, predicted_s: float, measured_s: float) -> None:
+        check_collective(collective)
+        for name, v in (("predicted_s", predicted_s), ("measured_s", measured_s)):
+            if math.isnan(v) or math.isinf(v) or v <= 0:
+                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+        self._fits.setdefault(collective, _Fit()).observe(predicted_s, measured_s, self.decay)
+
+    def apply(self, collective: str, predicted_s: float) -> float:
+        fit = self._fits.get(collective)
+        return fit.apply(predicted_s) if fit else predicted_s
+
+    def observations(self, collective: str) -> int:
+        fit = self._fits.get(collective)
+        return fit.n if fit else 0
+
+    def error(self, collective: str | None = None) -> float:
+        """Relative error for one collective, or the worst over those observed twice+."""
+        if collective is not None:
+            fit = self._fits.get(collective)
+            return fit.err if fit and fit.n > 1 else 0.0
+        errs = [f.err for f in self._fits.values() if f.n > 1]
+        return max(errs) if errs else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "fits": {k: vars(f).copy() for k, f in sorted(self._fits.items())}}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Calibration:
+        cal = cls(float(state.get("decay", 0.9)))
+        for name, fit in (state.get("fits") or {}).items():
+            cal._fits[check_collective(name)] = _Fit(**fit)
+        return cal
+
+
+@dataclass(frozen=True)
+class Prediction:
+    collective: str
+    cr: float
+    sync_s: float  # calibrated
+    raw_sync_s: float
+    comp_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.sync_s + self.comp_s
+
+
+def predict(collective: str, m: float, c: float, net: NetworkObservation,
+            forms: ModelForms = ModelForms(), comp: CompressionCost = CompressionCost(),
+            calibration: Calibration | None = None) -> Prediction:
+    """Calibrated sync time plus compression time for one option."""
+    raw = sync_time(collective, m, c, net, forms)
+    cal = calibration.apply(collective, raw) if calibration else raw
+    comp_s = comp.seconds(m, c) if collective in SPARSE_COLLECTIVES else 0.0
+    return Prediction(collective, c, cal, raw, comp_s)
+
+
+def crossover_ratio(kind: str, n: int, m: float, c: float) -> float:
+    """The paper's alpha/beta boundaries: below the returned value the first-named
+    collective is cheaper (paper forms). kind: ring_vs_tree, ring_vs_ag, tree_vs_ag."""
+    lg = _log2(n)
+    mc = m * c
+    if kind == "ring_vs_tree":
+        return (lg - (n - 1) / n) / (n - 1 - lg) * mc
+    if kind == "ring_vs_ag":
+        return (1 - 1 / n - lg / (2 * (n - 1))) * mc
+    if kind == "tree_vs_ag":
+        return ((n - 1) / lg - 1.5) * mc
+    raise ValueError(f"kind: unknown crossover {kind!r}")
+
+
+__all__ = [
+    "AG_FORMS",
+    "COLLECTIVES",
+    "TREE_FORMS",
+    "Calibration",
+    "CompressionCost",
+    "ModelForms",
+    "Prediction",
+    "crossover_ratio",
+    "predict",
+    "sync_time",
+]
