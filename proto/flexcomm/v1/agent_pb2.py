@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66lexcomm/v1/agent.proto\x12\x0b\x66lexcomm.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8a\x01\n\x07JobSpec\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\ngrad_bytes\x18\x03 \x01(\x04\x12\r\n\x05nodes\x18\x04 \x03(\t\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12(\n\x07options\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"I\n\x12RegisterJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobSpec\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"r\n\x13RegisterJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobInfo\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\x12\x0f\n\x07resumed\x18\x03 \x01(\x08\"\x17\n\x15UnregisterJobResponse\"\x90\x02\n\x08\x44\x65\x63ision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\n\n\x02\x63r\x18\x02 \x01(\x01\x12+\n\ncollective\x18\x03 \x01(\x0e\x32\x17.flexcomm.v1.Collective\x12(\n\x04root\x18\x04 \x01(\x0e\x32\x1a.flexcomm.v1.RootSelection\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x18\n\x10predicted_sync_s\x18\x06 \x01(\x01\x12\x18\n\x10predicted_comp_s\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x11\n\tprobe_crs\x18\t \x03(\x01\x12\x13\n\x0bmodel_forms\x18\n \x01(\t\x12\x14\n\x0c\x64\x65\x63ided_unix\x18\x0b \x01(\x01\"\"\n\x06GainAt\x12\n\n\x02\x63r\x18\x01 \x01(\x01\x12\x0c\n\x04gain\x18\x02 \x01(\x01\"\xe1\x01\n\nStepReport\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\n\n\x02\x63r\x18\x03 \x01(\x01\x12+\n\ncollective\x18\x04 \x01(\x0e\x32\x17.flexcomm.v1.Collective\x12\x10\n\x08t_comp_s\x18\x05 \x01(\x01\x12\x10\n\x08t_sync_s\x18\x06 \x01(\x01\x12\x13\n\x0bt_compute_s\x18\x07 \x01(\x01\x12\x0c\n\x04gain\x18\x08 \x01(\x01\x12\x12\n\nbytes_sent\x18\t \x01(\x04\x12\"\n\x05gains\x18\n \x03(\x0b\x32\x13.flexcomm.v1.GainAt\"9\n\x0fNetworkEstimate\x12\x0f\n\x07\x61lpha_s\x18\x01 \x01(\x01\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\"}\n\x12ReportStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x07reports\x18\x02 \x03(\x0b\x32\x17.flexcomm.v1.StepReport\x12-\n\x07network\x18\x03 \x01(\x0b\x32\x1c.flexcomm.v1.NetworkEstimate\"P\n\x13ReportStepsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\">\n\x15WatchDecisionsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x04\"#\n\x11GetNetworkRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xcb\x01\n\tPeerState\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\x12\r\n\x05rtt_s\x18\x03 \x01(\x01\x12\x11\n\trtt_p99_s\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x0f\n\x07\x61lpha_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x62\x65ta_s_per_byte\x18\x07 \x01(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x14\n\x0cupdated_unix\x18\t \x01(\x01\x12\x16\n\x0eprobe_failures\x18\n \x01(\x04\"k\n\nBottleneck\x12\x0f\n\x07\x61lpha_s\x18\x01 \x01(\x01\x12\x17\n\x0f\x62\x65ta_s_per_byte\x18\x02 \x01(\x01\x12\x15\n\rbandwidth_bps\x18\x03 \x01(\x01\x12\r\n\x05nodes\x18\x04 \x01(\r\x12\r\n\x05known\x18\x05 \x01(\x08\"b\n\x0cNetworkState\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.flexcomm.v1.PeerState\x12+\n\nbottleneck\x18\x02 \x01(\x0b\x32\x17.flexcomm.v1.Bottleneck\"\x11\n\x0fListJobsRequest\"\xc1\x01\n\x07JobInfo\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobSpec\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\x12\x11\n\tlast_step\x18\x03 \x01(\x04\x12\x12\n\nlast_epoch\x18\x04 \x01(\x04\x12\x0f\n\x07reports\x18\x05 \x01(\x04\x12\x17\n\x0fregistered_unix\x18\x06 \x01(\x01\x12\x18\n\x10last_report_unix\x18\x07 \x01(\x01\"6\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.flexcomm.v1.JobInfo*\xbb\x01\n\nCollective\x12\x1a\n\x16\x43OLLECTIVE_UNSPECIFIED\x10\x00\x12\x11\n\rCOLLECTIVE_PS\x10\x01\x12\x19\n\x15\x43OLLECTIVE_DENSE_RING\x10\x02\x12\x19\n\x15\x43OLLECTIVE_DENSE_TREE\x10\x03\x12\x16\n\x12\x43OLLECTIVE_AG_TOPK\x10\x04\x12\x17\n\x13\x43OLLECTIVE_ART_RING\x10\x05\x12\x17\n\x13\x43OLLECTIVE_ART_TREE\x10\x06*`\n\rRootSelection\x12\x1e\n\x1aROOT_SELECTION_UNSPECIFIED\x10\x00\x12\x17\n\x13ROOT_SELECTION_STAR\x10\x01\x12\x16\n\x12ROOT_SELECTION_VAR\x10\x02\x32\x93\x04\n\x05\x41gent\x12P\n\x0bRegisterJob\x12\x1f.flexcomm.v1.RegisterJobRequest\x1a .flexcomm.v1.RegisterJobResponse\x12H\n\rUnregisterJob\x12\x13.flexcomm.v1.JobRef\x1a\".flexcomm.v1.UnregisterJobResponse\x12\x39\n\x0bGetDecision\x12\x13.flexcomm.v1.JobRef\x1a\x15.flexcomm.v1.Decision\x12R\n\x0bReportSteps\x12\x1f.flexcomm.v1.ReportStepsRequest\x1a .flexcomm.v1.ReportStepsResponse(\x01\x12M\n\x0eWatchDecisions\x12\".flexcomm.v1.WatchDecisionsRequest\x1a\x15.flexcomm.v1.Decision0\x01\x12G\n\nGetNetwork\x12\x1e.flexcomm.v1.GetNetworkRequest\x1a\x19.flexcomm.v1.NetworkState\x12G\n\x08ListJobs\x12\x1c.flexcomm.v1.ListJobsRequest\x1a\x1d.flexcomm.v1.ListJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66lexcomm/v1/agent.proto\x12\x0b\x66lexcomm.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8a\x01\n\x07JobSpec\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\ngrad_bytes\x18\x03 \x01(\x04\x12\r\n\x05nodes\x18\x04 \x03(\t\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12(\n\x07options\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"I\n\x12RegisterJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobSpec\x12\x0f\n\x07replace\x18\x02 \x01(\x08\"r\n\x13RegisterJobResponse\x12!\n\x03job\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobInfo\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\x12\x0f\n\x07resumed\x18\x03 \x01(\x08\"\x90\x02\n\x08\x44\x65\x63ision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\n\n\x02\x63r\x18\x02 \x01(\x01\x12+\n\ncollective\x18\x03 \x01(\x0e\x32\x17.flexcomm.v1.Collective\x12(\n\x04root\x18\x04 \x01(\x0e\x32\x1a.flexcomm.v1.RootSelection\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x18\n\x10predicted_sync_s\x18\x06 \x01(\x01\x12\x18\n\x10predicted_comp_s\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x11\n\tprobe_crs\x18\t \x03(\x01\x12\x13\n\x0bmodel_forms\x18\n \x01(\t\x12\x14\n\x0c\x64\x65\x63ided_unix\x18\x0b \x01(\x01\"\"\n\x06GainAt\x12\n\n\x02\x63r\x18\x01 \x01(\x01\x12\x0c\n\x04gain\x18\x02 \x01(\x01\"\xe1\x01\n\nStepReport\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\n\n\x02\x63r\x18\x03 \x01(\x01\x12+\n\ncollective\x18\x04 \x01(\x0e\x32\x17.flexcomm.v1.Collective\x12\x10\n\x08t_comp_s\x18\x05 \x01(\x01\x12\x10\n\x08t_sync_s\x18\x06 \x01(\x01\x12\x13\n\x0bt_compute_s\x18\x07 \x01(\x01\x12\x0c\n\x04gain\x18\x08 \x01(\x01\x12\x12\n\nbytes_sent\x18\t \x01(\x04\x12\"\n\x05gains\x18\n \x03(\x0b\x32\x13.flexcomm.v1.GainAt\"9\n\x0fNetworkEstimate\x12\x0f\n\x07\x61lpha_s\x18\x01 \x01(\x01\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\"}\n\x12ReportStepsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x07reports\x18\x02 \x03(\x0b\x32\x17.flexcomm.v1.StepReport\x12-\n\x07network\x18\x03 \x01(\x0b\x32\x1c.flexcomm.v1.NetworkEstimate\"P\n\x13ReportStepsResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\">\n\x15WatchDecisionsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rafter_version\x18\x02 \x01(\x04\"#\n\x11GetNetworkRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xcb\x01\n\tPeerState\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\x12\r\n\x05rtt_s\x18\x03 \x01(\x01\x12\x11\n\trtt_p99_s\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x0f\n\x07\x61lpha_s\x18\x06 \x01(\x01\x12\x17\n\x0f\x62\x65ta_s_per_byte\x18\x07 \x01(\x01\x12\x0e\n\x06source\x18\x08 \x01(\t\x12\x14\n\x0cupdated_unix\x18\t \x01(\x01\x12\x16\n\x0eprobe_failures\x18\n \x01(\x04\"k\n\nBottleneck\x12\x0f\n\x07\x61lpha_s\x18\x01 \x01(\x01\x12\x17\n\x0f\x62\x65ta_s_per_byte\x18\x02 \x01(\x01\x12\x15\n\rbandwidth_bps\x18\x03 \x01(\x01\x12\r\n\x05nodes\x18\x04 \x01(\r\x12\r\n\x05known\x18\x05 \x01(\x08\"b\n\x0cNetworkState\x12%\n\x05peers\x18\x01 \x03(\x0b\x32\x16.flexcomm.v1.PeerState\x12+\n\nbottleneck\x18\x02 \x01(\x0b\x32\x17.flexcomm.v1.Bottleneck\"\x11\n\x0fListJobsRequest\"\xc1\x01\n\x07JobInfo\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.flexcomm.v1.JobSpec\x12\'\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x15.flexcomm.v1.Decision\x12\x11\n\tlast_step\x18\x03 \x01(\x04\x12\x12\n\nlast_epoch\x18\x04 \x01(\x04\x12\x0f\n\x07reports\x18\x05 \x01(\x04\x12\x17\n\x0fregistered_unix\x18\x06 \x01(\x01\x12\x18\n\x10last_report_unix\x18\x07 \x01(\x01\"6\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.flexcomm.v1.JobInfo*\xbb\x01\n\nCollective\x12\x1a\n\x16\x43OLLECTIVE_UNSPECIFIED\x10\x00\x12\x11\n\rCOLLECTIVE_PS\x10\x01\x12\x19\n\x15\x43OLLECTIVE_DENSE_RING\x10\x02\x12\x19\n\x15\x43OLLECTIVE_DENSE_TREE\x10\x03\x12\x16\n\x12\x43OLLECTIVE_AG_TOPK\x10\x04\x12\x17\n\x13\x43OLLECTIVE_ART_RING\x10\x05\x12\x17\n\x13\x43OLLECTIVE_ART_TREE\x10\x06*`\n\rRootSelection\x12\x1e\n\x1aROOT_SELECTION_UNSPECIFIED\x10\x00\x12\x17\n\x13ROOT_SELECTION_STAR\x10\x01\x12\x16\n\x12ROOT_SELECTION_VAR\x10\x02\x32\xc9\x03\n\x05\x41gent\x12P\n\x0bRegisterJob\x12\x1f.flexcomm.v1.RegisterJobRequest\x1a .flexcomm.v1.RegisterJobResponse\x12\x39\n\x0bGetDecision\x12\x13.flexcomm.v1.JobRef\x1a\x15.flexcomm.v1.Decision\x12R\n\x0bReportSteps\x12\x1f.flexcomm.v1.ReportStepsRequest\x1a .flexcomm.v1.ReportStepsResponse(\x01\x12M\n\x0eWatchDecisions\x12\".flexcomm.v1.WatchDecisionsRequest\x1a\x15.flexcomm.v1.Decision0\x01\x12G\n\nGetNetwork\x12\x1e.flexcomm.v1.GetNetworkRequest\x1a\x19.flexcomm.v1.NetworkState\x12G\n\x08ListJobs\x12\x1c.flexcomm.v1.ListJobsRequest\x1a\x1d.flexcomm.v1.ListJobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'flexcomm.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLLECTIVE']._serialized_start=2048
-  _globals['_COLLECTIVE']._serialized_end=2235
-  _globals['_ROOTSELECTION']._serialized_start=2237
-  _globals['_ROOTSELECTION']._serialized_end=2333
+  _globals['_COLLECTIVE']._serialized_start=2023
+  _globals['_COLLECTIVE']._serialized_end=2210
+  _globals['_ROOTSELECTION']._serialized_start=2212
+  _globals['_ROOTSELECTION']._serialized_end=2308
   _globals['_JOBREF']._serialized_start=70
   _globals['_JOBREF']._serialized_end=94
   _globals['_JOBSPEC']._serialized_start=97
@@ -44,36 +44,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERJOBREQUEST']._serialized_end=310
   _globals['_REGISTERJOBRESPONSE']._serialized_start=312
   _globals['_REGISTERJOBRESPONSE']._serialized_end=426
-  _globals['_UNREGISTERJOBRESPONSE']._serialized_start=428
-  _globals['_UNREGISTERJOBRESPONSE']._serialized_end=451
-  _globals['_DECISION']._serialized_start=454
-  _globals['_DECISION']._serialized_end=726
-  _globals['_GAINAT']._serialized_start=728
-  _globals['_GAINAT']._serialized_end=762
-  _globals['_STEPREPORT']._serialized_start=765
-  _globals['_STEPREPORT']._serialized_end=990
-  _globals['_NETWORKESTIMATE']._serialized_start=992
-  _globals['_NETWORKESTIMATE']._serialized_end=1049
-  _globals['_REPORTSTEPSREQUEST']._serialized_start=1051
-  _globals['_REPORTSTEPSREQUEST']._serialized_end=1176
-  _globals['_REPORTSTEPSRESPONSE']._serialized_start=1178
-  _globals['_REPORTSTEPSRESPONSE']._serialized_end=1258
-  _globals['_WATCHDECISIONSREQUEST']._serialized_start=1260
-  _globals['_WATCHDECISIONSREQUEST']._serialized_end=1322
-  _globals['_GETNETWORKREQUEST']._serialized_start=1324
-  _globals['_GETNETWORKREQUEST']._serialized_end=1359
-  _globals['_PEERSTATE']._serialized_start=1362
-  _globals['_PEERSTATE']._serialized_end=1565
-  _globals['_BOTTLENECK']._serialized_start=1567
-  _globals['_BOTTLENECK']._serialized_end=1674
-  _globals['_NETWORKSTATE']._serialized_start=1676
-  _globals['_NETWORKSTATE']._serialized_end=1774
-  _globals['_LISTJOBSREQUEST']._serialized_start=1776
-  _globals['_LISTJOBSREQUEST']._serialized_end=1793
-  _globals['_JOBINFO']._serialized_start=1796
-  _globals['_JOBINFO']._serialized_end=1989
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1991
-  _globals['_LISTJOBSRESPONSE']._serialized_end=2045
-  _globals['_AGENT']._serialized_start=2336
-  _globals['_AGENT']._serialized_end=2867
+  _globals['_DECISION']._serialized_start=429
+  _globals['_DECISION']._serialized_end=701
+  _globals['_GAINAT']._serialized_start=703
+  _globals['_GAINAT']._serialized_end=737
+  _globals['_STEPREPORT']._serialized_start=740
+  _globals['_STEPREPORT']._serialized_end=965
+  _globals['_NETWORKESTIMATE']._serialized_start=967
+  _globals['_NETWORKESTIMATE']._serialized_end=1024
+  _globals['_REPORTSTEPSREQUEST']._serialized_start=1026
+  _globals['_REPORTSTEPSREQUEST']._serialized_end=1151
+  _globals['_REPORTSTEPSRESPONSE']._serialized_start=1153
+  _globals['_REPORTSTEPSRESPONSE']._serialized_end=1233
+  _globals['_WATCHDECISIONSREQUEST']._serialized_start=1235
+  _globals['_WATCHDECISIONSREQUEST']._serialized_end=1297
+  _globals['_GETNETWORKREQUEST']._serialized_start=1299
+  _globals['_GETNETWORKREQUEST']._serialized_end=1334
+  _globals['_PEERSTATE']._serialized_start=1337
+  _globals['_PEERSTATE']._serialized_end=1540
+  _globals['_BOTTLENECK']._serialized_start=1542
+  _globals['_BOTTLENECK']._serialized_end=1649
+  _globals['_NETWORKSTATE']._serialized_start=1651
+  _globals['_NETWORKSTATE']._serialized_end=1749
+  _globals['_LISTJOBSREQUEST']._serialized_start=1751
+  _globals['_LISTJOBSREQUEST']._serialized_end=1768
+  _globals['_JOBINFO']._serialized_start=1771
+  _globals['_JOBINFO']._serialized_end=1964
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1966
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2020
+  _globals['_AGENT']._serialized_start=2311
+  _globals['_AGENT']._serialized_end=2768
 # @@protoc_insertion_point(module_scope)

@@ -39,11 +39,6 @@ class AgentStub:
                 request_serializer=flexcomm_dot_v1_dot_agent__pb2.RegisterJobRequest.SerializeToString,
                 response_deserializer=flexcomm_dot_v1_dot_agent__pb2.RegisterJobResponse.FromString,
                 _registered_method=True)
-        self.UnregisterJob = channel.unary_unary(
-                '/flexcomm.v1.Agent/UnregisterJob',
-                request_serializer=flexcomm_dot_v1_dot_agent__pb2.JobRef.SerializeToString,
-                response_deserializer=flexcomm_dot_v1_dot_agent__pb2.UnregisterJobResponse.FromString,
-                _registered_method=True)
         self.GetDecision = channel.unary_unary(
                 '/flexcomm.v1.Agent/GetDecision',
                 request_serializer=flexcomm_dot_v1_dot_agent__pb2.JobRef.SerializeToString,
@@ -78,13 +73,6 @@ class AgentServicer:
         """Register a job (or re-register it after a restart of either side). Registering
         an existing job with the same spec resumes it; a different spec is refused
         with ALREADY_EXISTS unless replace is set.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def UnregisterJob(self, request, context):
-        """Forget a job and its state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,11 +119,6 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.RegisterJob,
                     request_deserializer=flexcomm_dot_v1_dot_agent__pb2.RegisterJobRequest.FromString,
                     response_serializer=flexcomm_dot_v1_dot_agent__pb2.RegisterJobResponse.SerializeToString,
-            ),
-            'UnregisterJob': grpc.unary_unary_rpc_method_handler(
-                    servicer.UnregisterJob,
-                    request_deserializer=flexcomm_dot_v1_dot_agent__pb2.JobRef.FromString,
-                    response_serializer=flexcomm_dot_v1_dot_agent__pb2.UnregisterJobResponse.SerializeToString,
             ),
             'GetDecision': grpc.unary_unary_rpc_method_handler(
                     servicer.GetDecision,
@@ -190,33 +173,6 @@ class Agent:
             '/flexcomm.v1.Agent/RegisterJob',
             flexcomm_dot_v1_dot_agent__pb2.RegisterJobRequest.SerializeToString,
             flexcomm_dot_v1_dot_agent__pb2.RegisterJobResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def UnregisterJob(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flexcomm.v1.Agent/UnregisterJob',
-            flexcomm_dot_v1_dot_agent__pb2.JobRef.SerializeToString,
-            flexcomm_dot_v1_dot_agent__pb2.UnregisterJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

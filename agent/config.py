@@ -1,0 +1,194 @@
+"""The agent's configuration: defaults, then a TOML file, then environment
+variables, then command-line flags (each overriding the one before).
+
+The file has one `[agent]` table whose keys are the fields of `AgentConfig`;
+the environment variable for a key is FLEXCOMM_AGENT_<KEY> (upper case), e.g.
+FLEXCOMM_AGENT_SOCKET=/tmp/a.sock. Under systemd, $RUNTIME_DIRECTORY and
+$STATE_DIRECTORY set the default socket and database locations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from flexcomm.units import parse_duration, require_finite_positive
+
+ENV_PREFIX = "FLEXCOMM_AGENT_"
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _runtime_dir() -> str:
+    return os.environ.get("RUNTIME_DIRECTORY", "/run/flexcomm").split(":")[0]
+
+
+def _state_dir() -> str:
+    return os.environ.get("STATE_DIRECTORY", "/var/lib/flexcomm").split(":")[0]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Every setting of `flexcomm agent` (docs/CONFIGURATION.md, section Agent)."""
+
+    # Unix socket the API listens on; mode 0600 (owner only), or 0660 with socket_group.
+    socket: str = ""
+    socket_group: str = ""
+    # Optional TCP listener "host:port" for peer agents; needs TLS unless on loopback.
+    tcp: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    # CA that client certificates must chain to (mutual TLS when set).
+    tls_client_ca: str = ""
+    db: str = ""
+    # Prometheus /metrics "host:port"; "" turns it off.
+    metrics: str = "127.0.0.1:9464"
+    # How often aggregated step reports and dirty policy state are written.
+    flush_interval_s: float = 1.0
+    # Probe the nodes of registered jobs (iperf3 and TCP RTT).
+    probe: bool = True
+    probe_interval_s: float = 30.0
+    probe_port: int = 5201
+    # An epoch-keyed emulation schedule (TOML) advanced by the jobs' reported epochs.
+    emulation_schedule: str = ""
+    emulation_interface: str = ""
+    emulation_netns: str = ""
+    max_jobs: int = 1024
+    log_level: str = "info"
+    log_format: str = "json"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: fill in the location defaults once
+        if not self.socket:
+            set_(self, "socket", str(Path(_runtime_dir()) / "agent.sock"))
+        if not self.db:
+            set_(self, "db", str(Path(_state_dir()) / "flexcomm.db"))
+        self.validate()
+
+    def validate(self) -> None:
+        require_finite_positive("flush_interval_s", self.flush_interval_s)
+        require_finite_positive("probe_interval_s", self.probe_interval_s)
+        if not 0 < self.probe_port < 65536:
+            raise ValueError(f"probe_port: must be in 1..65535, got {self.probe_port}")
+        if self.max_jobs < 1:
+            raise ValueError(f"max_jobs: must be >= 1, got {self.max_jobs}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level: must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format: must be json or text, got {self.log_format!r}")
+        if self.metrics:
+            split_host_port("metrics", self.metrics)
+        if self.tcp:
+            host, _ = split_host_port("tcp", self.tcp)
+            if not (self.tls_cert and self.tls_key) and not _is_loopback(host):
+                raise ValueError(f"tcp: {self.tcp} is not loopback; set tls_cert and tls_key")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_key: tls_cert and tls_key must be given together")
+        if self.emulation_schedule and not self.emulation_interface:
+            raise ValueError("emulation_interface: needed with emulation_schedule")
+
+
+def split_host_port(field: str, text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{field}: expected host:port, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _coerce(name: str, kind: Any, value: Any) -> Any:
+    """A value from TOML or the environment as the field's type, or ValueError."""
+    kind = {"str": str, "int": int, "float": float, "bool": bool}.get(kind, kind)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected true or false, got {value!r}")
+    if kind is float:
+        if name.endswith("_s") and isinstance(value, str):
+            return parse_duration(name, value)
+        if isinstance(value, bool):
+            raise ValueError(f"{name}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{name}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string, got {value!r}")
+    return value
+
+
+def _field_types() -> dict[str, Any]:
+    return {f.name: f.type for f in fields(AgentConfig)}
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `[agent]` table of a TOML file, with unknown keys refused."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ValueError(f"config: cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config: {path} is not valid TOML: {exc}") from None
+    table = data.get("agent", {})
+    unknown = (set(data) - {"agent"}) | (set(table) - set(_field_types()))
+    if unknown:
+        raise ValueError(f"config: unknown key(s) in {path}: {', '.join(sorted(unknown))}")
+    return {k: _coerce(f"{path}: agent.{k}", _field_types()[k], v) for k, v in table.items()}
+
+
+def read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    types = _field_types()
+    out = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in types:
+            raise ValueError(f"{key}: not an agent setting (known: {', '.join(sorted(types))})")
+        out[name] = _coerce(key, types[name], value)
+    return out
+
+
+def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """Defaults < file < environment < `overrides` (flags; None values ignored)."""
+    values: dict[str, Any] = {}
+    if path:
+        values.update(read_file(path))
+    values.update(read_env(os.environ if environ is None else environ))
+    types = _field_types()
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            values[k] = _coerce(k, types[k], v)
+    return AgentConfig(**values)
+
+
+def as_dict(config: AgentConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

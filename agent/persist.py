@@ -1,0 +1,106 @@
+"""Writing job state to the store and reading it back at start-up.
+
+Step reports are kept in memory and written in batches (one transaction per job
+per flush, aggregated by epoch, CR and collective), so ingest is not bound by
+SQLite. Registration is written at once: a job the agent said yes to survives a
+kill -9 right after. All store calls run on one worker thread, never on the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from flexcomm.agent.jobs import Job
+from flexcomm.agent.validate import JobSpec
+from flexcomm.policy.types import Decision, Policy, StepReport
+from flexcomm.store import Store
+
+log = logging.getLogger("flexcomm.agent.persist")
+T = TypeVar("T")
+
+Batch = tuple[str, list[StepReport], list[tuple[Decision, float]], dict[str, Any] | None]
+
+
+class Persister:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexcomm-store")
+        self.store: Store | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        self.store = await self._run(Store, self.path)
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self._run(self.store.close)
+            self.store = None
+        self._executor.shutdown(wait=True)
+
+    # -- writing --------------------------------------------------------------
+    async def save_registration(self, job: Job) -> None:
+        spec = job.spec.to_dict()
+        reports, decisions, _ = job.take_pending()
+        batch = (job.job_id, reports, decisions, job.state())
+        await self._run(self._write_registration, spec, job.registered_unix, batch)
+
+    def _write_registration(self, spec: dict, created: float, batch: Batch) -> None:
+        assert self.store is not None
+        self.store.add_job(spec["job_id"], spec, created=created)
+        self._write_batches([batch])
+
+    async def flush(self, jobs: Iterable[Job]) -> int:
+        """Write every job's pending reports, decisions and changed state; return
+        how many reports were written. A failed write is logged and counted by
+        the caller; the reports of that batch are lost, the state is retried."""
+        batches: list[Batch] = []
+        for job in jobs:
+            reports, decisions, state = job.take_pending()
+            if reports or decisions or state is not None:
+                batches.append((job.job_id, reports, decisions, state))
+        if not batches:
+            return 0
+        try:
+            await self._run(self._write_batches, batches)
+        except Exception:
+            for job in jobs:
+                job.dirty = True
+            raise
+        return sum(len(b[1]) for b in batches)
+
+    def _write_batches(self, batches: list[Batch]) -> None:
+        assert self.store is not None
+        for job_id, reports, decisions, state in batches:
+            if reports:
+                self.store.add_step_reports(job_id, reports)
+            for decision, ts in decisions:
+                self.store.add_decision(job_id, decision, ts=ts)
+            if state is not None:
+                self.store.save_policy_state(job_id, state)
+
+    # -- reading --------------------------------------------------------------
+    async def load_jobs(self, create_policy: Callable[[JobSpec], Policy]) -> list[Job]:
+        """Every stored job with its policy resumed; a job that cannot be resumed
+        (its policy is gone from this build, its state is damaged) is logged and
+        skipped, and its rows are left alone."""
+        assert self.store is not None
+        records = await self._run(self.store.jobs)
+        jobs = []
+        for rec in records:
+            try:
+                spec = JobSpec.from_dict(rec.spec)
+                job = Job(spec, create_policy(spec), registered_unix=rec.created)
+                state = await self._run(self.store.load_policy_state, rec.job_id)
+                if state:
+                    job.restore(state)
+                jobs.append(job)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("cannot resume job", extra={"fields": {"job": rec.job_id, "error": str(exc)}})
+        return jobs

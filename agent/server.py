@@ -1,0 +1,223 @@
+"""The daemon: open the store, resume the jobs, serve the API, and shut down
+cleanly.
+
+Start-up order (sd_notify READY=1 is sent only after all of it): the store is
+opened and every stored job resumed; the Unix socket is bound with its final
+permissions (the umask is tightened around the bind, so there is no moment it
+is open to others); TCP with TLS if configured; health and reflection; metrics.
+While serving, the event loop flushes step reports and state to the store every
+`flush_interval_s` and pings the systemd watchdog, so a stuck loop gets the
+agent restarted. SIGTERM or SIGINT: STOPPING=1, health NOT_SERVING, streams get
+a short grace, a last flush, the socket file is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from flexcomm.agent import sdnotify
+from flexcomm.agent.config import AgentConfig
+from flexcomm.agent.jobs import Jobs
+from flexcomm.agent.metrics import Metrics
+from flexcomm.agent.network import NetworkView
+from flexcomm.agent.persist import Persister
+from flexcomm.agent.policies import create_policy
+from flexcomm.agent.service import AgentService
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("flexcomm.agent")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
+# Transport limit on one message; larger ones get RESOURCE_EXHAUSTED from gRPC
+# itself. The API's own limits (validate.py) are well inside it.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+SHUTDOWN_GRACE_S = 2.0
+
+
+def _socket_in_use(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _prepare_socket_path(path: Path) -> None:
+    """Make the directory; remove a stale socket left by a killed agent, but
+    refuse to steal one another agent is serving on."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if path.exists() or path.is_symlink():
+        if not path.is_socket():
+            raise ValueError(f"socket: {path} exists and is not a socket")
+        if _socket_in_use(path):
+            raise ValueError(f"socket: another agent is serving on {path}")
+        path.unlink()
+
+
+def _secure_socket(path: Path, group: str) -> None:
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"socket_group: no group {group!r}") from None
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o660)
+    else:
+        os.chmod(path, 0o600)
+
+
+def _tls_credentials(config: AgentConfig) -> grpc.ServerCredentials:
+    def read(field: str, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{field}: cannot read {path}: {exc.strerror}") from None
+
+    ca = read("tls_client_ca", config.tls_client_ca) if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(
+        [(read("tls_key", config.tls_key), read("tls_cert", config.tls_cert))],
+        root_certificates=ca, require_client_auth=ca is not None)
+
+
+class Agent:
+    """One agent process's parts, wired together. `run()` serves until stopped."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.jobs = Jobs(config.max_jobs)
+        self.network = NetworkView()
+        self.persister = Persister(config.db)
+        self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
+                                    create_policy, on_epoch=None)
+        self.health = health_async.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.stopping = asyncio.Event()
+        self.metrics_port: int | None = None
+        self._metrics_server: object | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._bound_socket: Path | None = None
+        self.extensions: list = []  # started after bind, stopped before the last flush
+
+    async def start(self) -> None:
+        await self.persister.open()
+        for job in await self.persister.load_jobs(create_policy):
+            self.jobs.add(job)
+            self.service.decision_changed(job)
+            log.info("job resumed", extra={"fields": {
+                "job": job.job_id, "version": job.version, "last_step": job.last_step,
+                "cr": job.decision.cr, "collective": job.decision.collective}})
+        self.metrics.jobs.set(len(self.jobs))
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ])
+        pb_grpc.add_AgentServicer_to_server(self.service, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.server)
+        self._bind()
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.config.metrics:
+            self._metrics_server, self.metrics_port = self.metrics.serve(self.config.metrics)
+        for ext in self.extensions:
+            await ext.start(self)
+        self._tasks = [asyncio.create_task(self._flush_loop(), name="flush")]
+        interval = sdnotify.watchdog_interval_s()
+        if interval:
+            self._tasks.append(asyncio.create_task(self._watchdog_loop(interval), name="watchdog"))
+        log.info("agent ready", extra={"fields": {
+            "socket": self.config.socket, "tcp": self.config.tcp or None, "db": self.config.db,
+            "metrics_port": self.metrics_port, "jobs": len(self.jobs), "pid": os.getpid()}})
+        sdnotify.notify(f"READY=1\nSTATUS=serving {len(self.jobs)} job(s)\nMAINPID={os.getpid()}")
+
+    def _bind(self) -> None:
+        assert self.server is not None
+        path = Path(self.config.socket)
+        _prepare_socket_path(path)
+        old_umask = os.umask(0o177)  # the socket is born 0600
+        try:
+            if self.server.add_insecure_port(f"unix:{path}") == 0:
+                raise ValueError(f"socket: cannot bind {path}")
+        finally:
+            os.umask(old_umask)
+        self._bound_socket = path
+        _secure_socket(path, self.config.socket_group)
+        if self.config.tcp:
+            if self.config.tls_cert:
+                port = self.server.add_secure_port(self.config.tcp, _tls_credentials(self.config))
+            else:  # loopback only (config.validate)
+                port = self.server.add_insecure_port(self.config.tcp)
+            if port == 0:
+                raise ValueError(f"tcp: cannot bind {self.config.tcp}")
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_interval_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        try:
+            await self.persister.flush(list(self.jobs))
+        except Exception as exc:  # the disk may come back; the state is retried
+            self.metrics.store_errors.inc()
+            log.error("store write failed", extra={"fields": {"error": str(exc)}})
+
+    async def _watchdog_loop(self, interval: float) -> None:
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        sdnotify.notify("STOPPING=1")
+        log.info("agent stopping", extra={"fields": {"jobs": len(self.jobs)}})
+        await self.health.enter_graceful_shutdown()
+        for ext in reversed(self.extensions):
+            with contextlib.suppress(Exception):
+                await ext.stop()
+        for job in self.jobs:
+            job.close()  # ends WatchDecisions streams
+        if self.server is not None:
+            await self.server.stop(SHUTDOWN_GRACE_S)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flush()
+        await self.persister.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()  # type: ignore[attr-defined]
+        if self._bound_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._bound_socket.unlink()
+        log.info("agent stopped")
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        try:
+            await self.start()
+            await self.stopping.wait()
+        finally:
+            await self.stop()
+
+
+async def serve(config: AgentConfig) -> None:
+    await Agent(config).run()

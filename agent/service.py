@@ -1,0 +1,232 @@
+"""The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio.
+
+Every handler validates its whole request before changing anything; errors map
+to status codes in one place (`_status`): ValueError -> INVALID_ARGUMENT,
+JobNotFound -> NOT_FOUND, SpecConflict -> ALREADY_EXISTS, OverflowError ->
+RESOURCE_EXHAUSTED, each with the message naming the field. Anything else is a
+bug: INTERNAL, logged with its traceback, and the agent carries on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from flexcomm.agent import validate
+from flexcomm.agent.jobs import Job, JobNotFound, Jobs
+from flexcomm.agent.metrics import Metrics
+from flexcomm.agent.network import NetworkView
+from flexcomm.agent.persist import Persister
+from flexcomm.agent.validate import JobSpec
+from flexcomm.policy.types import Policy
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto import agent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("flexcomm.agent.service")
+
+
+class SpecConflict(ValueError):
+    """A job id registered again with a different spec (and no `replace`)."""
+
+
+def _status(exc: Exception) -> grpc.StatusCode:
+    if isinstance(exc, JobNotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, SpecConflict):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(exc, OverflowError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+def _message(exc: Exception) -> str:
+    return exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
+
+
+class _Instrumented:
+    """Counts and times RPCs by method and status code (children cached: the
+    label lookup is measurable on the GetDecision hot path)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._counters: dict[tuple[str, str], Any] = {}
+        self._histograms: dict[str, Any] = {}
+
+    def record(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        key = (method, code.name)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self.metrics.rpcs.labels(method, code.name)
+        counter.inc()
+        hist = self._histograms.get(method)
+        if hist is None:
+            hist = self._histograms[method] = self.metrics.rpc_latency.labels(method)
+        hist.observe(seconds)
+
+
+def unary(fn: Callable) -> Callable:
+    """Wrap a unary-response handler: metrics and error mapping."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: AgentService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        try:
+            response = await fn(self, request, context)
+        except Exception as exc:
+            code = _status(exc)
+            self.instrumented.record(method, code, time.perf_counter() - start)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("internal error", extra={"fields": {"method": method}})
+                await context.abort(code, f"internal error in {method}: {type(exc).__name__}")
+            await context.abort(code, _message(exc))
+        self.instrumented.record(method, grpc.StatusCode.OK, time.perf_counter() - start)
+        return response
+
+    return wrapper
+
+
+def server_stream(fn: Callable) -> Callable:
+    """Wrap a streaming-response handler: metrics (time = stream lifetime) and errors."""
+    method = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: AgentService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except Exception as exc:
+            code = _status(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("internal error", extra={"fields": {"method": method}})
+            await context.abort(code, _message(exc))
+        finally:
+            self.instrumented.record(method, code, time.perf_counter() - start)
+
+    return wrapper
+
+
+class AgentService(pb_grpc.AgentServicer):
+    def __init__(self, jobs: Jobs, network: NetworkView, persister: Persister, metrics: Metrics,
+                 create_policy: Callable[[JobSpec], Policy],
+                 on_epoch: Callable[[Job, int], None] | None = None) -> None:
+        self.jobs = jobs
+        self.network = network
+        self.persister = persister
+        self.metrics = metrics
+        self.instrumented = _Instrumented(metrics)
+        self.create_policy = create_policy
+        self.on_epoch = on_epoch
+        self._report_counters: dict[str, Any] = {}
+
+    # -- helpers used by the server too ----------------------------------------
+    def decision_changed(self, job: Job) -> None:
+        d = job.decision
+        self.metrics.decisions.labels(job.job_id, d.collective).inc()
+        self.metrics.decision_cr.labels(job.job_id).set(d.cr)
+        self.metrics.decision_version.labels(job.job_id).set(job.version)
+
+    def refresh_network(self, job: Job) -> None:
+        """Give the job's policy the current bottleneck (if it changed)."""
+        net = self.network.bottleneck(job)
+        if net is not None and job.observe_network(net):
+            self.decision_changed(job)
+
+    def _policy_error(self, job: Job) -> Callable[[str], None]:
+        def on_error(message: str) -> None:
+            self.metrics.policy_errors.labels(job.job_id).inc()
+            if job.policy_errors == 1:  # say it once per job, count the rest
+                log.warning("policy refused a report", extra={"fields": {"job": job.job_id,
+                                                                          "error": message}})
+        return on_error
+
+    # -- RPCs -----------------------------------------------------------------
+    @unary
+    async def RegisterJob(self, request: pb.RegisterJobRequest, context: Any) -> pb.RegisterJobResponse:
+        if not request.HasField("spec"):
+            raise ValueError("spec: missing")
+        spec = validate.spec(request.spec)
+        existing = self.jobs.find(spec.job_id)
+        if existing is not None and existing.spec == spec:
+            return pb.RegisterJobResponse(job=existing.info(), decision=existing.decision_pb, resumed=True)
+        if existing is not None and not request.replace:
+            differ = [k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
+            raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
+                               f"{', '.join(differ)}; set replace to start it anew")
+        job = Job(spec, self.create_policy(spec))
+        self.jobs.add(job)
+        self.refresh_network(job)
+        self.decision_changed(job)
+        self.metrics.jobs.set(len(self.jobs))
+        await self.persister.save_registration(job)
+        log.info("job registered", extra={"fields": {
+            "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
+            "nodes": list(spec.nodes), "replaced": existing is not None}})
+        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=False)
+
+    @unary
+    async def GetDecision(self, request: pb.JobRef, context: Any) -> pb.Decision:
+        validate.job_id(request.job_id)
+        return self.jobs.get(request.job_id).decision_pb
+
+    @unary
+    async def ReportSteps(self, request_iterator: AsyncIterator[pb.ReportStepsRequest],
+                          context: Any) -> pb.ReportStepsResponse:
+        accepted, job = 0, None
+        async for request in request_iterator:
+            if request.job_id or job is None:
+                job = self.jobs.get(validate.job_id(request.job_id))
+            reports = validate.reports(request)
+            network = validate.network(request.network) if request.HasField("network") else None
+            accepted += self._ingest(job, reports, network)
+        if job is None:
+            raise ValueError("job_id: the stream carried no message")
+        return pb.ReportStepsResponse(accepted=accepted, decision=job.decision_pb)
+
+    def _ingest(self, job: Job, reports: list, network: tuple[float, float] | None) -> int:
+        epoch_before = job.last_epoch
+        n = job.ingest(reports, self._policy_error(job))
+        if n:
+            counter = self._report_counters.get(job.job_id)
+            if counter is None:
+                counter = self._report_counters[job.job_id] = self.metrics.reports.labels(job.job_id)
+            counter.inc(n)
+        if network is not None and network != job.reported_network:
+            job.reported_network = network
+            job.dirty = True
+            self.refresh_network(job)
+        if job.redecide():
+            self.decision_changed(job)
+        if job.last_epoch > epoch_before and self.on_epoch is not None:
+            self.on_epoch(job, job.last_epoch)
+        return n
+
+    @server_stream
+    async def WatchDecisions(self, request: pb.WatchDecisionsRequest,
+                             context: Any) -> AsyncIterator[pb.Decision]:
+        job = self.jobs.get(validate.job_id(request.job_id))
+        after = request.after_version
+        while not job.closed:
+            if job.version > after:
+                after = job.version
+                yield job.decision_pb
+            await job.wait_change(after)
+
+    @unary
+    async def GetNetwork(self, request: pb.GetNetworkRequest, context: Any) -> pb.NetworkState:
+        if not request.job_id:
+            return self.network.state(None)
+        return self.network.state(self.jobs.get(validate.job_id(request.job_id)))
+
+    @unary
+    async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
+        return pb.ListJobsResponse(jobs=[job.info() for job in self.jobs])

@@ -1,0 +1,163 @@
+"""Checking every field of every request before anything is changed.
+
+Each check raises ValueError whose message starts with the field's path in the
+request (e.g. "reports[3].t_sync_s: must be finite and >= 0, got nan"); the
+service turns it into INVALID_ARGUMENT. Bounds are generous but finite, so an
+absurd value (a 10^30-byte gradient, a step time of a year) is refused rather
+than fed to a policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+
+from flexcomm.policy.types import StepReport, check_cr
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto.convert import collective_from_enum
+
+JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
+POLICIES = ("dense", "static", "moo", "gravac")
+MAX_WORLD_SIZE = 1 << 20
+MAX_GRAD_BYTES = 1 << 40  # 1 TiB of gradient per step
+MAX_NODES = 4096
+MAX_OPTIONS_BYTES = 16 * 1024
+MAX_REPORTS_PER_MESSAGE = 4096
+MAX_GAINS_PER_REPORT = 64
+MAX_STEP = 1 << 53  # exactly representable in a double and in JSON
+MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
+MAX_BYTES_PER_STEP = 1 << 44
+MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
+MAX_ALPHA_S = 60.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated registration. `nodes` keeps the order given."""
+
+    job_id: str
+    world_size: int
+    grad_bytes: int
+    nodes: tuple[str, ...]
+    policy: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "world_size": self.world_size, "grad_bytes": self.grad_bytes,
+                "nodes": list(self.nodes), "policy": self.policy, "options": self.options}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        return cls(job_id=d["job_id"], world_size=int(d["world_size"]), grad_bytes=int(d["grad_bytes"]),
+                   nodes=tuple(d["nodes"]), policy=d["policy"], options=dict(d.get("options") or {}))
+
+    def to_proto(self) -> pb.JobSpec:
+        msg = pb.JobSpec(job_id=self.job_id, world_size=self.world_size, grad_bytes=self.grad_bytes,
+                         nodes=list(self.nodes), policy=self.policy)
+        msg.options.update(self.options)
+        return msg
+
+
+def job_id(value: str, field_name: str = "job_id") -> str:
+    if not JOB_ID.match(value):
+        raise ValueError(f"{field_name}: must be 1-128 characters of A-Z a-z 0-9 . _ -, got {value[:140]!r}")
+    return value
+
+
+def _bounded_float(name: str, value: float, high: float, *, positive: bool = False) -> float:
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{name}: must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    if value > high:
+        raise ValueError(f"{name}: must be <= {high:g}, got {value!r}")
+    return value
+
+
+def _integral(value: Any) -> Any:
+    """protobuf Struct numbers are doubles: give back whole numbers as ints."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < MAX_STEP:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
+def options(msg: pb.JobSpec) -> dict[str, Any]:
+    size = msg.options.ByteSize()
+    if size > MAX_OPTIONS_BYTES:
+        raise ValueError(f"spec.options: {size} bytes, at most {MAX_OPTIONS_BYTES}")
+    data = _integral(json_format.MessageToDict(msg.options))
+    try:
+        json.dumps(data, allow_nan=False)
+    except ValueError:
+        raise ValueError("spec.options: numbers must be finite") from None
+    return data
+
+
+def spec(msg: pb.JobSpec) -> JobSpec:
+    job_id(msg.job_id, "spec.job_id")
+    if not 2 <= msg.world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"spec.world_size: must be in 2..{MAX_WORLD_SIZE}, got {msg.world_size}")
+    if not 0 < msg.grad_bytes <= MAX_GRAD_BYTES:
+        raise ValueError(f"spec.grad_bytes: must be in 1..{MAX_GRAD_BYTES}, got {msg.grad_bytes}")
+    if len(msg.nodes) > MAX_NODES:
+        raise ValueError(f"spec.nodes: at most {MAX_NODES} nodes, got {len(msg.nodes)}")
+    for i, node in enumerate(msg.nodes):
+        if not HOST.match(node):
+            raise ValueError(f"spec.nodes[{i}]: not an address or host name: {node[:260]!r}")
+    if len(set(msg.nodes)) != len(msg.nodes):
+        raise ValueError("spec.nodes: an address is listed twice")
+    if msg.policy not in POLICIES:
+        raise ValueError(f"spec.policy: unknown policy {msg.policy[:64]!r} (one of {', '.join(POLICIES)})")
+    return JobSpec(job_id=msg.job_id, world_size=msg.world_size, grad_bytes=msg.grad_bytes,
+                   nodes=tuple(msg.nodes), policy=msg.policy, options=options(msg))
+
+
+def report(msg: pb.StepReport, where: str) -> StepReport:
+    """One step report; `where` is its path, e.g. "reports[3]"."""
+    if msg.step > MAX_STEP:
+        raise ValueError(f"{where}.step: must be <= 2^53, got {msg.step}")
+    if msg.epoch > MAX_STEP:
+        raise ValueError(f"{where}.epoch: must be <= 2^53, got {msg.epoch}")
+    if msg.bytes_sent > MAX_BYTES_PER_STEP:
+        raise ValueError(f"{where}.bytes_sent: must be <= 2^44, got {msg.bytes_sent}")
+    check_cr(msg.cr, f"{where}.cr")
+    collective = collective_from_enum(msg.collective, f"{where}.collective")
+    for name in ("t_comp_s", "t_sync_s", "t_compute_s"):
+        _bounded_float(f"{where}.{name}", getattr(msg, name), MAX_SECONDS)
+    _bounded_float(f"{where}.gain", msg.gain, 1.0)
+    if len(msg.gains) > MAX_GAINS_PER_REPORT:
+        raise ValueError(f"{where}.gains: at most {MAX_GAINS_PER_REPORT} entries, got {len(msg.gains)}")
+    gains = {}
+    for i, g in enumerate(msg.gains):
+        check_cr(g.cr, f"{where}.gains[{i}].cr")
+        gains[g.cr] = _bounded_float(f"{where}.gains[{i}].gain", g.gain, 1.0)
+    try:
+        return StepReport(step=msg.step, cr=msg.cr, collective=collective, t_comp_s=msg.t_comp_s,
+                          t_sync_s=msg.t_sync_s, gain=msg.gain, bytes_sent=msg.bytes_sent,
+                          epoch=msg.epoch, t_compute_s=msg.t_compute_s, gains=gains)
+    except ValueError as exc:  # anything the shared vocabulary checks beyond the above
+        raise ValueError(f"{where}.{exc}") from None
+
+
+def reports(msg: pb.ReportStepsRequest) -> list[StepReport]:
+    if len(msg.reports) > MAX_REPORTS_PER_MESSAGE:
+        raise ValueError(f"reports: at most {MAX_REPORTS_PER_MESSAGE} per message, got {len(msg.reports)}")
+    return [report(r, f"reports[{i}]") for i, r in enumerate(msg.reports)]
+
+
+def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
+    """(alpha_s, bandwidth_bps) of a job's own estimate."""
+    alpha = _bounded_float("network.alpha_s", msg.alpha_s, MAX_ALPHA_S)
+    bandwidth = _bounded_float("network.bandwidth_bps", msg.bandwidth_bps, MAX_BANDWIDTH_BPS,
+                               positive=True)
+    return alpha, bandwidth

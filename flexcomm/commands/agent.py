@@ -1,0 +1,51 @@
+"""`flexcomm agent`: run the per-node policy agent (the daemon) in the foreground.
+
+Settings: defaults < --config FILE ([agent] table) < FLEXCOMM_AGENT_* environment
+< flags. See docs/CONFIGURATION.md, section Agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("agent", help="run the policy agent daemon",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="TOML file with an [agent] table")
+    p.add_argument("--socket", help="Unix socket path (default $RUNTIME_DIRECTORY/agent.sock)")
+    p.add_argument("--socket-group", help="group allowed to connect (socket mode 0660)")
+    p.add_argument("--tcp", help="also listen on host:port (TLS unless loopback)")
+    p.add_argument("--tls-cert", help="server certificate (PEM)")
+    p.add_argument("--tls-key", help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", help="require client certificates from this CA (PEM)")
+    p.add_argument("--db", help="SQLite store (default $STATE_DIRECTORY/flexcomm.db)")
+    p.add_argument("--metrics", help="Prometheus host:port, or '' to turn off")
+    p.add_argument("--flush-interval", dest="flush_interval_s", help="e.g. 1s, 500ms")
+    p.add_argument("--no-probe", dest="probe", action="store_const", const=False,
+                   help="do not probe the jobs' nodes")
+    p.add_argument("--probe-interval", dest="probe_interval_s", help="e.g. 30s")
+    p.add_argument("--emulation-schedule", help="epoch-keyed emulation schedule (TOML)")
+    p.add_argument("--emulation-interface", help="interface the schedule shapes")
+    p.add_argument("--emulation-netns", help="network namespace of that interface")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", choices=("json", "text"))
+    p.set_defaults(func=run)
+
+
+_FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "metrics",
+          "flush_interval_s", "probe", "probe_interval_s", "emulation_schedule",
+          "emulation_interface", "emulation_netns", "log_level", "log_format")
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from flexcomm.agent.config import load_config
+    from flexcomm.agent.logs import setup_logging
+    from flexcomm.agent.server import serve
+
+    config = load_config(args.config, {name: getattr(args, name) for name in _FLAGS})
+    setup_logging(config.log_level, config.log_format)
+    asyncio.run(serve(config))
+    return 0
