@@ -223,8 +223,8 @@ class MooPolicy:
         self.config = config or MooConfig()
         self.calibration = Calibration()
         self._s = _State()
-        self._set_current(DENSE_RING if DENSE_RING in self.config.dense_collectives
-                          else self._first_option()[0], 1.0, "warm-up: dense to measure compute and sync time")
+        collective, cr = self._options()[0]  # dense when allowed
+        self._set_current(collective, cr, "warm-up: measuring compute and sync time")
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
 
@@ -337,9 +337,6 @@ class MooPolicy:
         dense = [(c, 1.0) for c in self.config.dense_collectives]
         return dense + [(c, cr) for cr in self.config.crs for c in self.config.collectives]
 
-    def _first_option(self) -> tuple[str, float]:
-        return self._options()[0]
-
     def _comp_scale(self) -> float:
         """Measured over modelled t_comp, averaged over the CRs that ran."""
         model = self.config.comp_cost
@@ -443,7 +440,7 @@ class MooPolicy:
         if current is not None and current != best and _within(current, best, margin):
             return current
         if current != best:
-            self._set_current(best.collective, best.cr, self._reason(best, rows), best)
+            self._set_current(best.collective, best.cr, self.explain(best, rows), best)
         return best
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -466,7 +463,7 @@ class MooPolicy:
             reason=reason, probe_crs=self.config.crs, model_forms=self.config.forms.describe(),
         ).to_dict()
 
-    def _reason(self, best: Evaluation, rows: list[Evaluation]) -> str:
+    def explain(self, best: Evaluation, rows: list[Evaluation]) -> str:
         what = "dense" if best.cr == 1.0 else f"Top-k cr={best.cr:g}"
         gain = "" if best.gain is None else f", gain {best.gain:.2f}"
         src = "measured" if best.measured else "model"

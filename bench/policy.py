@@ -1,0 +1,47 @@
+"""How long one MOO decision takes over the full candidate grid.
+
+Feeds a MooPolicy through warm-up and exploration on a modelled job, then times
+decide() (which evaluates every (cr, collective) candidate, computes the exact
+Pareto front and applies hysteresis). Goal: well under a millisecond.
+Last line: {"decide_us": median, ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from policy_sim import Job
+
+from flexcomm.policy.moo import MooPolicy
+
+
+def main() -> None:
+    policy = MooPolicy(100e6)
+    job = Job(policy, 100e6)
+    job.run(60, 1e-3, 1e9)
+    candidates = len(policy.evaluate())
+    samples = []
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        policy.decide()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    samples.sort()
+    result = {
+        "decide_us": round(statistics.median(samples), 2),
+        "p99_us": round(samples[int(len(samples) * 0.99)], 2),
+        "candidates": candidates,
+        "machine": f"{platform.machine()} {platform.python_implementation()} {platform.python_version()}",
+    }
+    print(f"decide() over {candidates} candidates: median {result['decide_us']} us, p99 {result['p99_us']} us")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

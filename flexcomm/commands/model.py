@@ -1,0 +1,165 @@
+"""`flexcomm model`: what would the cost model and the MOO choose here?
+
+Prints the predicted time of every collective at every candidate CR for the
+given network and gradient, and the decision with its reason. Nothing is
+measured: this is the model alone (gains unknown unless --gains gives them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from flexcomm.policy.costmodel import AG_FORMS, TREE_FORMS, predict
+from flexcomm.policy.moo import MooConfig, MooPolicy
+from flexcomm.policy.types import COLLECTIVES, DENSE_COLLECTIVES, NetworkObservation, check_cr
+from flexcomm.units import (
+    format_bytes,
+    format_rate,
+    format_seconds,
+    parse_bytes,
+    parse_duration,
+    parse_rate,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="predict sync time per collective and CR, and the choice",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, required=True, help="number of workers N (>= 2)")
+    p.add_argument("--size", required=True, help="dense gradient size, e.g. 100MB, 25MiB")
+    p.add_argument("--latency", required=True, help="per-message latency alpha, e.g. 1ms, 50us")
+    p.add_argument("--bandwidth", required=True, help="link bandwidth, e.g. 10Gbit, 200Mbit")
+    p.add_argument("--cr", help="consider only this compression ratio (0 < cr < 1)")
+    p.add_argument("--t-comp", help="compression time of a Top-k option (default: the model's estimate)")
+    p.add_argument("--t-compute", default="0s", help="forward+backward time per step (default 0s)")
+    p.add_argument("--gains", help="compression gains per CR, e.g. 0.1=0.95,0.01=0.7 (default: unknown)")
+    p.add_argument("--ag-form", choices=AG_FORMS, default="paper", help="AllGather formula (default paper)")
+    p.add_argument("--tree-form", choices=TREE_FORMS, default="paper", help="tree formula (default paper)")
+    p.add_argument("--sweep", action="store_true", help="show where the choice changes across bandwidths")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace, size: float) -> MooConfig:
+    kw: dict[str, Any] = {"ag_form": args.ag_form, "tree_form": args.tree_form, "warmup_steps": 0}
+    if args.cr is not None:
+        cr = check_cr(args.cr, "cr")
+        if cr == 1.0:
+            raise ValueError("cr: 1 is dense; give a ratio below 1 or leave --cr out")
+        kw.update(c_low=cr, c_high=cr)
+    if args.t_comp is not None:
+        t = parse_duration("t-comp", args.t_comp)
+        kw.update(comp_per_byte=t / size, comp_per_selected_byte=0.0)
+    return MooConfig(**kw)
+
+
+def _gains(text: str | None) -> dict[float, float]:
+    gains: dict[float, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        cr_text, sep, gain_text = item.partition("=")
+        if not sep:
+            raise ValueError(f"gains: expected CR=GAIN, got {item!r}")
+        try:
+            gain = float(gain_text)
+        except ValueError:
+            raise ValueError(f"gains: gain {gain_text!r} is not a number") from None
+        if not (0 < gain <= 1):
+            raise ValueError(f"gains: gain must be in (0, 1], got {gain_text!r}")
+        gains[check_cr(cr_text, "gains")] = gain
+    return gains
+
+
+def decide(config: MooConfig, size: float, net: NetworkObservation, t_compute: float,
+           gains: dict[float, float]) -> dict[str, Any]:
+    """The MOO's choice from the model alone, as plain data."""
+    from flexcomm.policy.types import StepReport
+
+    policy = MooPolicy(size, config)
+    policy.observe_network(net)
+    if t_compute > 0 or gains:
+        missing = [c for c in config.crs if c not in gains]
+        if gains and missing:
+            raise ValueError(f"gains: no gain given for cr {missing[0]:g} (give one per candidate CR)")
+        policy.observe_step(StepReport(step=0, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.0,
+                                       gain=1.0, t_compute_s=t_compute, gains=gains))
+    rows = policy.evaluate()
+    best = policy.choose(rows)
+    reason = policy.explain(best, rows)
+    return {"cr": best.cr, "collective": best.collective, "seconds": best.t_step_s,
+            "sync_s": best.t_sync_s, "comp_s": best.t_comp_s, "reason": reason}
+
+
+def table(config: MooConfig, size: float, net: NetworkObservation) -> list[dict[str, Any]]:
+    comp = config.comp_cost
+    rows = []
+    for collective in COLLECTIVES:
+        crs = (1.0,) if collective in DENSE_COLLECTIVES else config.crs
+        for cr in crs:
+            p = predict(collective, size, cr, net, config.forms, comp)
+            rows.append({"collective": collective, "cr": cr, "seconds": p.total_s,
+                         "sync_s": p.sync_s, "comp_s": p.comp_s})
+    return rows
+
+
+def sweep(config: MooConfig, size: float, latency: float, nodes: int, t_compute: float,
+          gains: dict[float, float]) -> list[dict[str, Any]]:
+    """Decisions at 4 bandwidths per decade from 1 Mbit/s to 100 Gbit/s."""
+    points = []
+    for i in range(0, 21):
+        bw = 1e6 * 10 ** (i / 4)
+        d = decide(config, size, NetworkObservation.from_link(latency, bw, nodes), t_compute, gains)
+        points.append({"bandwidth_bps": bw, "cr": d["cr"], "collective": d["collective"], "seconds": d["seconds"]})
+    return points
+
+
+def run(args: argparse.Namespace) -> int:
+    size = parse_bytes("size", args.size)
+    latency = parse_duration("latency", args.latency)
+    bandwidth = parse_rate("bandwidth", args.bandwidth)
+    t_compute = parse_duration("t-compute", args.t_compute)
+    net = NetworkObservation.from_link(latency, bandwidth, args.nodes)
+    config = _config(args, size)
+    gains = _gains(args.gains)
+    out: dict[str, Any] = {
+        "inputs": {"nodes": args.nodes, "size_bytes": size, "latency_s": latency, "bandwidth_bps": bandwidth,
+                   "ag_form": args.ag_form, "tree_form": args.tree_form,
+                   "t_comp_model": "fixed" if args.t_comp else "estimated"},
+        "decision": decide(config, size, net, t_compute, gains),
+        "table": table(config, size, net),
+    }
+    if args.sweep:
+        out["sweep"] = sweep(config, size, latency, args.nodes, t_compute, gains)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        _print(out)
+    return 0
+
+
+def _print(out: dict[str, Any]) -> None:
+    i = out["inputs"]
+    print(f"N={i['nodes']}  M={format_bytes(i['size_bytes'])}  alpha={format_seconds(i['latency_s'])}  "
+          f"bandwidth={format_rate(i['bandwidth_bps'])}  forms: ag={i['ag_form']} tree={i['tree_form']}")
+    print(f"{'collective':<12}{'cr':>8}{'sync':>12}{'comp':>12}{'total':>12}")
+    for r in out["table"]:
+        print(f"{r['collective']:<12}{r['cr']:>8g}{format_seconds(r['sync_s']):>12}"
+              f"{format_seconds(r['comp_s']):>12}{format_seconds(r['seconds']):>12}")
+    d = out["decision"]
+    print(f"\nchoice: {d['collective']} at cr={d['cr']:g}  ({d['reason']})")
+    if "sweep" in out:
+        print("\nwhere the choice changes:")
+        last = None
+        for p in out["sweep"]:
+            choice = (p["collective"], p["cr"])
+            if choice != last:
+                print(f"  from {format_rate(p['bandwidth_bps']):>12}: {p['collective']} at cr={p['cr']:g}")
+                last = choice
+    if not math.isfinite(d["seconds"]):
+        raise ValueError("size: the prediction overflowed; check the units")
+
+

@@ -1,0 +1,158 @@
+"""The alpha-beta formulas against hand-computed values, the paper's crossover
+inequalities on both sides of each boundary, and calibration."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flexcomm.policy.costmodel import (
+    Calibration,
+    CompressionCost,
+    ModelForms,
+    crossover_ratio,
+    predict,
+    sync_time,
+)
+from flexcomm.policy.types import NetworkObservation
+
+# N=4, alpha=1 ms, beta=1 ns/byte (1 GB/s), M=1e6 bytes, c=0.01 -> Mc=1e4; log2(4)=2
+NET = NetworkObservation(alpha_s=1e-3, beta_s_per_byte=1e-9, nodes=4)
+M, C = 1e6, 0.01
+
+HAND = {
+    # 2a + 2(N-1)Mb = 2e-3 + 6e-3
+    ("ps", 1.0, "paper"): 2e-3 + 6 * 1e6 * 1e-9,
+    # 2(N-1)a + 2(N-1)/N Mb = 6e-3 + 1.5e-3
+    ("dense_ring", 1.0, "paper"): 6e-3 + 1.5e-3,
+    # 2a logN + 2 logN Mb = 4e-3 + 4e-3
+    ("dense_tree", 1.0, "paper"): 4e-3 + 4e-3,
+    # pipelined: 2a logN + 2Mb = 4e-3 + 2e-3
+    ("dense_tree", 1.0, "pipelined"): 4e-3 + 2e-3,
+    # a logN + 2(N-1)Mcb = 2e-3 + 6e-5
+    ("ag_topk", C, "paper"): 2e-3 + 6e-5,
+    # ring: (N-1)a + (N-1) s cM b, s=2 -> 3e-3 + 6e-5
+    ("ag_topk", C, "ring"): 3e-3 + 6e-5,
+    # a[2(N-1)+logN] + Mcb[2(N-1)/N + logN] = 8e-3 + 1e-5*3.5
+    ("art_ring", C, "paper"): 8e-3 + 3.5e-5,
+    # 3a logN + 3Mcb logN = 6e-3 + 6e-5
+    ("art_tree", C, "paper"): 6e-3 + 6e-5,
+    # pipelined: broadcast a logN + Mcb logN, then 2a logN + 2Mcb = 2e-3+2e-5 + 4e-3+2e-5
+    ("art_tree", C, "pipelined"): 6e-3 + 4e-5,
+}
+
+
+@pytest.mark.parametrize(("collective", "cr", "form"), sorted(HAND))
+def test_formula_matches_hand_computation(collective: str, cr: float, form: str) -> None:
+    forms = ModelForms(ag=form if collective == "ag_topk" else "paper",
+                       tree=form if collective.endswith("tree") else "paper")
+    assert sync_time(collective, M, cr, NET, forms) == pytest.approx(HAND[(collective, cr, form)], rel=1e-12)
+
+
+def test_ag_ring_form_uses_value_and_index_widths() -> None:
+    fp16 = ModelForms(ag="ring", value_bytes=2, index_bytes=4)  # s = 3
+    assert fp16.sparse_ratio == 3
+    assert sync_time("ag_topk", M, C, NET, fp16) == pytest.approx(3e-3 + 3 * 3 * 1e4 * 1e-9)
+
+
+PAIRS = {"ring_vs_tree": ("art_ring", "art_tree"), "ring_vs_ag": ("art_ring", "ag_topk"),
+         "tree_vs_ag": ("art_tree", "ag_topk")}
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+@pytest.mark.parametrize("n", [8, 16, 64, 256])
+@pytest.mark.parametrize("c", [0.1, 0.01, 0.001])
+def test_paper_crossovers_hold_on_both_sides(kind: str, n: int, c: float) -> None:
+    first, second = PAIRS[kind]
+    beta, m = 1e-9, 1e8
+    boundary = crossover_ratio(kind, n, m, c) * beta  # alpha at which the two are equal
+    assert boundary > 0
+    below = NetworkObservation(boundary * 0.98, beta, n)
+    above = NetworkObservation(boundary * 1.02, beta, n)
+    at = NetworkObservation(boundary, beta, n)
+    assert sync_time(first, m, c, below) < sync_time(second, m, c, below)
+    assert sync_time(first, m, c, above) > sync_time(second, m, c, above)
+    assert sync_time(first, m, c, at) == pytest.approx(sync_time(second, m, c, at), rel=1e-9)
+
+
+def test_at_four_nodes_art_tree_never_beats_allgather() -> None:
+    # (N-1)/logN - 3/2 = 0 at N=4: the boundary collapses to alpha/beta < 0.
+    assert crossover_ratio("tree_vs_ag", 4, 1e8, 0.01) == 0
+    for alpha in (0.0, 1e-6, 1e-3):
+        net = NetworkObservation(alpha, 1e-9, 4)
+        assert sync_time("ag_topk", 1e8, 0.01, net) <= sync_time("art_tree", 1e8, 0.01, net)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf")])
+def test_bad_message_size_names_the_field(bad: float) -> None:
+    with pytest.raises(ValueError, match="size"):
+        sync_time("dense_ring", bad, 1.0, NET)
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.5, float("nan")])
+def test_bad_cr_names_the_field(bad: float) -> None:
+    with pytest.raises(ValueError, match="cr"):
+        sync_time("ag_topk", M, bad, NET)
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"alpha_s": -1e-3, "beta_s_per_byte": 1e-9, "nodes": 4}, "alpha_s"),
+    ({"alpha_s": float("nan"), "beta_s_per_byte": 1e-9, "nodes": 4}, "alpha_s"),
+    ({"alpha_s": 1e-3, "beta_s_per_byte": 0.0, "nodes": 4}, "beta_s_per_byte"),
+    ({"alpha_s": 1e-3, "beta_s_per_byte": float("inf"), "nodes": 4}, "beta_s_per_byte"),
+    ({"alpha_s": 1e-3, "beta_s_per_byte": 1e-9, "nodes": 1}, "nodes"),
+])
+def test_bad_network_names_the_field(kw: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        NetworkObservation(**kw)
+
+
+def test_unknown_collective_and_form_are_refused() -> None:
+    with pytest.raises(ValueError, match="collective"):
+        sync_time("allgather", M, C, NET)
+    with pytest.raises(ValueError, match="ag_form"):
+        ModelForms(ag="tree")
+
+
+def test_compression_cost_is_zero_for_dense_and_grows_with_cr() -> None:
+    cost = CompressionCost(per_byte=1e-9, per_selected_byte=1e-8)
+    assert cost.seconds(M, 1.0) == 0
+    assert cost.seconds(M, 0.1) == pytest.approx(1e-3 + 1e-3)
+    assert cost.seconds(M, 0.01) < cost.seconds(M, 0.1)
+    assert predict("dense_ring", M, 1.0, NET, comp=cost).comp_s == 0
+
+
+def test_calibration_learns_a_constant_factor_and_reports_error() -> None:
+    cal = Calibration(decay=0.8)
+    assert cal.apply("dense_ring", 1.0) == 1.0 and cal.error() == 0.0
+    for pred in (0.1, 0.2, 0.4, 0.1, 0.3, 0.2):
+        cal.observe("dense_ring", pred, 1.2 * pred)
+    assert cal.apply("dense_ring", 0.25) == pytest.approx(0.30, rel=1e-6)
+    assert cal.apply("ag_topk", 0.25) == 0.25  # other collectives untouched
+    assert cal.error("dense_ring") < 0.05
+
+
+def test_calibration_fits_a_fixed_overhead() -> None:
+    cal = Calibration(decay=0.95)
+    for pred in (0.01, 0.05, 0.1, 0.2, 0.02, 0.15, 0.08):
+        cal.observe("ag_topk", pred, pred + 0.01)  # a per-call overhead the model lacks
+    assert cal.apply("ag_topk", 0.3) == pytest.approx(0.31, rel=0.02)
+
+
+def test_calibration_error_is_judged_before_the_update() -> None:
+    cal = Calibration(decay=0.5)
+    cal.observe("dense_ring", 1.0, 1.0)
+    cal.observe("dense_ring", 1.0, 2.0)  # predicted 1.0 (ratio 1) against 2.0: 50% off
+    assert cal.error("dense_ring") == pytest.approx(0.25)  # ewma of 0 and 0.5 at decay 0.5
+
+
+def test_calibration_round_trips_and_refuses_bad_pairs() -> None:
+    cal = Calibration()
+    for pred in (0.1, 0.2, 0.3):
+        cal.observe("art_ring", pred, 1.1 * pred)
+    back = Calibration.from_state(cal.state_dict())
+    assert back.apply("art_ring", 0.5) == cal.apply("art_ring", 0.5)
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="measured_s"):
+            cal.observe("art_ring", 0.1, bad)
