@@ -1,0 +1,295 @@
+"""`flexcomm emulate`: shape an interface's egress, run schedules, read back, undo.
+
+    flexcomm emulate apply --dev eth0 --rate 50Mbit [--delay 10ms --jitter 1ms --loss 0.1%]
+    flexcomm emulate run SCHEDULE.toml --dev eth0        # foreground; restores on exit
+    flexcomm emulate show --dev eth0 [--json]            # the kernel's state
+    flexcomm emulate clear --dev eth0                    # back to the recorded original
+    flexcomm emulate validate SCHEDULE.toml ...
+
+Every command takes --netns NAME (the interface lives in that namespace) and
+touches only the --dev named. `apply` and `run` take --peer ADDRESS (repeatable:
+shape only traffic to those addresses) and --dry-run (print the tc-equivalent
+changes, change nothing). Applied steps are recorded in the store (--db, default
+$FLEXCOMM_DB or /var/lib/flexcomm/flexcomm.db; --no-record to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flexcomm.units import parse_duration, parse_fraction, parse_rate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "emulate", help="emulate a network: shape an interface with rate/delay/jitter/loss",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="emulate_command", metavar="ACTION", required=True)
+
+    apply = sub.add_parser("apply", help="shape an interface now (lasts until `clear`)")
+    _device_options(apply, peers=True)
+    apply.add_argument("--rate", required=True, help="e.g. 50Mbit, 1Gbit")
+    apply.add_argument("--delay", default="0ms", help="e.g. 20ms (needs sch_netem)")
+    apply.add_argument("--jitter", default="0ms", help="e.g. 2ms (needs a delay)")
+    apply.add_argument("--loss", default="0", help="e.g. 0.5%% or 0.005")
+    _change_options(apply)
+    apply.set_defaults(func=cmd_apply)
+
+    run = sub.add_parser("run", help="run a schedule in the foreground, then restore")
+    run.add_argument("schedule", help="a TOML schedule file")
+    _device_options(run, peers=True)
+    run.add_argument("--epochs-from-stdin", action="store_true",
+                     help="epoch-keyed schedules: read the job's epoch numbers, one a line")
+    _change_options(run)
+    run.set_defaults(func=cmd_run)
+
+    show = sub.add_parser("show", help="read the interface's tc state back from the kernel")
+    _device_options(show, peers=False)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=cmd_show)
+
+    clear = sub.add_parser("clear", help="restore the interface's recorded original qdisc")
+    _device_options(clear, peers=False)
+    clear.set_defaults(func=cmd_clear)
+
+    validate = sub.add_parser("validate", help="check schedule files; change nothing")
+    validate.add_argument("schedules", nargs="+", metavar="SCHEDULE")
+    validate.set_defaults(func=cmd_validate)
+
+
+def _device_options(parser: argparse.ArgumentParser, *, peers: bool) -> None:
+    parser.add_argument("--dev", required=True, help="the interface to shape (only this one)")
+    parser.add_argument("--netns", default=None, help="the network namespace it lives in")
+    if peers:
+        parser.add_argument("--peer", action="append", default=[], metavar="ADDRESS",
+                            help="shape only traffic to this IPv4 address (repeatable)")
+
+
+def _change_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would change (tc-equivalent), change nothing")
+    parser.add_argument("--db", default=None, help="store to record applied steps in")
+    parser.add_argument("--no-record", action="store_true", help="do not record steps")
+
+
+def _shaper(args: argparse.Namespace) -> Any:
+    from flexcomm.probe.shaping import Shaper
+
+    return Shaper(args.dev, netns=args.netns, peers=getattr(args, "peer", ()))
+
+
+def _recorder(args: argparse.Namespace, shaper: Any) -> Callable[[Any], None] | None:
+    """A callback that records each applied step in the store, or None."""
+    if args.no_record or args.dry_run:
+        return None
+    from flexcomm.store import EmulationStep, Store, default_path
+
+    path = args.db or default_path()
+    try:
+        store = Store(path)
+    except (ValueError, OSError) as exc:
+        if args.db:
+            raise ValueError(f"db: cannot open {path}: {exc}") from None
+        print(f"warning: not recording steps, store {path} unusable: {exc}", file=sys.stderr)
+        return None
+
+    def record(applied: Any) -> None:
+        state = applied.state
+        store.add_emulation_step(EmulationStep(
+            interface=shaper.ifname, step_index=applied.step_index, netns=shaper.netns or "",
+            rate_bps=state.rate_bps, delay_s=state.delay_s, jitter_s=state.jitter_s,
+            loss=state.loss, ts=applied.applied_at))
+
+    return record
+
+
+def _print_plan(shaper: Any, state: Any, header: str) -> None:
+    print(header)
+    for request in shaper.plan(state):
+        print(f"  {request}")
+
+
+def _netem_failed(shaper: Any, exc: Exception) -> int:
+    print(f"flexcomm emulate: error: {shaper.where}: {exc}; the interface is back to its "
+          "original qdisc", file=sys.stderr)
+    return 1
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from flexcomm.probe.emulator import AppliedStep
+    from flexcomm.probe.revert import Revert
+    from flexcomm.probe.shaping import LinkState, NetemUnavailable
+
+    state = LinkState(parse_rate("rate", args.rate), parse_duration("delay", args.delay),
+                      parse_duration("jitter", args.jitter), parse_fraction("loss", args.loss))
+    shaper = _shaper(args)
+    revert = Revert(shaper)
+    if args.dry_run:
+        if revert.read() is None:
+            print(f"would record the original qdiscs of {shaper.where} in {revert.path}")
+        _print_plan(shaper, state, f"would shape {shaper.where} to {state.describe()}:")
+        print("dry run: nothing changed")
+        return 0
+    record = _recorder(args, shaper)
+    stale = revert.restore_if_stale()
+    if stale is not None:
+        print(f"restored {shaper.where}, left shaped by a run (pid {stale['pid']}) that died")
+    revert.record("apply")
+    try:
+        shaper.apply(state)
+    except NetemUnavailable as exc:
+        revert.restore()
+        return _netem_failed(shaper, exc)
+    if record is not None:
+        record(AppliedStep(0, 0, state, time.time()))
+    print(f"{shaper.where}: shaped to {state.describe()} "
+          f"(undo: flexcomm emulate clear --dev {shaper.ifname}"
+          f"{f' --netns {shaper.netns}' if shaper.netns else ''})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flexcomm.probe.emulator import Emulator
+    from flexcomm.probe.revert import session
+    from flexcomm.probe.schedule import load_schedule
+    from flexcomm.probe.shaping import NetemUnavailable
+
+    schedule = load_schedule(args.schedule)
+    if schedule.by_epoch and not args.epochs_from_stdin and not args.dry_run:
+        raise ValueError(f"schedule: {args.schedule} is keyed by epoch; pass "
+                         "--epochs-from-stdin (one epoch number a line) or run it in the agent")
+    shaper = _shaper(args)
+    if args.dry_run:
+        _print_schedule_plan(schedule, shaper)
+        return 0
+    record = _recorder(args, shaper)
+    emulator = Emulator(schedule, shaper, on_step=_announce_then(record, schedule))
+    try:
+        with session(shaper, owner="run"):
+            if schedule.by_epoch:
+                _follow_epochs(emulator, sys.stdin)
+            else:
+                emulator.run(on_progress=_progress_printer())
+    except NetemUnavailable as exc:
+        return _netem_failed(shaper, exc)
+    finally:
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    print(f"{shaper.where}: schedule done; original qdisc restored", flush=True)
+    return 0
+
+
+def _print_schedule_plan(schedule: Any, shaper: Any) -> None:
+    rounds = "forever" if schedule.repeat is None else f"{schedule.repeat} round(s)"
+    print(f"{schedule.path}: {len(schedule.steps)} step(s), {rounds}, on {shaper.where}")
+    for step in schedule.steps:
+        when = (f"at epoch {step.epoch}" if step.epoch is not None
+                else f"for {step.duration_s:g} s")
+        _print_plan(shaper, step.state, f"step {step.number} ({when}): {step.state.describe()}")
+    print("then: the original qdiscs are restored")
+    print("dry run: nothing changed")
+
+
+def _announce_then(record: Callable[[Any], None] | None, schedule: Any) -> Callable[[Any], None]:
+    def on_step(applied: Any) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(applied.applied_at))
+        epoch = "" if applied.epoch is None else f" at epoch {applied.epoch}"
+        print(f"{stamp} applied step {applied.step_index + 1}/{len(schedule.steps)}"
+              f" (round {applied.round + 1}){epoch}: {applied.state.describe()}", flush=True)
+        if record is not None:
+            record(applied)
+    return on_step
+
+
+def _progress_printer() -> Callable[[Any], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(progress: Any) -> None:
+        sys.stderr.write(f"\r\x1b[K{progress.line()}")
+        sys.stderr.flush()
+    return show
+
+
+def _follow_epochs(emulator: Any, stream: Any) -> None:
+    for number, line in enumerate(stream, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            epoch = int(text)
+        except ValueError:
+            raise ValueError(f"epoch: stdin line {number} is not a whole number: {text!r}") from None
+        emulator.advance_epoch(epoch)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from flexcomm.probe.revert import Revert
+
+    shaper = _shaper(args)
+    shown = shaper.show()
+    if args.json:
+        print(json.dumps(shown, indent=1, sort_keys=True))
+        return 0
+    for qdisc in shown["qdiscs"]:
+        extra = " ".join(f"{k} {v}" for k, v in qdisc.items() if k not in ("kind", "handle", "parent"))
+        print(f"qdisc {qdisc['kind']} {qdisc['handle']} parent {qdisc['parent']} {extra}".rstrip())
+    for cls in shown["classes"]:
+        rate = f" rate {cls['rate_bps']:.0f}bit ceil {cls['ceil_bps']:.0f}bit" if "rate_bps" in cls else ""
+        print(f"class {cls['kind']} {cls['classid']} parent {cls['parent']}{rate}")
+    for flt in shown["filters"]:
+        print(f"filter {flt['kind']} {flt['handle']} {' '.join(flt['match'])} -> {flt['classid']}")
+    record = Revert(shaper).read()
+    if shown["shaping"] is None:
+        print(f"{shaper.where}: not shaped by flexcomm")
+    elif record is not None:
+        print(f"{shaper.where}: shaped by flexcomm ({record['owner']}, pid {record['pid']});"
+              f" original recorded in {Revert(shaper).path}")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    from flexcomm.probe.revert import Revert
+
+    shaper = _shaper(args)
+    revert = Revert(shaper)
+    record = revert.read()
+    if record is not None and revert.owner_alive(record):
+        print(f"note: the run that shaped {shaper.where} (pid {record['pid']}) is still "
+              "going; it will find its link restored", file=sys.stderr)
+    if revert.restore():
+        print(f"{shaper.where}: original qdiscs restored")
+        return 0
+    hint = ""
+    if shaper.show()["shaping"] is not None:
+        hint = (" (its root is an htb 1: that looks like flexcomm's, but with no record "
+                "flexcomm cannot tell; `tc qdisc del dev "
+                f"{shaper.ifname} root` removes it)")
+    print(f"{shaper.where}: nothing to clear, no flexcomm record in {revert.path}{hint}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from flexcomm.probe.schedule import ScheduleError, load_schedule
+
+    errors = []
+    for path in args.schedules:
+        try:
+            schedule = load_schedule(path)
+        except ScheduleError as exc:
+            errors.extend(exc.errors)
+            continue
+        if schedule.by_epoch:
+            extent = f"keyed by epoch, {schedule.epoch_period} epoch(s) a round"
+        else:
+            extent = f"keyed by time, {schedule.round_seconds:g} s a round"
+        rounds = "forever" if schedule.repeat is None else f"{schedule.repeat} round(s)"
+        print(f"{path}: ok, {len(schedule.steps)} step(s), {extent}, {rounds}")
+    if errors:
+        raise ValueError("\n".join(errors))
+    return 0
