@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
@@ -132,15 +133,15 @@ class MooConfig:
         ModelForms(self.ag_form, self.tree_form, self.value_bytes, self.index_bytes)
         CompressionCost(self.comp_per_byte, self.comp_per_selected_byte)
 
-    @property
+    @cached_property
     def crs(self) -> tuple[float, ...]:
         return candidate_crs(self.c_low, self.c_high, self.factor)
 
-    @property
+    @cached_property
     def forms(self) -> ModelForms:
         return ModelForms(self.ag_form, self.tree_form, self.value_bytes, self.index_bytes)
 
-    @property
+    @cached_property
     def comp_cost(self) -> CompressionCost:
         return CompressionCost(self.comp_per_byte, self.comp_per_selected_byte)
 
@@ -223,6 +224,7 @@ class MooPolicy:
         self.config = config or MooConfig()
         self.calibration = Calibration()
         self._s = _State()
+        self._decision: Decision | None = None  # cached until an observation arrives
         collective, cr = self._options()[0]  # dense when allowed
         self._set_current(collective, cr, "warm-up: measuring compute and sync time")
         if self.config.warmup_steps == 0:
@@ -231,12 +233,14 @@ class MooPolicy:
     # --- observations --------------------------------------------------------
 
     def observe_network(self, net: NetworkObservation) -> None:
+        self._decision = None
         self._s.net = net.to_dict()
         if self._s.phase == EXPLOIT and self._network_moved(net):
             self._start_exploration(self._network_change_reason(net))
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
+        self._decision = None
         s.steps_seen += 1
         w = cfg.smoothing
         if report.t_compute_s > 0:
@@ -261,9 +265,13 @@ class MooPolicy:
     # --- decisions -----------------------------------------------------------
 
     def decide(self) -> Decision:
-        if self._s.phase == EXPLOIT:
-            self._choose()
-        return Decision.from_dict(self._s.current)
+        """The current decision; re-evaluated only after a new observation, so
+        an agent may call it on every request."""
+        if self._decision is None:
+            if self._s.phase == EXPLOIT:
+                self._choose()
+            self._decision = Decision.from_dict(self._s.current)
+        return self._decision
 
     def evaluate(self) -> list[Evaluation]:
         """Every candidate with the figures the choice would use (skips candidates
@@ -319,10 +327,16 @@ class MooPolicy:
         self.config = MooConfig.from_options(state["config"])
         self.calibration = Calibration.from_state(state["calibration"])
         self._s = _State(**state["state"])
+        self._decision = None
 
     @property
     def phase(self) -> str:
         return self._s.phase
+
+    @property
+    def network(self) -> NetworkObservation | None:
+        """The last network observation, if any."""
+        return self._net()
 
     @property
     def explorations(self) -> int:

@@ -7,6 +7,7 @@ instead of with an evolutionary solver.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -16,7 +17,26 @@ def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
 
 def pareto_front(points: Sequence[Sequence[float]]) -> list[int]:
     """Indices of the non-dominated points, in input order."""
+    if points and len(points[0]) == 2:
+        return _front_2d(points)
     return [i for i, p in enumerate(points) if not any(dominates(q, p) for j, q in enumerate(points) if j != i)]
+
+
+def _front_2d(points: Sequence[Sequence[float]]) -> list[int]:
+    """Sweep in (f1, f2) order: a point is dominated when an earlier point with a
+    smaller f1 has f2 <= its f2, or one with the same f1 has a smaller f2."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    keep = []
+    best_before = math.inf  # least f2 among points with a strictly smaller f1
+    group_f1, group_best = None, math.inf
+    for i in order:
+        f1, f2 = points[i]
+        if f1 != group_f1:
+            best_before = min(best_before, group_best)
+            group_f1, group_best = f1, f2
+        if not (best_before <= f2 or group_best < f2):
+            keep.append(i)
+    return sorted(keep)
 
 
 def asf_scores(points: Sequence[Sequence[float]], weights: Sequence[float], rho: float = 1e-4) -> list[float]:

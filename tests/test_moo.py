@@ -199,3 +199,13 @@ def test_stale_reports_of_an_old_decision_do_not_advance_exploration() -> None:
     for i in range(5):  # reports of a CR the policy never asked for
         policy.observe_step(StepReport(step=i, cr=0.5, collective="ag_topk", t_comp_s=0.01, t_sync_s=0.1, gain=0.9))
     assert policy.phase == "warmup"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=25))
+def test_fast_2d_front_equals_the_definition(points: list) -> None:
+    from flexcomm.policy import pareto
+
+    brute = [i for i, p in enumerate(points)
+             if not any(pareto.dominates(q, p) for j, q in enumerate(points) if j != i)]
+    assert pareto.pareto_front(points) == brute
