@@ -17,13 +17,14 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from flexcomm.policy import POLICY_NAMES
 from flexcomm.policy.types import StepReport, check_cr
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import collective_from_enum
 
 JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
-POLICIES = ("dense", "static", "moo", "gravac")
+POLICIES = POLICY_NAMES
 MAX_WORLD_SIZE = 1 << 20
 MAX_GRAD_BYTES = 1 << 40  # 1 TiB of gradient per step
 MAX_NODES = 4096

@@ -1,0 +1,190 @@
+"""The training side of the agent: a `DecisionSource` backed by the local agent.
+
+    source = AgentClient("/run/flexcomm/agent.sock", job_id="resnet-42", world_size=8,
+                         grad_bytes=102_000_000, nodes=["10.0.0.1", "10.0.0.2"], policy="moo")
+    source.latest()        # the newest Decision, or None before the first answer
+    source.report(step)    # a StepReport; returns at once
+    source.close()
+
+Only rank 0 uses it (DESIGN.md section 6). Every call from the training loop
+returns at once: `latest()` reads one attribute, `report()` appends to a bounded
+deque (the oldest reports are dropped when the agent is away long enough to fill
+it). A background thread registers the job, streams the reports in batches and
+fetches the decision, each RPC with a timeout. When the agent cannot be reached
+the job keeps its last decision, says so once in its log, retries with backoff,
+and re-registers when the agent answers again (a restarted agent resumes the job
+from its store).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from flexcomm.policy.types import Decision, StepReport
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from flexcomm.proto.convert import decision_from_proto, report_to_proto
+
+log = logging.getLogger("flexcomm.client.agent")
+MAX_BATCH = 4096  # the agent's per-message limit
+
+
+def channel_target(target: str) -> str:
+    """A socket path becomes "unix:PATH"; "unix:..." and "host:port" stay."""
+    return f"unix:{target}" if target.startswith("/") else target
+
+
+class AgentClient:
+    """A DecisionSource that asks the agent at `target` (socket path or host:port)."""
+
+    def __init__(self, target: str, *, job_id: str, world_size: int, grad_bytes: int,
+                 nodes: Sequence[str] = (), policy: str = "moo",
+                 options: Mapping[str, Any] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 timeout_s: float = 1.0, poll_interval_s: float = 0.5, retry_max_s: float = 5.0,
+                 max_pending: int = 100_000) -> None:
+        if timeout_s <= 0 or poll_interval_s <= 0 or retry_max_s <= 0:
+            raise ValueError("timeout_s: timeouts and intervals must be > 0")
+        self.target = channel_target(target)
+        spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes,
+                          nodes=list(nodes), policy=policy)
+        spec.options.update(dict(options or {}))
+        self._register = pb.RegisterJobRequest(spec=spec)
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.retry_max_s = retry_max_s
+        self._latest: Decision | None = None
+        self._pending: collections.deque[StepReport] = collections.deque(maxlen=max_pending)
+        self._inflight: list[StepReport] = []
+        self._network: tuple[float, float] | None = None
+        self._network_sent: tuple[float, float] | None = None
+        self._registered = False
+        self.reachable: bool | None = None  # None until the first attempt
+        self.refused_batches = 0
+        self._stop = threading.Event()
+        self._channel = (grpc.secure_channel(self.target, credentials) if credentials
+                         else grpc.insecure_channel(self.target))
+        self._stub = pb_grpc.AgentStub(self._channel)
+        self._thread = threading.Thread(target=self._run, name="flexcomm-agent-client", daemon=True)
+        self._thread.start()
+
+    # -- DecisionSource (called from the training loop: never blocks) -----------
+    def latest(self) -> Decision | None:
+        return self._latest
+
+    def report(self, report: StepReport) -> None:
+        self._pending.append(report)
+
+    def report_network(self, alpha_s: float, bandwidth_bps: float) -> None:
+        """The job's own estimate of its network, sent with the next reports."""
+        self._network = (float(alpha_s), float(bandwidth_bps))
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread (sending what it can within its RPC timeout)."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self._channel.close()
+
+    # -- the background thread --------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.05
+        last_poll = 0.0
+        while not self._stop.is_set():
+            try:
+                if not self._registered:
+                    self._do_register()
+                if self._inflight or self._pending or self._network != self._network_sent:
+                    self._send_reports()
+                elif time.monotonic() - last_poll >= self.poll_interval_s:
+                    self._adopt(self._stub.GetDecision(pb.JobRef(job_id=self.job_id),
+                                                       timeout=self.timeout_s))
+                    last_poll = time.monotonic()
+                self._mark_reachable()
+                backoff = 0.05
+                if not self._pending:
+                    self._stop.wait(min(0.05, self.poll_interval_s))
+            except grpc.RpcError as exc:
+                backoff = self._on_error(exc, backoff)
+        self._final_send()
+
+    def _do_register(self) -> None:
+        response = self._stub.RegisterJob(self._register, timeout=self.timeout_s)
+        self._registered = True
+        self._adopt(response.decision)
+        log.info("registered with the agent", extra={"fields": {
+            "job": self.job_id, "agent": self.target, "resumed": response.resumed,
+            "version": response.decision.version}})
+
+    def _take_batch(self) -> list[StepReport]:
+        if not self._inflight:
+            while self._pending and len(self._inflight) < MAX_BATCH:
+                self._inflight.append(self._pending.popleft())
+        return self._inflight
+
+    def _send_reports(self) -> None:
+        batch = self._take_batch()
+        network = self._network
+        request = pb.ReportStepsRequest(job_id=self.job_id,
+                                        reports=[report_to_proto(r) for r in batch])
+        if network is not None:
+            request.network.alpha_s, request.network.bandwidth_bps = network
+        response = self._stub.ReportSteps(iter([request]), timeout=self.timeout_s)
+        self._inflight = []
+        self._network_sent = network
+        self._adopt(response.decision)
+
+    def _adopt(self, msg: pb.Decision) -> None:
+        try:
+            decision = decision_from_proto(msg)
+        except ValueError as exc:
+            log.error("agent sent an invalid decision; keeping the last one",
+                      extra={"fields": {"job": self.job_id, "error": str(exc)}})
+            return
+        if decision != self._latest:
+            self._latest = decision
+
+    def _mark_reachable(self) -> None:
+        if self.reachable is False:
+            log.warning("agent reachable again", extra={"fields": {"job": self.job_id,
+                                                                    "agent": self.target}})
+        self.reachable = True
+
+    def _on_error(self, exc: grpc.RpcError, backoff: float) -> float:
+        code = exc.code()
+        if code == grpc.StatusCode.NOT_FOUND:  # the agent lost the job: register again
+            self._registered = False
+            return backoff
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+            # Retrying the same data would fail forever: drop it, say why.
+            self.refused_batches += 1
+            log.error("agent refused a request", extra={"fields": {
+                "job": self.job_id, "code": code.name, "error": exc.details()}})
+            self._inflight = []
+            self._network_sent = self._network
+            if not self._registered:
+                self._stop.wait(self.retry_max_s)
+            return backoff
+        if self.reachable is not False:
+            kept = self._latest
+            log.warning("agent unreachable; the job keeps its last decision", extra={"fields": {
+                "job": self.job_id, "agent": self.target, "code": code.name if code else None,
+                "decision": f"{kept.collective} cr={kept.cr:g} v{kept.version}" if kept else None}})
+        self.reachable = False
+        self._registered = False  # a restarted agent may need it (it resumes from its store)
+        self._stop.wait(backoff)
+        return min(backoff * 2, self.retry_max_s)
+
+    def _final_send(self) -> None:
+        if (self._inflight or self._pending) and self.reachable:
+            try:
+                self._send_reports()
+            except grpc.RpcError:
+                pass

@@ -1,0 +1,105 @@
+"""A real `flexcomm agent` process for tests: temp socket, temp store, a free
+metrics port, probing off (tests that want probes turn it on)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto import agent_pb2_grpc as pb_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AgentProcess:
+    def __init__(self, workdir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.socket = str(workdir / "agent.sock")
+        self.db = str(workdir / "agent.db")
+        self.metrics_port = free_port()
+        self.extra = list(extra)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log = workdir / "agent.log"
+        self._channel: grpc.Channel | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", self.socket, "--db", self.db,
+                "--metrics", f"127.0.0.1:{self.metrics_port}", "--no-probe",
+                "--flush-interval", "200ms", *self.extra]
+
+    def start(self, timeout_s: float = 30.0) -> AgentProcess:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env)
+        self.wait_serving(timeout_s)
+        return self
+
+    def wait_serving(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                if self.health() == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"agent not serving after {timeout_s}s:\n{self.log.read_text()}")
+
+    @property
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(f"unix:{self.socket}")
+        return self._channel
+
+    @property
+    def stub(self) -> pb_grpc.AgentStub:
+        return pb_grpc.AgentStub(self.channel)
+
+    def health(self, service: str = "") -> int:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.close_channel()
+
+    def terminate(self, timeout_s: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout_s)
+        self.close_channel()
+        return rc
+
+    def close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.close_channel()
+
+
+def spec(job_id: str = "job-1", policy: str = "moo", **kw: object) -> pb.JobSpec:
+    fields = {"world_size": 2, "grad_bytes": 4_000_000, "nodes": ["127.0.0.1"], **kw}
+    return pb.JobSpec(job_id=job_id, policy=policy, **fields)
