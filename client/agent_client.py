@@ -19,6 +19,7 @@ from its store).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -184,7 +185,5 @@ class AgentClient:
 
     def _final_send(self) -> None:
         if (self._inflight or self._pending) and self.reachable:
-            try:
+            with contextlib.suppress(grpc.RpcError):  # best effort on the way out
                 self._send_reports()
-            except grpc.RpcError:
-                pass
