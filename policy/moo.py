@@ -87,6 +87,7 @@ class MooConfig:
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
+    sync_change_threshold: float = 0.25
     alpha_floor_s: float = 1e-4
     hysteresis: float = 0.05
     warmup_steps: int = 3
@@ -122,6 +123,7 @@ class MooConfig:
         if self.weight_time + self.weight_gain <= 0:
             raise ValueError("weight_time: weights must not both be 0")
         _in_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
+        _in_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
         _in_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         _in_range("hysteresis", self.hysteresis, 0, 1)
         _in_range("smoothing", self.smoothing, 0, 1, open_low=True)
@@ -210,6 +212,7 @@ class _State:
     explorations: int = 0
     steps_seen: int = 0
     why: str = ""  # what started the current exploration
+    sync_baseline: float | None = None  # the chosen option's settled sync time
 
 
 class MooPolicy:
@@ -375,9 +378,26 @@ class MooPolicy:
         elif s.phase == EXPLORE and s.phase_steps >= cfg.explore_steps:
             s.plan_index += 1
             self._run_plan_item()
-        elif s.phase == EXPLOIT and s.phase_steps >= cfg.min_exploit_steps and self._gain_moved():
-            self._start_exploration("the chosen CR's gain moved by >= "
-                                    f"{cfg.change_threshold:.0%} since the last exploration")
+        elif s.phase == EXPLOIT and s.phase_steps >= cfg.min_exploit_steps:
+            why = self._gain_moved() or self._sync_moved()
+            if why:
+                self._start_exploration(why)
+
+    def _sync_moved(self) -> str:
+        """Passive change detection: the chosen option's measured sync time moved
+        by >= sync_change_threshold from where it settled. Probes are rare; steps
+        are not, and the other options' measurements are stale after a change."""
+        s = self._s
+        measured = s.sync.get(_key(s.current["collective"], s.current["cr"]))
+        if measured is None:
+            return ""
+        if s.sync_baseline is None:
+            s.sync_baseline = measured
+            return ""
+        moved = (measured - s.sync_baseline) / s.sync_baseline
+        if abs(moved) < self.config.sync_change_threshold:
+            return ""
+        return f"measured sync time of the chosen option moved {moved:+.0%}"
 
     def _start_exploration(self, why: str) -> None:
         s = self._s
@@ -470,6 +490,7 @@ class MooPolicy:
             return
         s.version += 1
         s.phase_steps = 0
+        s.sync_baseline = None
         s.current = Decision(
             cr=cr, collective=collective, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
@@ -504,12 +525,14 @@ class MooPolicy:
         return (f"network moved: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {base.get('alpha_s', float('nan')) * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
-    def _gain_moved(self) -> bool:
+    def _gain_moved(self) -> str:
         base = self._s.baseline
         if not base or base["cr"] == 1.0:
-            return False
+            return ""
         now = self._s.gains.get(repr(base["cr"]))
-        return now is not None and abs(now - base["gain"]) >= self.config.change_threshold * base["gain"]
+        if now is None or abs(now - base["gain"]) < self.config.change_threshold * base["gain"]:
+            return ""
+        return f"the chosen CR's gain moved {base['gain']:.2f} -> {now:.2f}"
 
 
 def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:

@@ -209,3 +209,17 @@ def test_fast_2d_front_equals_the_definition(points: list) -> None:
     brute = [i for i, p in enumerate(points)
              if not any(pareto.dominates(q, p) for j, q in enumerate(points) if j != i)]
     assert pareto.pareto_front(points) == brute
+
+
+def test_measured_sync_change_triggers_reexploration_without_a_probe() -> None:
+    policy = MooPolicy(M)
+    job = Job(policy, M)
+    settle(policy, job, 1e-3, 100e6)
+    before = policy.explorations
+    job.run(12, 1e-3, 100e6)  # settles the sync baseline
+    assert policy.explorations == before
+    # The link slows 5x but no probe reports it: only the step reports show it.
+    job.model_error *= 5
+    policy.observe_network = lambda net: None  # the probe is silent
+    job.run(15, 1e-3, 100e6)
+    assert policy.explorations == before + 1
