@@ -1,0 +1,312 @@
+"""Bandwidth with the iperf3 binary: one client test, and a managed server.
+
+`run_test` runs `iperf3 -c PEER --json` as an argument list (no shell) in a new
+process group with a hard timeout: on timeout or interruption the whole group is
+killed with SIGKILL and reaped, so no iperf3 is left behind. The first JSON object
+on stdout is parsed (iperf3 may print warnings before it) and iperf3's own
+"error" is raised as `IperfError`; a server already running a test answers
+"busy", raised as `IperfBusy` so a scheduler can back off and retry.
+
+`IperfServer` keeps one `iperf3 -s` per node on a port, restarting it when it
+dies (a watchdog thread). An iperf3 server runs one test at a time, which is why
+bandwidth tests must be exclusive per target (see `scheduler`).
+
+`netns=NAME` runs the process inside a network namespace (`ip netns exec`), for
+the lab and the tests; the daemon on a real node leaves it None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from flexcomm.store.records import BANDWIDTH, Measurement
+
+DEFAULT_PORT = 5201
+CONNECT_TIMEOUT_S = 3.0
+# Beyond duration and connect: iperf3's start-up, parameter exchange and results.
+TIMEOUT_SLACK_S = 5.0
+
+
+class IperfError(RuntimeError):
+    """An iperf3 test failed; the message says why (iperf3's own words when it gave any)."""
+
+
+class IperfMissing(IperfError):
+    """The iperf3 binary is not on PATH."""
+
+
+class IperfBusy(IperfError):
+    """The server is running another test: try again later."""
+
+
+class IperfTimeout(IperfError):
+    """The test overran its hard timeout; its process group was killed."""
+
+    def __init__(self, message: str, pid: int) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+@dataclass(frozen=True)
+class IperfResult:
+    """A finished TCP test. bandwidth_bps is what the receiver got (bits/s of
+    payload); rtt_mean_s is the sender's smoothed TCP RTT (Linux), if reported."""
+
+    peer: str
+    port: int
+    bandwidth_bps: float
+    sent_bps: float
+    retransmits: int
+    duration_s: float
+    streams: int
+    reverse: bool
+    rtt_mean_s: float | None
+
+
+def find_iperf3(binary: str = "iperf3") -> str:
+    """The absolute path of `binary`, or IperfMissing naming it."""
+    path = shutil.which(binary)
+    if path is None:
+        raise IperfMissing(
+            f"iperf3: binary {binary!r} not found on PATH "
+            f"({os.environ.get('PATH', '')!r}); install iperf3 (e.g. apt-get install iperf3)"
+        )
+    return path
+
+
+def in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+
+def first_json_object(text: str) -> dict[str, Any]:
+    """The first JSON object in `text` (anything before it or after it ignored)."""
+    start = text.find("{")
+    if start < 0:
+        raise IperfError("iperf3: printed no JSON report")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        raise IperfError(f"iperf3: unreadable JSON report ({exc})") from None
+    if not isinstance(obj, dict):
+        raise IperfError("iperf3: JSON report is not an object")
+    return obj
+
+
+def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
+    """An IperfResult from iperf3's JSON report, or its "error" raised."""
+    error = report.get("error")
+    if error:
+        cls = IperfBusy if "busy" in str(error).lower() else IperfError
+        raise cls(f"iperf3 to {peer}:{port}: {error}")
+    try:
+        end, test = report["end"], report["start"]["test_start"]
+        received, sent = end["sum_received"], end["sum_sent"]
+        rtts = [s["sender"]["mean_rtt"] for s in end.get("streams", [])
+                if "mean_rtt" in s.get("sender", {})]
+        return IperfResult(
+            peer=peer, port=port,
+            bandwidth_bps=float(received["bits_per_second"]),
+            sent_bps=float(sent["bits_per_second"]),
+            retransmits=int(sent.get("retransmits", 0)),
+            duration_s=float(received["seconds"]),
+            streams=int(test["num_streams"]),
+            reverse=bool(test["reverse"]),
+            rtt_mean_s=sum(rtts) / len(rtts) / 1e6 if rtts else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IperfError(f"iperf3 to {peer}:{port}: report lacks {exc}") from None
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group `proc` leads, and reap `proc`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, streams: int = 1,
+             reverse: bool = False, omit_s: int = 0, timeout_s: float | None = None,
+             connect_timeout_s: float = CONNECT_TIMEOUT_S, netns: str | None = None,
+             binary: str = "iperf3") -> IperfResult:
+    """One TCP test to `peer`'s iperf3 server. Raises IperfError (IperfBusy,
+    IperfTimeout, IperfMissing) on failure."""
+    if duration_s < 1 or duration_s != int(duration_s):
+        # iperf3 reads -t as whole seconds, and -t 0 runs forever
+        raise ValueError(f"duration_s: iperf3 runs whole seconds >= 1, got {duration_s!r}")
+    if streams < 1:
+        raise ValueError(f"streams: must be >= 1, got {streams!r}")
+    argv = [find_iperf3(binary), "-c", peer, "-p", str(port), "--json",
+            "-t", str(int(duration_s)), "-P", str(streams),
+            "--connect-timeout", str(max(1, int(connect_timeout_s * 1000)))]
+    if omit_s:
+        argv += ["-O", str(int(omit_s))]
+    if reverse:
+        argv.append("-R")
+    if timeout_s is None:
+        timeout_s = duration_s + omit_s + connect_timeout_s + TIMEOUT_SLACK_S
+    proc = subprocess.Popen(in_netns(netns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        raise IperfTimeout(f"iperf3 to {peer}:{port}: no result within {timeout_s:g} s; killed",
+                           proc.pid) from None
+    except BaseException:
+        kill_group(proc)
+        raise
+    try:
+        report = first_json_object(out)
+    except IperfError as exc:
+        detail = (err or "").strip()[-300:] or f"exit code {proc.returncode}"
+        raise IperfError(f"iperf3 to {peer}:{port}: {exc} ({detail})") from None
+    return parse_report(report, peer, port)
+
+
+def bandwidth_measurement(result: IperfResult) -> Measurement:
+    """The store's record of a finished test: beta = 8 / bandwidth (s per byte)."""
+    return Measurement(
+        peer=result.peer, kind=BANDWIDTH, bandwidth_bps=result.bandwidth_bps,
+        beta_s_per_byte=8.0 / result.bandwidth_bps if result.bandwidth_bps > 0 else None,
+        streams=result.streams, reverse=result.reverse, duration_s=result.duration_s,
+    )
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether process `pid` itself holds a TCP socket listening on `port` (read
+    from /proc, so nothing connects to the server to find out, and another
+    process's socket on the port does not count)."""
+    inodes = _socket_inodes(pid)
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = [line.split() for line in list(f)[1:]]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        for row in rows:
+            if row[3] == "0A" and int(row[1].rsplit(":", 1)[1], 16) == port and row[9] in inodes:
+                return True
+    return False
+
+
+class IperfServer:
+    """A managed `iperf3 -s` on `port`, restarted by a watchdog when it dies.
+
+    Use as a context manager, or start()/stop(). `restarts` counts restarts after
+    the first start; `pid` is the current server's pid.
+    """
+
+    LOG_LIMIT_BYTES = 64 * 1024
+
+    def __init__(self, port: int = DEFAULT_PORT, *, bind: str | None = None,
+                 netns: str | None = None, binary: str = "iperf3",
+                 check_interval_s: float = 1.0, ready_timeout_s: float = 10.0) -> None:
+        self.port = port
+        self.bind = bind
+        self.netns = netns
+        self.binary = binary
+        self.check_interval_s = check_interval_s
+        self.ready_timeout_s = ready_timeout_s
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._log: IO[bytes] | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> IperfServer:
+        with self._lock:
+            self._spawn()
+        self._stopping.clear()
+        self._watchdog = threading.Thread(target=self._watch, name=f"iperf3-server-{self.port}",
+                                          daemon=True)
+        self._watchdog.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._watchdog:
+            self._watchdog.join()
+        with self._lock:
+            if self._proc:
+                kill_group(self._proc)
+            if self._log:
+                self._log.close()
+
+    def __enter__(self) -> IperfServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def ensure_running(self) -> bool:
+        """Restart the server if it has died; True when it was restarted."""
+        with self._lock:
+            if self._stopping.is_set() or (self._proc and self._proc.poll() is None):
+                return False
+            self._spawn()
+            self.restarts += 1
+            return True
+
+    def _argv(self) -> list[str]:
+        argv = [find_iperf3(self.binary), "-s", "-p", str(self.port)]
+        return in_netns(self.netns, argv + (["-B", self.bind] if self.bind else []))
+
+    def _spawn(self) -> None:
+        if self._log is None:
+            self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+            # O_APPEND: the server keeps writing at the end after we read or truncate it
+            flags = fcntl.fcntl(self._log.fileno(), fcntl.F_GETFL)
+            fcntl.fcntl(self._log.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+        self._log.truncate(0)
+        self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=self._log,
+                                      start_new_session=True)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not listening(self._proc.pid, self.port):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                kill_group(self._proc)
+                raise IperfError(f"iperf3 server on port {self.port} did not start: {self._log_tail()}")
+            time.sleep(0.02)
+
+    def _log_tail(self) -> str:
+        assert self._log is not None
+        self._log.seek(0)
+        text = self._log.read().decode(errors="replace").strip()
+        return text[-300:] or f"exit code {self._proc.returncode if self._proc else None}"
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.check_interval_s):
+            with contextlib.suppress(IperfError):  # tried again at the next check
+                self.ensure_running()
+            with self._lock:
+                if self._log and os.fstat(self._log.fileno()).st_size > self.LOG_LIMIT_BYTES:
+                    self._log.truncate(0)

@@ -1,0 +1,119 @@
+"""Round-trip time from TCP connects: no privileges, no ping binary.
+
+A TCP connect returns after one round trip (SYN out, SYN-ACK back), so timing
+`connect()` measures the RTT to a peer's port. A refused connect (RST back) is a
+round trip too and counts as an answer, so the port need not be listening; no
+answer within the timeout, or an unreachable host, counts as a lost sample.
+A burst of samples is summarised as min / p50 / p99 / loss.
+
+`netns=NAME` makes the sockets inside that network namespace (through pyroute2),
+for the lab and the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flexcomm.store.records import LATENCY, Measurement
+
+DEFAULT_COUNT = 10
+DEFAULT_INTERVAL_S = 0.01
+DEFAULT_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class RttSummary:
+    """A burst of `sent` connects of which `answered` came back. The times are
+    None when nothing answered; `error` is the last failure seen."""
+
+    peer: str
+    port: int
+    sent: int
+    answered: int
+    min_s: float | None
+    p50_s: float | None
+    p99_s: float | None
+    error: str = ""
+
+    @property
+    def loss(self) -> float:
+        return 1.0 - self.answered / self.sent
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ascending values, linearly interpolated."""
+    if not sorted_values:
+        raise ValueError("values: need at least one")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _resolve(peer: str, port: int) -> tuple[int, tuple]:
+    try:
+        family, _, _, _, address = socket.getaddrinfo(peer, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"peer: cannot resolve {peer!r} ({exc.strerror})") from None
+    return family, address
+
+
+def _socket(family: int, netns: str | None) -> socket.socket:
+    if netns is None:
+        return socket.socket(family, socket.SOCK_STREAM)
+    from pyroute2.netns import create_socket  # only the lab needs it
+
+    return create_socket(netns, family, socket.SOCK_STREAM, flags=0)  # flags=0: never create
+
+
+def connect_rtt(family: int, address: tuple, timeout_s: float,
+                netns: str | None = None) -> float:
+    """Seconds one connect took; raises OSError when the peer did not answer."""
+    with _socket(family, netns) as sock:
+        sock.settimeout(timeout_s)
+        start = time.perf_counter()
+        with contextlib.suppress(ConnectionRefusedError):  # the RST came back: a round trip
+            sock.connect(address)
+        return time.perf_counter() - start
+
+
+def rtt_burst(peer: str, port: int, *, count: int = DEFAULT_COUNT,
+              interval_s: float = DEFAULT_INTERVAL_S, timeout_s: float = DEFAULT_TIMEOUT_S,
+              netns: str | None = None) -> RttSummary:
+    """`count` connects to peer:port, `interval_s` apart, summarised."""
+    if count < 1:
+        raise ValueError(f"count: must be >= 1, got {count!r}")
+    family, address = _resolve(peer, port)
+    samples: list[float] = []
+    error = ""
+    for i in range(count):
+        if i:
+            time.sleep(interval_s)
+        try:
+            samples.append(connect_rtt(family, address, timeout_s, netns))
+        except TimeoutError:
+            error = f"no answer within {timeout_s:g} s"
+        except OSError as exc:
+            error = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+    samples.sort()
+    if not samples:
+        return RttSummary(peer, port, count, 0, None, None, None, error)
+    return RttSummary(peer, port, count, len(samples), samples[0], percentile(samples, 50),
+                      percentile(samples, 99), error)
+
+
+def latency_measurement(summary: RttSummary) -> Measurement:
+    """The store's record of a burst. alpha is half the median RTT (one way);
+    a burst with no answer at all is a failed measurement."""
+    if summary.answered == 0:
+        return Measurement(peer=summary.peer, kind=LATENCY, ok=False, loss=1.0,
+                           error=f"tcp connect to {summary.peer}:{summary.port}: {summary.error}")
+    assert summary.p50_s is not None
+    return Measurement(peer=summary.peer, kind=LATENCY, rtt_min_s=summary.min_s,
+                       rtt_p50_s=summary.p50_s, rtt_p99_s=summary.p99_s, loss=summary.loss,
+                       alpha_s=summary.p50_s / 2)
