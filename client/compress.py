@@ -1,0 +1,208 @@
+"""Top-k selection, error feedback and compression gain (DESIGN.md section 4).
+
+Indices are always int32 (half the bytes of the int64 that `torch.topk` returns),
+so a flat gradient must have fewer than 2**31 elements.
+
+Two selectors, both returning the indices of exactly k entries of largest
+magnitude:
+
+- `select_exact`: `torch.topk` over `|g|`.
+- `select_fast`: a threshold from a random sample of `|g|`, set low enough that at
+  least k entries pass it with overwhelming probability; then the exact top-k among
+  those candidates. Whenever at least k entries pass, the result is the exact
+  top-k (every top-k entry is >= the k-th largest >= the threshold); when fewer
+  pass, it falls back to `select_exact`. So "fast" trades nothing but time.
+
+Error feedback (`ErrorFeedback`): g_e = g + residual; g_c = C(g_e);
+residual = g_e - g_c. The residual buffer itself holds g_e while a step runs, so
+compensation is one in-place add and settling is zeroing the k sent entries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from flexcomm.policy.types import check_cr
+
+SELECTORS: tuple[str, ...] = ("exact", "fast")
+
+# Below this many elements a sample buys nothing: torch.topk is already cheap.
+_FAST_MIN_NUMEL = 1 << 16
+# Above this fraction selected, the candidate set is most of the tensor.
+_FAST_MAX_CR = 0.25
+_SAMPLE_SIZE = 1 << 18
+# Sample order statistic margin, in standard deviations of the sampled count.
+_MARGIN_SIGMAS = 4.0
+_INT32_MAX = 2**31 - 1
+
+
+def check_selector(name: str, field_name: str = "selector") -> str:
+    if name not in SELECTORS:
+        raise ValueError(f"{field_name}: unknown selector {name!r} (one of exact, fast)")
+    return name
+
+
+def k_for(numel: int, cr: float) -> int:
+    """How many entries a CR keeps of `numel`: round(cr * numel), at least 1."""
+    check_cr(cr)
+    return min(numel, max(1, round(cr * numel)))
+
+
+def _check_flat(g: torch.Tensor) -> None:
+    if g.dim() != 1:
+        raise ValueError(f"gradient: expected a flat (1-D) tensor, got shape {tuple(g.shape)}")
+    if g.numel() > _INT32_MAX:
+        raise ValueError(f"gradient: {g.numel()} elements do not fit int32 indices")
+
+
+def select_exact(g: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int32) of the k entries of largest magnitude, via torch.topk."""
+    _check_flat(g)
+    return torch.topk(g.abs(), k, sorted=False).indices.to(torch.int32)
+
+
+class FastSelector:
+    """Sampled-threshold Top-k; exact whenever the sample threshold admits >= k.
+
+    Holds a scratch buffer for |g| and a private random generator (seeded, so
+    runs repeat). `fallbacks` counts the calls that had to use torch.topk.
+    """
+
+    def __init__(self, seed: int = 0, sample_size: int = _SAMPLE_SIZE) -> None:
+        self._gen = torch.Generator().manual_seed(seed)
+        self._sample_size = sample_size
+        self._abs: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+        self.calls = 0
+        self.fallbacks = 0
+
+    def _scratch(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = g.numel()
+        if self._abs is None or self._abs.numel() < n or self._abs.dtype != g.dtype or (
+            self._abs.device != g.device
+        ):
+            self._abs = torch.empty(n, dtype=g.dtype, device=g.device)
+            self._mask = torch.empty(n, dtype=torch.bool, device=g.device)
+        assert self._mask is not None
+        return self._abs[:n], self._mask[:n]
+
+    def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:
+        _check_flat(g)
+        n = g.numel()
+        self.calls += 1
+        if n < _FAST_MIN_NUMEL or k > _FAST_MAX_CR * n:
+            return select_exact(g, k)
+        threshold = self._sample_threshold(g, k)
+        if threshold is None:
+            self.fallbacks += 1
+            return select_exact(g, k)
+        absg, mask = self._scratch(g)
+        torch.abs(g, out=absg)
+        torch.ge(absg, threshold, out=mask)
+        cand = mask.nonzero().squeeze(1)
+        if cand.numel() < k:
+            self.fallbacks += 1
+            return select_exact(g, k)
+        if cand.numel() > k:
+            # Drop the (few) smallest candidates rather than sort the many kept.
+            cand_abs = absg[cand]
+            drop = torch.topk(cand_abs, cand.numel() - k, largest=False, sorted=False).indices
+            keep = torch.ones(cand.numel(), dtype=torch.bool, device=g.device)
+            keep[drop] = False
+            cand = cand[keep]
+        return cand.to(torch.int32)
+
+    def _sample_threshold(self, g: torch.Tensor, k: int) -> torch.Tensor | None:
+        n = g.numel()
+        s = min(self._sample_size, n)
+        pos = torch.randint(n, (s,), generator=self._gen).to(g.device)
+        sample = g[pos].abs()
+        expected = k / n * s
+        j = math.ceil(expected + _MARGIN_SIGMAS * math.sqrt(expected) + _MARGIN_SIGMAS)
+        if j >= s:
+            return None
+        return torch.topk(sample, j, sorted=False).values.min()
+
+
+def make_selector(name: str, seed: int = 0):
+    """A callable (g, k) -> int32 indices for selector `name` ("exact" or "fast")."""
+    check_selector(name)
+    return select_exact if name == "exact" else FastSelector(seed=seed)
+
+
+class ErrorFeedback:
+    """Residual memory for one flat gradient (one bucket, or the whole model).
+
+    Use per step: `g_e = ef.compensate(g)`, read the sent values from `g_e`,
+    then `ef.settle(indices)` (sparse) or `ef.flush()` (everything was sent).
+    `g_e` is the residual buffer itself: it is valid until settle/flush.
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self.residual = torch.zeros(numel, dtype=dtype, device=device)
+        # False while the residual is known to be all zeros (skips passes in dense steps).
+        self.dirty = False
+
+    def compensate(self, g: torch.Tensor) -> torch.Tensor:
+        if g.shape != self.residual.shape:
+            raise ValueError(
+                f"gradient: shape {tuple(g.shape)} does not match the residual "
+                f"{tuple(self.residual.shape)}"
+            )
+        self.residual.add_(g)
+        return self.residual
+
+    def settle(self, indices: torch.Tensor) -> None:
+        """residual = g_e - g_c, where g_c is g_e at `indices` and zero elsewhere."""
+        self.residual[indices] = 0
+        self.dirty = True
+
+    def flush(self) -> None:
+        self.residual.zero_()
+        self.dirty = False
+
+
+def squared_norm(x: torch.Tensor) -> float:
+    """||x||^2 accumulated in float64."""
+    x = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    return float(torch.dot(x, x).double())
+
+
+def topk_masses(g: torch.Tensor, ks: Sequence[int]) -> list[float]:
+    """Exact sum of the k largest squared magnitudes of `g`, for each k in `ks`.
+
+    One selection of the largest k (fast selector), one sort of those k, and
+    their cumulative sum: cheaper than sorting the whole gradient.
+    """
+    _check_flat(g)
+    if not ks:
+        return []
+    kmax = max(ks)
+    idx = FastSelector()(g, kmax) if kmax < g.numel() else torch.arange(g.numel(), device=g.device)
+    sq = g[idx.long()].double().pow(2)
+    csum = torch.sort(sq, descending=True).values.cumsum(0)
+    return [float(csum[k - 1]) if k > 0 else 0.0 for k in ks]
+
+
+def gains_at(g_e: torch.Tensor, crs: Iterable[float], total: float | None = None) -> dict[float, float]:
+    """Compression gain ||g_c||^2 / ||g_e||^2 that each CR would have on `g_e`."""
+    crs = [check_cr(c, "probe cr") for c in crs]
+    total = squared_norm(g_e) if total is None else total
+    if total <= 0.0:
+        return {c: 1.0 for c in crs}
+    masses = topk_masses(g_e, [k_for(g_e.numel(), c) for c in crs])
+    return {c: min(1.0, m / total) for c, m in zip(crs, masses, strict=True)}
+
+
+def merge_masses(parts: Iterable[tuple[dict[float, float], float]]) -> dict[float, float]:
+    """Combine per-bucket gains (each with its ||g_e||^2) into whole-gradient gains."""
+    mass: dict[float, float] = {}
+    total = 0.0
+    for gains, norm in parts:
+        total += norm
+        for c, gain in gains.items():
+            mass[c] = mass.get(c, 0.0) + gain * norm
+    return {c: (min(1.0, m / total) if total > 0 else 1.0) for c, m in mass.items()}
