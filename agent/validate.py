@@ -9,13 +9,12 @@ than fed to a policy.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import struct_pb2
 
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.policy.types import StepReport, check_cr
@@ -81,27 +80,31 @@ def _bounded_float(name: str, value: float, high: float, *, positive: bool = Fal
     return value
 
 
-def _integral(value: Any) -> Any:
-    """protobuf Struct numbers are doubles: give back whole numbers as ints."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < MAX_STEP:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
+def _plain(value: struct_pb2.Value, where: str) -> Any:
+    """A Struct value as plain Python; whole numbers as ints (Struct numbers are
+    doubles), non-finite numbers refused."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        v = value.number_value
+        if not math.isfinite(v):
+            raise ValueError(f"{where}: numbers must be finite, got {v!r}")
+        return int(v) if v.is_integer() and abs(v) < MAX_STEP else v
+    if kind == "struct_value":
+        return {k: _plain(v, f"{where}.{k}") for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value.list_value.values)]
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
 
 
 def options(msg: pb.JobSpec) -> dict[str, Any]:
     size = msg.options.ByteSize()
     if size > MAX_OPTIONS_BYTES:
         raise ValueError(f"spec.options: {size} bytes, at most {MAX_OPTIONS_BYTES}")
-    data = _integral(json_format.MessageToDict(msg.options))
-    try:
-        json.dumps(data, allow_nan=False)
-    except ValueError:
-        raise ValueError("spec.options: numbers must be finite") from None
-    return data
+    return {k: _plain(v, f"spec.options.{k}") for k, v in msg.options.fields.items()}
 
 
 def spec(msg: pb.JobSpec) -> JobSpec:
