@@ -141,15 +141,25 @@ class _Terminated(Exception):
 @contextlib.contextmanager
 def terminate_as_exception() -> Iterator[None]:
     """While inside, SIGTERM raises `_Terminated` (SIGINT already raises
-    KeyboardInterrupt); the previous handler is put back on exit."""
+    KeyboardInterrupt); the previous handler is put back on exit.
+
+    pyroute2 forks helper processes to open sockets in a namespace and stops them
+    with SIGTERM; a fork inherits this handler, so in any process but ours it just
+    dies as SIGTERM's default would (unwinding our stack there would run our
+    cleanup in the wrong process)."""
+    owner = os.getpid()
+
     def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            os._exit(128 + signum)
         raise _Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if os.getpid() == owner:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -159,6 +169,7 @@ def session(shaper: Shaper, owner: str = "run") -> Iterator[Shaper]:
     exception, SIGINT or SIGTERM. A SIGTERM ends in SystemExit(143)."""
     revert = Revert(shaper)
     revert.restore_if_stale()
+    pid = os.getpid()
     with terminate_as_exception():
         revert.record(owner)
         try:
@@ -166,8 +177,9 @@ def session(shaper: Shaper, owner: str = "run") -> Iterator[Shaper]:
         except _Terminated:
             raise SystemExit(128 + signal.SIGTERM) from None
         finally:
-            with signals_ignored():  # a second Ctrl-C must not cut the restore short
-                revert.restore()
+            if os.getpid() == pid:  # never from a forked helper unwinding our stack
+                with signals_ignored():  # a second Ctrl-C must not cut the restore short
+                    revert.restore()
 
 
 @contextlib.contextmanager
