@@ -24,13 +24,18 @@ if ((${#need_apt[@]})); then
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# pip warns about every package missing from this machine's local mirrors; noise.
+pip_quiet() {
+    "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2> >(grep -v 'is ignored: it is neither' >&2)
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
     echo "bootstrap: creating $VENV"
     "$PY" -m venv "$VENV"
 fi
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     echo "bootstrap: installing torch==2.13.0 and flexcomm[client,lab,dev] into $VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==2.13.0"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[client,lab,dev]"
+    pip_quiet "torch==2.13.0"
+    pip_quiet -e ".[client,lab,dev]"
     touch "$STAMP"
 fi
