@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab.netns import Node, netns_pair
+from flexcomm.lab.netns import Node, cluster, netns_pair
 
 SUBNET = "10.202.0.0/24"
 REPO = Path(__file__).resolve().parent.parent
@@ -59,3 +59,9 @@ def iperf3_goodput_bps(iperf3: str, client: Node, server: Node, seconds: float =
     finally:
         listener.kill()
         listener.wait()
+
+
+@contextmanager
+def three_nodes(tag: str) -> Iterator[list[Node]]:
+    with cluster(f"fce{os.getpid()}{tag}", 3, SUBNET) as nodes:
+        yield nodes

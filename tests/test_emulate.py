@@ -108,6 +108,33 @@ def test_sigterm_ends_a_run_with_the_interface_restored(privileged, env, tmp_pat
         assert not list(Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json"))
 
 
+def test_sigint_ends_a_run_with_the_interface_restored(privileged, env, tmp_path):
+    schedule = tmp_path / "long.toml"
+    schedule.write_text(LONG)
+    with pair("i") as (a, _):
+        before = show_json(a, env)
+        proc = _start_run(schedule, a, env)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        assert show_json(a, env) == before
+
+
+def test_epoch_keyed_run_follows_epochs_read_from_stdin(privileged, env, tmp_path):
+    schedule = tmp_path / "epochs.toml"
+    schedule.write_text('[[step]]\nepoch = 0\nrate = "20Mbit"\n[[step]]\nepoch = 2\nrate = "40Mbit"\n')
+    with pair("e") as (a, _):
+        before = show_json(a, env)
+        done = flexcomm(["emulate", "run", str(schedule), *_dev(a), "--epochs-from-stdin"], env,
+                        input="0\n1\n2\n3\n")
+        assert done.returncode == 0, done.stderr
+        applied = [line for line in done.stdout.splitlines() if "applied" in line]
+        assert [line.split(" applied ")[1] for line in applied] == [
+            "step 1/2 (round 1) at epoch 0: 20 Mbit/s", "step 2/2 (round 1) at epoch 2: 40 Mbit/s"]
+        assert show_json(a, env) == before
+        refused = flexcomm(["emulate", "run", str(schedule), *_dev(a)], env)
+        assert refused.returncode == 2 and "--epochs-from-stdin" in refused.stderr
+
+
 def test_two_step_schedule_changes_the_rate_on_time(privileged, monkeypatch, tmp_path):
     monkeypatch.setenv("FLEXCOMM_STATE_DIR", str(tmp_path))
     schedule = parse_schedule('[[step]]\nduration = "1s"\nrate = "20Mbit"\n'

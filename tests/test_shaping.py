@@ -7,7 +7,7 @@ import socket
 import sys
 
 import pytest
-from emulation_fixtures import iperf3_goodput_bps, pair
+from emulation_fixtures import iperf3_goodput_bps, pair, three_nodes
 
 from flexcomm.probe.shaping import (
     NETEM_MODULE,
@@ -141,6 +141,18 @@ def test_only_traffic_to_peers_is_shaped(privileged):
         assert shown["filters"] == [{"kind": "u32", "handle": "800::801", "classid": "1:10",
                                      "match": [f"dst {b.address}/32"]}]
         assert shown["shaping"]["1:10"]["rate_bps"] == 5e6
+
+
+@pytest.mark.privileged
+def test_traffic_to_other_peers_is_not_shaped(privileged, iperf3_binary):
+    with three_nodes("q") as (sender, shaped_peer, other_peer):
+        Shaper(sender.ifname, netns=sender.ns, peers=[shaped_peer.address]).apply(LinkState(10e6))
+        to_shaped = iperf3_goodput_bps(iperf3_binary, sender, shaped_peer, seconds=1.5)
+        to_other = iperf3_goodput_bps(iperf3_binary, sender, other_peer, seconds=1.5)
+        print(f"10 Mbit/s to {shaped_peer.address} only: {to_shaped / 1e6:.2f} Mbit/s there, "
+              f"{to_other / 1e6:.1f} Mbit/s to {other_peer.address}")
+        assert abs(to_shaped - 10e6) <= 0.05 * 10e6
+        assert to_other > 5 * 10e6
 
 
 @pytest.mark.privileged
