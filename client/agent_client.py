@@ -120,7 +120,8 @@ class AgentClient:
         response = self._stub.RegisterJob(self._register, timeout=self.timeout_s)
         self._registered = True
         self._adopt(response.decision)
-        log.info("registered with the agent", extra={"fields": {
+        log.info("registered job %s with the agent at %s (resumed: %s)", self.job_id, self.target,
+                 response.resumed, extra={"fields": {
             "job": self.job_id, "agent": self.target, "resumed": response.resumed,
             "version": response.decision.version}})
 
@@ -146,7 +147,7 @@ class AgentClient:
         try:
             decision = decision_from_proto(msg)
         except ValueError as exc:
-            log.error("agent sent an invalid decision; keeping the last one",
+            log.error("agent sent an invalid decision (%s); keeping the last one", exc,
                       extra={"fields": {"job": self.job_id, "error": str(exc)}})
             return
         if decision != self._latest:
@@ -154,8 +155,8 @@ class AgentClient:
 
     def _mark_reachable(self) -> None:
         if self.reachable is False:
-            log.warning("agent reachable again", extra={"fields": {"job": self.job_id,
-                                                                    "agent": self.target}})
+            log.warning("agent reachable again at %s", self.target,
+                        extra={"fields": {"job": self.job_id, "agent": self.target}})
         self.reachable = True
 
     def _on_error(self, exc: grpc.RpcError, backoff: float) -> float:
@@ -166,7 +167,7 @@ class AgentClient:
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
             # Retrying the same data would fail forever: drop it, say why.
             self.refused_batches += 1
-            log.error("agent refused a request", extra={"fields": {
+            log.error("agent refused a request (%s): %s", code.name, exc.details(), extra={"fields": {
                 "job": self.job_id, "code": code.name, "error": exc.details()}})
             self._inflight = []
             self._network_sent = self._network
@@ -175,9 +176,10 @@ class AgentClient:
             return backoff
         if self.reachable is not False:
             kept = self._latest
-            log.warning("agent unreachable; the job keeps its last decision", extra={"fields": {
-                "job": self.job_id, "agent": self.target, "code": code.name if code else None,
-                "decision": f"{kept.collective} cr={kept.cr:g} v{kept.version}" if kept else None}})
+            what = f"{kept.collective} cr={kept.cr:g} (v{kept.version})" if kept else "none yet"
+            log.warning("agent unreachable at %s (%s); the job keeps its last decision: %s",
+                        self.target, code.name if code else "?", what,
+                        extra={"fields": {"job": self.job_id, "agent": self.target}})
         self.reachable = False
         self._registered = False  # a restarted agent may need it (it resumes from its store)
         self._stop.wait(backoff)
