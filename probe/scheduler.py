@@ -1,0 +1,298 @@
+"""When to probe whom: periodic latency and bandwidth probes of a node's peers.
+
+One thread (`start`/`stop`) runs `tick()` in a loop; `tick()` does whatever is
+due and returns how long until the next thing is, so the logic can be driven by
+a test with a fake clock (`clock`) and no thread at all. A thread rather than
+asyncio: the probes block (iperf3 is a subprocess that runs for seconds), and a
+thread keeps them off the agent's event loop without changing how they are written.
+
+Rules:
+- Latency bursts are cheap and frequent (`latency_interval_s`, default 10 s).
+- Bandwidth tests are rare (`bandwidth_interval_s`, default 300 s) and exclusive:
+  this scheduler runs one at a time, a process-wide lock per target refuses a
+  second one to the same target (an on-demand probe, say), and a target whose
+  iperf3 server is busy with another node's test answers IperfBusy. Busy means
+  back off (`backoff_s`, doubling up to `backoff_max_s`) and retry; no
+  measurement is recorded for it.
+- Duty cycle: bandwidth tests may use at most `duty_cycle` (default 1%) of wall
+  time in any `budget_window_s` window (default 600 s, so 6 s of tests per ten
+  minutes); a test that would exceed it waits. The time charged is the test's
+  real elapsed time, failed tests included.
+- Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
+  lockstep.
+- A probe that fails (peer down, iperf3 error, timeout) is recorded as a failed
+  measurement and the schedule goes on.
+
+Measurements go to the store (if given), the estimator (if given) and
+`on_measurement` (if given), in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.iperf import DEFAULT_PORT, IperfBusy, bandwidth_measurement, run_test
+from flexcomm.probe.latency import latency_measurement, rtt_burst
+from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
+
+log = logging.getLogger(__name__)
+
+Probe = Callable[[str], Measurement]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """How and how often to probe. Times in seconds, duty_cycle and jitter fractions."""
+
+    iperf_port: int = DEFAULT_PORT
+    latency_port: int = DEFAULT_PORT
+    test_duration_s: float = 2.0
+    streams: int = 1
+    reverse: bool = False
+    latency_count: int = 10
+    latency_timeout_s: float = 1.0
+    connect_timeout_s: float = 3.0
+    latency_interval_s: float = 10.0
+    bandwidth_interval_s: float = 300.0
+    jitter: float = 0.1
+    duty_cycle: float = 0.01
+    budget_window_s: float = 600.0
+    backoff_s: float = 2.0
+    backoff_max_s: float = 60.0
+    netns: str | None = None  # probe from inside this namespace (lab, tests)
+
+    def __post_init__(self) -> None:
+        for name in ("test_duration_s", "latency_timeout_s", "connect_timeout_s", "latency_interval_s",
+                     "bandwidth_interval_s", "budget_window_s", "backoff_s", "backoff_max_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.test_duration_s != int(self.test_duration_s):
+            raise ValueError(f"test_duration_s: iperf3 runs whole seconds, got {self.test_duration_s!r}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter: must be in [0, 1), got {self.jitter!r}")
+        if not 0 < self.duty_cycle <= 1:
+            raise ValueError(f"duty_cycle: must be in (0, 1], got {self.duty_cycle!r}")
+        if self.budget_s < self.test_duration_s:
+            raise ValueError(
+                f"duty_cycle: {self.duty_cycle:g} of a {self.budget_window_s:g} s window is "
+                f"{self.budget_s:g} s, less than one {self.test_duration_s:g} s bandwidth test"
+            )
+
+    @property
+    def budget_s(self) -> float:
+        """Seconds of bandwidth testing allowed per window."""
+        return self.duty_cycle * self.budget_window_s
+
+
+def iperf_probe(config: ProbeConfig) -> Probe:
+    """The real bandwidth probe: one iperf3 test (raises IperfError on failure)."""
+    def probe(peer: str) -> Measurement:
+        return bandwidth_measurement(run_test(
+            peer, port=config.iperf_port, duration_s=config.test_duration_s,
+            streams=config.streams, reverse=config.reverse,
+            connect_timeout_s=config.connect_timeout_s, netns=config.netns))
+    return probe
+
+
+def tcp_latency_probe(config: ProbeConfig) -> Probe:
+    """The real latency probe: a burst of TCP connects."""
+    def probe(peer: str) -> Measurement:
+        return latency_measurement(rtt_burst(peer, config.latency_port, count=config.latency_count,
+                                             timeout_s=config.latency_timeout_s, netns=config.netns))
+    return probe
+
+
+class TargetLocks:
+    """One lock per bandwidth target, shared by everything in the process."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._busy: set[str] = set()
+
+    @contextmanager
+    def hold(self, target: str) -> Iterator[None]:
+        """Hold `target` for one test; IperfBusy if someone in this process already does."""
+        with self._guard:
+            if target in self._busy:
+                raise IperfBusy(f"bandwidth test to {target} already running in this process")
+            self._busy.add(target)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._busy.discard(target)
+
+
+TARGET_LOCKS = TargetLocks()
+
+
+@dataclass
+class DutyBudget:
+    """Bandwidth-test time used per sliding window: (start, seconds) of each test."""
+
+    budget_s: float
+    window_s: float
+    used: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def _trim(self, now: float) -> None:
+        while self.used and self.used[0][0] <= now - self.window_s:
+            self.used.popleft()
+
+    def used_s(self, now: float) -> float:
+        self._trim(now)
+        return sum(s for _, s in self.used)
+
+    def wait_for(self, cost_s: float, now: float) -> float:
+        """Seconds from `now` until a test costing `cost_s` fits the budget."""
+        self._trim(now)
+        total = sum(s for _, s in self.used) + cost_s
+        if total <= self.budget_s:
+            return 0.0
+        for start, seconds in self.used:  # oldest first, as each leaves the window
+            total -= seconds
+            if total <= self.budget_s:
+                return max(start + self.window_s - now, 0.0)
+        return self.window_s  # cost_s alone exceeds the budget (ProbeConfig refuses that)
+
+    def charge(self, start: float, seconds: float) -> None:
+        self.used.append((start, seconds))
+
+
+@dataclass
+class PeerSchedule:
+    next_latency: float
+    next_bandwidth: float
+    busy_attempts: int = 0
+    last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
+
+
+class ProbeScheduler:
+    """Probes `peers` on a schedule (see the module docstring)."""
+
+    def __init__(self, peers: Sequence[str], config: ProbeConfig | None = None, *,
+                 store: Store | None = None, estimator: Estimator | None = None,
+                 on_measurement: Callable[[Measurement], None] | None = None,
+                 bandwidth_probe: Probe | None = None, latency_probe: Probe | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 locks: TargetLocks = TARGET_LOCKS) -> None:
+        if not peers:
+            raise ValueError("peers: need at least one peer to probe")
+        self.config = config or ProbeConfig()
+        self.store = store
+        self.estimator = estimator
+        self.on_measurement = on_measurement
+        self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config)
+        self.latency_probe = latency_probe or tcp_latency_probe(self.config)
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.locks = locks
+        self.budget = DutyBudget(self.config.budget_s, self.config.budget_window_s)
+        now = clock()
+        # first probes spread over the first few seconds, not all at once
+        self.schedule = {
+            p: PeerSchedule(now + self._jittered(1.0) * 0.5, now + self._jittered(1.0))
+            for p in dict.fromkeys(peers)
+        }
+        self.busy_count = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the logic -----------------------------------------------------------
+    def _jittered(self, interval: float) -> float:
+        j = self.config.jitter
+        return interval * (1 + self.rng.uniform(-j, j))
+
+    def tick(self) -> float:
+        """Run every latency probe that is due and at most one bandwidth test;
+        return seconds until something is next due."""
+        for peer, sched in self.schedule.items():
+            if sched.next_latency <= self.clock():
+                self._record(self._run(self.latency_probe, peer, LATENCY))
+                sched.next_latency = self.clock() + self._jittered(self.config.latency_interval_s)
+        due = [p for p, s in self.schedule.items() if s.next_bandwidth <= self.clock()]
+        if due and self._budget_wait() == 0:
+            # the peer tested longest ago goes first, so a tight budget starves no one
+            self._bandwidth_turn(min(due, key=lambda p: self.schedule[p].last_bandwidth))
+        now = self.clock()
+        budget_ready = now + self._budget_wait()
+        next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_ready))
+                       for s in self.schedule.values())
+        return max(0.0, next_due - now)
+
+    def _budget_wait(self) -> float:
+        return self.budget.wait_for(self.config.test_duration_s, self.clock())
+
+    def _bandwidth_turn(self, peer: str) -> None:
+        sched = self.schedule[peer]
+        sched.last_bandwidth = self.clock()
+        try:
+            m = self.measure_bandwidth(peer)
+        except IperfBusy as exc:
+            self.busy_count += 1
+            backoff = min(self.config.backoff_s * 2 ** sched.busy_attempts, self.config.backoff_max_s)
+            sched.busy_attempts += 1
+            sched.next_bandwidth = self.clock() + self._jittered(backoff)
+            log.info("%s; retrying in about %.1f s", exc, backoff)
+            return
+        sched.busy_attempts = 0
+        sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
+        self._record(m)
+
+    def measure_bandwidth(self, peer: str) -> Measurement:
+        """One bandwidth test to `peer` now, holding its target lock and charged
+        to the duty budget. Raises IperfBusy when the target is busy; any other
+        failure comes back as a failed measurement."""
+        with self.locks.hold(peer):
+            start = self.clock()
+            try:
+                return self._run(self.bandwidth_probe, peer, BANDWIDTH)
+            finally:
+                self.budget.charge(start, self.clock() - start)
+
+    @staticmethod
+    def _run(probe: Probe, peer: str, kind: str) -> Measurement:
+        try:
+            return probe(peer)
+        except IperfBusy:
+            raise
+        except Exception as exc:  # a failed probe is data, and the schedule goes on
+            return Measurement(peer=peer, kind=kind, ok=False, error=str(exc) or type(exc).__name__)
+
+    def _record(self, m: Measurement) -> None:
+        if self.store is not None:
+            m = self.store.add_measurement(m)
+        if self.estimator is not None:
+            self.estimator.observe(m)
+        if self.on_measurement is not None:
+            self.on_measurement(m)
+
+    # -- the thread ------------------------------------------------------------
+    def start(self) -> ProbeScheduler:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="flexcomm-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the loop to stop and wait for it (a running probe finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                delay = self.tick()
+            except Exception:  # a bug in a sink must not end probing
+                log.exception("probe scheduler tick failed")
+                delay = self.config.latency_interval_s
+            self._stop.wait(delay)
