@@ -5,6 +5,7 @@ Usage::
     from flexcomm.probe.shaping import LinkState, Shaper
 
     shaper = Shaper("veth0", netns="node1")              # netns=None: this namespace
+    Shaper("eth1", allowed={"eth0"})                    # ValueError: not allow-listed
     shaper.apply(LinkState(50e6))                       # 50 Mbit/s, rate only
     shaper.apply(LinkState(20e6, delay_s=0.01, jitter_s=0.002, loss=0.001))
     shaper.show()                                       # kernel state read back, a dict
@@ -36,7 +37,7 @@ import errno
 import ipaddress
 import socket
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,9 +246,13 @@ class Shaper:
     `peers` only when peers are given. It touches no other interface."""
 
     def __init__(self, ifname: str, netns: str | None = None, peers: Iterable[str] = (),
+                 allowed: Collection[str] | None = None,
                  ipr_factory: Callable[[str | None], Any] = _default_ipr_factory) -> None:
         if not ifname:
             raise ValueError("dev: an interface name is required")
+        if allowed is not None and ifname not in allowed:
+            raise ValueError(f"dev: {ifname!r} is not in the allow-list of interfaces that may "
+                             f"be shaped ({', '.join(sorted(allowed)) or 'empty'})")
         self.ifname = ifname
         self.netns = netns
         self.peers = check_peers(peers)

@@ -107,6 +107,8 @@ def test_bad_peer_and_missing_interface_are_named():
         Shaper("eth0", peers=["10.0.0.300"])
     with pytest.raises(ValueError, match=r"^dev:"):
         Shaper("")
+    with pytest.raises(ValueError, match=r"^dev: 'eth1' is not in the allow-list"):
+        Shaper("eth1", allowed={"eth0"})
 
 
 @pytest.mark.privileged
