@@ -112,6 +112,8 @@ class FlexcommState:
 
     @property
     def history(self):
+        """Recent steps' StepStats, oldest first (up to the last finished step)."""
+        self._close_finished_step()
         return self.controller.history
 
     @property
@@ -122,13 +124,18 @@ class FlexcommState:
         self.controller.epoch = int(epoch)
 
     def last_stats(self) -> StepStats | None:
-        """The last finished step (closes the current one if backward has finished)."""
+        """The last finished step's statistics."""
+        history = self.history
+        return history[-1] if history else None
+
+    def _close_finished_step(self) -> None:
+        # A step's futures are done once DDP's backward returns; it is closed lazily
+        # (here or at the next step's first bucket) so that callbacks have finished.
         if not self._in_step:
             self.controller.end_step()
-        return self.controller.history[-1] if self.controller.history else None
 
     def close(self) -> None:
-        self.last_stats()
+        self._close_finished_step()
         self.controller.source.close()
 
     # -- checkpointing ------------------------------------------------------
@@ -184,6 +191,12 @@ class FlexcommState:
 def flexcomm_hook(state: FlexcommState, bucket: dist.GradBucket) -> torch.futures.Future:
     """The DDP comm hook: `ddp_model.register_comm_hook(state, flexcomm_hook)`."""
     return state._run_bucket(bucket)
+
+
+# DDP compares the annotations with the real classes; this module's are strings.
+flexcomm_hook.__annotations__.update(
+    bucket=dist.GradBucket, state=FlexcommState, **{"return": torch.futures.Future[torch.Tensor]}
+)
 
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, **options: Any) -> FlexcommState:
