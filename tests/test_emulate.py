@@ -37,6 +37,13 @@ def env(tmp_path: Path) -> dict[str, str]:
                 FLEXCOMM_DB=str(tmp_path / "flexcomm.db"))
 
 
+@pytest.fixture
+def long_schedule(tmp_path: Path) -> Path:
+    path = tmp_path / "long.toml"
+    path.write_text(LONG)
+    return path
+
+
 def _dev(node) -> list[str]:
     return ["--dev", node.ifname, "--netns", node.ns]
 
@@ -67,12 +74,10 @@ def test_apply_then_clear_restores_the_original(privileged, env):
 
 
 def test_run_killed_by_sigkill_then_clear_leaves_the_interface_as_before(privileged, env,
-                                                                         tmp_path):
-    schedule = tmp_path / "long.toml"
-    schedule.write_text(LONG)
+                                                                         long_schedule):
     with pair("k") as (a, _):
         before = show_json(a, env)
-        proc = _start_run(schedule, a, env)
+        proc = _start_run(long_schedule, a, env)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert show_json(a, env) != before  # a killed run cannot clean up...
@@ -81,12 +86,10 @@ def test_run_killed_by_sigkill_then_clear_leaves_the_interface_as_before(privile
         assert show_json(a, env) == before  # ...but its record lets clear do it exactly
 
 
-def test_next_start_after_a_crashed_run_restores_first(privileged, env, tmp_path):
-    schedule = tmp_path / "long.toml"
-    schedule.write_text(LONG)
+def test_next_start_after_a_crashed_run_restores_first(privileged, env, long_schedule):
     with pair("x") as (a, _):
         before = show_json(a, env)
-        proc = _start_run(schedule, a, env)
+        proc = _start_run(long_schedule, a, env)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         done = flexcomm(["emulate", "apply", *_dev(a), "--rate", "30Mbit"], env)
@@ -96,27 +99,17 @@ def test_next_start_after_a_crashed_run_restores_first(privileged, env, tmp_path
         assert show_json(a, env) == before
 
 
-def test_sigterm_ends_a_run_with_the_interface_restored(privileged, env, tmp_path):
-    schedule = tmp_path / "long.toml"
-    schedule.write_text(LONG)
-    with pair("t") as (a, _):
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
+                                             (signal.SIGINT, 130)])
+def test_a_signal_ends_a_run_with_the_interface_restored(privileged, env, long_schedule, sig,
+                                                         status):
+    with pair(f"s{int(sig)}") as (a, _):
         before = show_json(a, env)
-        proc = _start_run(schedule, a, env)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        proc = _start_run(long_schedule, a, env)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == status
         assert show_json(a, env) == before
         assert not list(Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json"))
-
-
-def test_sigint_ends_a_run_with_the_interface_restored(privileged, env, tmp_path):
-    schedule = tmp_path / "long.toml"
-    schedule.write_text(LONG)
-    with pair("i") as (a, _):
-        before = show_json(a, env)
-        proc = _start_run(schedule, a, env)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 130
-        assert show_json(a, env) == before
 
 
 def test_epoch_keyed_run_follows_epochs_read_from_stdin(privileged, env, tmp_path):
