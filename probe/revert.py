@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flexcomm.probe.shaping import Shaper, root_qdisc
+from flexcomm.probe.shaping import InterfaceMissing, Shaper, root_qdisc
 
 DEFAULT_STATE_DIR = "/run/flexcomm/emulation"
 OWNERS = ("run", "apply")
@@ -109,12 +109,17 @@ class Revert:
 
     def restore(self) -> bool:
         """Put the recorded original back and delete the state file. Returns False
-        when there is no state file (nothing flexcomm changed). Raises RuntimeError,
+        when there is no state file (nothing flexcomm changed). A record of an
+        interface that no longer exists is dropped. Raises RuntimeError,
         keeping the file, if the kernel does not come back to the recorded state."""
         record = self.read()
         if record is None:
             return False
-        self.shaper.remove()
+        try:
+            self.shaper.remove()
+        except InterfaceMissing:
+            self.path.unlink()  # the interface went away, and its shaping with it
+            return True
         now = kernel_view(self.shaper.show())
         if now != record["original"]:
             raise RuntimeError(

@@ -56,6 +56,10 @@ BURST_SECONDS = 0.004
 BURST_FLOOR_BYTES = 65536
 
 
+class InterfaceMissing(ValueError):
+    """The interface (or its namespace) does not exist."""
+
+
 class NetemUnavailable(RuntimeError):
     """The kernel has no sch_netem, so delay, jitter and loss cannot be emulated."""
 
@@ -238,7 +242,7 @@ def _default_ipr_factory(netns: str | None) -> Any:
     try:
         return IPRoute(netns=netns, flags=0)  # flags=0: never create a missing netns
     except FileNotFoundError:
-        raise ValueError(f"netns: no network namespace named {netns!r}") from None
+        raise InterfaceMissing(f"netns: no network namespace named {netns!r}") from None
 
 
 class Shaper:
@@ -268,7 +272,7 @@ class Shaper:
         if not found:
             ipr.close()
             place = f" in netns {self.netns!r}" if self.netns else ""
-            raise ValueError(f"dev: no interface named {self.ifname!r}{place}")
+            raise InterfaceMissing(f"dev: no interface named {self.ifname!r}{place}")
         return ipr, found[0]
 
     def plan(self, state: LinkState) -> list[TcRequest]:

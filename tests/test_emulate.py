@@ -212,3 +212,13 @@ def test_delay_without_netem_is_a_clear_error_and_changes_nothing(privileged, en
         assert done.returncode == 1
         assert "sch_netem" in done.stderr
         assert show_json(a, env) == before
+
+
+def test_clear_drops_the_record_of_an_interface_that_is_gone(privileged, env):
+    with pair("g") as (a, _):
+        done = flexcomm(["emulate", "apply", *_dev(a), "--rate", "10Mbit"], env)
+        assert done.returncode == 0, done.stderr
+    assert list(Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json"))
+    done = flexcomm(["emulate", "clear", *_dev(a)], env)
+    assert done.returncode == 0, done.stderr
+    assert not list(Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json"))
