@@ -148,10 +148,10 @@ def terminate_as_exception() -> Iterator[None]:
     """While inside, SIGTERM raises `_Terminated` (SIGINT already raises
     KeyboardInterrupt); the previous handler is put back on exit.
 
-    pyroute2 forks helper processes to open sockets in a namespace and stops them
-    with SIGTERM; a fork inherits this handler, so in any process but ours it just
-    dies as SIGTERM's default would (unwinding our stack there would run our
-    cleanup in the wrong process)."""
+    A fork of this process inherits the handler (pyroute2's `IPRoute(netns=...)`
+    forks helpers and stops them with SIGTERM, for one), so in any process but ours
+    it just dies as SIGTERM's default would: unwinding our stack there would run
+    our cleanup in the wrong process."""
     owner = os.getpid()
 
     def handler(signum: int, frame: Any) -> None:

@@ -33,10 +33,13 @@ alone. Recording and restoring the interface's original qdisc is `revert.py`'s j
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import ipaddress
+import os
 import socket
 import struct
+import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,15 +237,52 @@ def check_peers(peers: Iterable[str]) -> list[str]:
     return checked
 
 
+NETNS_DIR = "/var/run/netns"
+CLONE_NEWNET = 0x40000000
+NETLINK_ROUTE = 0
+
+
+def netlink_socket_in(netns: str) -> socket.socket:
+    """A NETLINK_ROUTE socket that lives in namespace `netns` (a name under
+    /var/run/netns, or a path). It is opened by a short-lived thread that enters
+    the namespace (setns changes only the calling thread). pyroute2's own
+    `IPRoute(netns=...)` forks a helper instead and stops it with SIGTERM; in a
+    process with threads (gRPC) or its own SIGTERM handling that fork is a hazard."""
+    path = netns if "/" in netns else os.path.join(NETNS_DIR, netns)
+    made: dict[str, Any] = {}
+
+    def enter_and_open() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(path, "rb") as handle:
+                if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, f"setns: {os.strerror(code)}", path)
+            made["socket"] = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+        except BaseException as exc:  # handed to the caller's thread
+            made["error"] = exc
+
+    worker = threading.Thread(target=enter_and_open, name=f"netns-{netns}")
+    worker.start()
+    worker.join()
+    if "error" in made:
+        if isinstance(made["error"], FileNotFoundError):
+            raise InterfaceMissing(f"netns: no network namespace named {netns!r}") from None
+        raise made["error"]
+    return made["socket"]
+
+
 def _default_ipr_factory(netns: str | None) -> Any:
     from pyroute2 import IPRoute
 
     if netns is None:
         return IPRoute()
+    sock = netlink_socket_in(netns)
     try:
-        return IPRoute(netns=netns, flags=0)  # flags=0: never create a missing netns
-    except FileNotFoundError:
-        raise InterfaceMissing(f"netns: no network namespace named {netns!r}") from None
+        return IPRoute(fileno=sock.detach())
+    except BaseException:
+        sock.close()
+        raise
 
 
 class Shaper:

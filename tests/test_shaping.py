@@ -3,6 +3,7 @@ HTB shaping in network namespaces measured with iperf3."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -155,6 +156,23 @@ def test_traffic_to_other_peers_is_not_shaped(privileged, iperf3_binary):
               f"{to_other / 1e6:.1f} Mbit/s to {other_peer.address}")
         assert abs(to_shaped - 10e6) <= 0.05 * 10e6
         assert to_other > 5 * 10e6
+
+
+_forks: list[int] = []
+os.register_at_fork(before=lambda: _forks.append(os.getpid()))
+
+
+@pytest.mark.privileged
+def test_shaping_inside_a_namespace_forks_nothing(privileged):
+    """The netlink socket is opened in the namespace by a thread, not by a forked
+    helper (a fork under a gRPC server or a SIGTERM handler is a hazard)."""
+    with pair("z") as (a, _):
+        before = len(_forks)
+        shaper = Shaper(a.ifname, netns=a.ns)
+        shaper.apply(LinkState(10e6))
+        assert shaper.show()["shaping"]["1:1"]["rate_bps"] == 10e6
+        assert shaper.remove()
+        assert len(_forks) == before
 
 
 @pytest.mark.privileged
