@@ -53,8 +53,16 @@ class AgentConfig:
     flush_interval_s: float = 1.0
     # Probe the nodes of registered jobs (iperf3 and TCP RTT).
     probe: bool = True
-    probe_interval_s: float = 30.0
+    # Latency probes every probe_interval_s; bandwidth tests (iperf3, within a 1%
+    # duty cycle) every probe_bandwidth_interval_s, each probe_test_duration_s long.
+    probe_interval_s: float = 10.0
+    probe_bandwidth_interval_s: float = 300.0
+    probe_test_duration_s: float = 2.0
     probe_port: int = 5201
+    # Run an iperf3 server on probe_port for the other nodes' agents.
+    probe_serve: bool = True
+    # Address the iperf3 server binds to ("" = every address).
+    probe_serve_bind: str = ""
     # An epoch-keyed emulation schedule (TOML) advanced by the jobs' reported epochs.
     emulation_schedule: str = ""
     emulation_interface: str = ""
@@ -74,6 +82,10 @@ class AgentConfig:
     def validate(self) -> None:
         require_finite_positive("flush_interval_s", self.flush_interval_s)
         require_finite_positive("probe_interval_s", self.probe_interval_s)
+        require_finite_positive("probe_bandwidth_interval_s", self.probe_bandwidth_interval_s)
+        if self.probe_test_duration_s < 1 or not float(self.probe_test_duration_s).is_integer():
+            raise ValueError(f"probe_test_duration_s: iperf3 runs whole seconds >= 1, "
+                             f"got {self.probe_test_duration_s!r}")
         if not 0 < self.probe_port < 65536:
             raise ValueError(f"probe_port: must be in 1..65535, got {self.probe_port}")
         if self.max_jobs < 1:

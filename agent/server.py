@@ -110,7 +110,20 @@ class Agent:
         self._metrics_server: object | None = None
         self._tasks: list[asyncio.Task] = []
         self._bound_socket: Path | None = None
-        self.extensions: list = []  # started after bind, stopped before the last flush
+        # Parts with start(agent)/stop(), started after the bind, stopped before the last flush.
+        self.extensions: list = []
+        if config.emulation_schedule:
+            from flexcomm.agent.emulation import EpochEmulation
+
+            emulation = EpochEmulation(config)  # a bad schedule fails here, before READY
+            self.service.on_epoch = emulation.on_epoch
+            self.extensions.append(emulation)
+        if config.probe:
+            from flexcomm.agent.probing import Probing
+
+            probing = Probing(config)
+            self.service.on_registered = probing.update_peers
+            self.extensions.append(probing)
 
     async def start(self) -> None:
         await self.persister.open()
@@ -210,8 +223,18 @@ class Agent:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        owner = os.getpid()
+
+        # Not loop.add_signal_handler: its wakeup fd is inherited by the helper
+        # processes pyroute2 forks (and stops with SIGTERM), and their signal would
+        # stop this agent. A forked child just exits, as SIGTERM's default would.
+        def on_signal(signum: int, frame: object) -> None:
+            if os.getpid() != owner:
+                os._exit(128 + signum)
+            loop.call_soon_threadsafe(self.stopping.set)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+            signal.signal(sig, on_signal)
         try:
             await self.start()
             await self.stopping.wait()

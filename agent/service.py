@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -118,7 +118,8 @@ def server_stream(fn: Callable) -> Callable:
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, jobs: Jobs, network: NetworkView, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy],
-                 on_epoch: Callable[[Job, int], None] | None = None) -> None:
+                 on_epoch: Callable[[Job, int], None] | None = None,
+                 on_registered: Callable[[], Awaitable[None]] | None = None) -> None:
         self.jobs = jobs
         self.network = network
         self.persister = persister
@@ -126,6 +127,7 @@ class AgentService(pb_grpc.AgentServicer):
         self.instrumented = _Instrumented(metrics)
         self.create_policy = create_policy
         self.on_epoch = on_epoch
+        self.on_registered = on_registered
         self._report_counters: dict[str, Any] = {}
 
     # -- helpers used by the server too ----------------------------------------
@@ -168,6 +170,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.decision_changed(job)
         self.metrics.jobs.set(len(self.jobs))
         await self.persister.save_registration(job)
+        if self.on_registered is not None:
+            await self.on_registered()
         log.info("job registered", extra={"fields": {
             "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
             "nodes": list(spec.nodes), "replaced": existing is not None}})

@@ -24,7 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flush-interval", dest="flush_interval_s", help="e.g. 1s, 500ms")
     p.add_argument("--no-probe", dest="probe", action="store_const", const=False,
                    help="do not probe the jobs' nodes")
-    p.add_argument("--probe-interval", dest="probe_interval_s", help="e.g. 30s")
+    p.add_argument("--probe-interval", dest="probe_interval_s", help="latency probes, e.g. 10s")
+    p.add_argument("--probe-bandwidth-interval", dest="probe_bandwidth_interval_s",
+                   help="bandwidth tests, e.g. 5min")
+    p.add_argument("--probe-port", type=int, help="iperf3 port of every node (default 5201)")
     p.add_argument("--emulation-schedule", help="epoch-keyed emulation schedule (TOML)")
     p.add_argument("--emulation-interface", help="interface the schedule shapes")
     p.add_argument("--emulation-netns", help="network namespace of that interface")
@@ -34,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 _FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "metrics",
-          "flush_interval_s", "probe", "probe_interval_s", "emulation_schedule",
+          "flush_interval_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
+          "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")
 
 
