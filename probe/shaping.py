@@ -202,6 +202,12 @@ def _u32_filter(dev: str, position: int, peer: str, classid: int) -> TcRequest:
     )
 
 
+def our_root(peers: Sequence[str] = ()) -> dict[str, Any]:
+    """The root `build_requests` leaves behind, as it describes a current root."""
+    return {"kind": "htb", "handle": ROOT_HANDLE, "default": 0 if peers else 1,
+            "classes": class_ids(peers)}
+
+
 def build_requests(dev: str, state: LinkState, peers: Sequence[str] = (),
                    root: dict[str, Any] | None = None) -> list[TcRequest]:
     """Every request that puts `state` on `dev`, in order. `root` describes the
@@ -315,8 +321,11 @@ class Shaper:
             raise InterfaceMissing(f"dev: no interface named {self.ifname!r}{place}")
         return ipr, found[0]
 
-    def plan(self, state: LinkState) -> list[TcRequest]:
-        """The requests `apply(state)` would send now (reads the current root)."""
+    def plan(self, state: LinkState, *, after_apply: bool = False) -> list[TcRequest]:
+        """The requests `apply(state)` would send now (reads the current root), or,
+        with `after_apply`, once an earlier `apply` has built the tree."""
+        if after_apply:
+            return build_requests(self.ifname, state, self.peers, our_root(self.peers))
         ipr, index = self._open()
         try:
             return build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index))

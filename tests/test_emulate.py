@@ -171,7 +171,7 @@ def test_finished_run_records_its_steps_and_restores(privileged, env, tmp_path):
         (0, 20e6, a.ns), (1, 40e6, a.ns)]
 
 
-def test_bad_schedule_and_dry_run_change_nothing(privileged, env, tmp_path):
+def test_bad_schedule_and_dry_run_change_nothing(privileged, env, tmp_path, long_schedule):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[step]]\nduration = "1s"\nrate = "-5Mbit"\n')
     with pair("b") as (a, _):
@@ -183,6 +183,12 @@ def test_bad_schedule_and_dry_run_change_nothing(privileged, env, tmp_path):
         assert dry.returncode == 0
         assert f"tc class replace dev {a.ifname} parent 1: classid 1:1 htb rate 10000000bit" \
             in dry.stdout
+        dry = flexcomm(["emulate", "run", str(long_schedule), *_dev(a), "--dry-run"], env)
+        assert dry.returncode == 0, dry.stderr
+        step_2 = dry.stdout.split("step 2 (for 30 s): 40 Mbit/s\n")[1].splitlines()
+        assert step_2[0].strip().startswith(f"tc class replace dev {a.ifname} parent 1: "
+                                            "classid 1:1 htb rate 40000000bit")
+        assert dry.stdout.rstrip().endswith("dry run: nothing changed")
         assert show_json(a, env) == before
         assert not Path(env["FLEXCOMM_STATE_DIR"]).exists()
 

@@ -17,6 +17,7 @@ from flexcomm.probe.shaping import (
     NetemUnavailable,
     Shaper,
     build_requests,
+    our_root,
 )
 
 
@@ -63,6 +64,7 @@ def test_rate_only_plan_is_htb_class_and_pfifo_leaf():
 
 def test_existing_tree_is_replaced_in_place_not_rebuilt():
     ours = {"kind": "htb", "handle": ROOT_HANDLE, "default": 1, "classes": [ROOT_HANDLE | 1]}
+    assert our_root() == ours
     kinds = [(r.command, r.kind) for r in build_requests("eth0", LinkState(1e6), root=ours)]
     assert kinds == [("replace-class", "htb"), ("replace", "pfifo")]
     # built for other peers: deleted and rebuilt, since HTB roots cannot be changed

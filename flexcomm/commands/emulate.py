@@ -108,9 +108,9 @@ def _recorder(args: argparse.Namespace, shaper: Any) -> Callable[[Any], None] | 
     return record
 
 
-def _print_plan(shaper: Any, state: Any, header: str) -> None:
+def _print_plan(shaper: Any, state: Any, header: str, *, after_apply: bool = False) -> None:
     print(header)
-    for request in shaper.plan(state):
+    for request in shaper.plan(state, after_apply=after_apply):
         print(f"  {request}")
 
 
@@ -185,12 +185,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_schedule_plan(schedule: Any, shaper: Any) -> None:
+    from flexcomm.probe.revert import Revert
+
     rounds = "forever" if schedule.repeat is None else f"{schedule.repeat} round(s)"
     print(f"{schedule.path}: {len(schedule.steps)} step(s), {rounds}, on {shaper.where}")
+    print(f"first: the original qdiscs are recorded in {Revert(shaper).path}")
     for step in schedule.steps:
         when = (f"at epoch {step.epoch}" if step.epoch is not None
                 else f"for {step.duration_s:g} s")
-        _print_plan(shaper, step.state, f"step {step.number} ({when}): {step.state.describe()}")
+        _print_plan(shaper, step.state, f"step {step.number} ({when}): {step.state.describe()}",
+                    after_apply=step.number > 1)
     print("then: the original qdiscs are restored")
     print("dry run: nothing changed")
 
