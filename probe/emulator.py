@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from flexcomm.probe.schedule import Schedule, Step
 from flexcomm.probe.shaping import LinkState, Shaper
 
 PROGRESS_EVERY_S = 0.5
+KEEP_APPLIED = 10_000  # steps `run` returns at most (the latest)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,8 @@ class Emulator:
 
     def run(self, stop: threading.Event | None = None,
             on_progress: Callable[[Progress], None] | None = None) -> list[AppliedStep]:
-        """Apply a time-keyed schedule, each step at its offset from now. Returns
-        early (with the steps applied so far) when `stop` is set."""
+        """Apply a time-keyed schedule, each step at its offset from now, and return
+        the steps applied (the latest KEEP_APPLIED); returns early when `stop` is set."""
         if self.schedule.by_epoch:
             raise ValueError(f"schedule: {self.schedule.path} is keyed by epoch; "
                              "drive it with advance_epoch()")
@@ -85,10 +87,10 @@ class Emulator:
         start = self.clock()
         total = (None if self.schedule.repeat is None
                  else self.schedule.round_seconds * self.schedule.repeat)
-        applied = []
+        applied: deque[AppliedStep] = deque(maxlen=KEEP_APPLIED)  # "forever" runs forever
         for offset, round_, step in self.schedule.timeline():
             if self._wait_until(start + offset, stop):
-                return applied
+                return list(applied)
             applied.append(self._apply(step, round_))
             end = start + offset + (step.duration_s or 0.0)
             while not stop.is_set() and (left := end - self.clock()) > 0:
@@ -98,7 +100,7 @@ class Emulator:
                         step.number, len(self.schedule.steps), round_, self.schedule.repeat,
                         step.state, left, None if total is None else max(total - elapsed, 0.0)))
                 stop.wait(min(PROGRESS_EVERY_S, left))
-        return applied
+        return list(applied)
 
     def _wait_until(self, deadline: float, stop: threading.Event) -> bool:
         """Sleep until `deadline` (monotonic); True if `stop` was set meanwhile."""
