@@ -25,12 +25,12 @@ LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _runtime_dir() -> str:
-    return os.environ.get("RUNTIME_DIRECTORY", "/run/flexcomm").split(":")[0]
+def _runtime_dir(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get("RUNTIME_DIRECTORY", "/run/flexcomm").split(":")[0]
 
 
-def _state_dir() -> str:
-    return os.environ.get("STATE_DIRECTORY", "/var/lib/flexcomm").split(":")[0]
+def _state_dir(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get("STATE_DIRECTORY", "/var/lib/flexcomm").split(":")[0]
 
 
 @dataclass(frozen=True)
@@ -191,10 +191,12 @@ def read_env(environ: Mapping[str, str]) -> dict[str, Any]:
 def load_config(path: str | None = None, overrides: Mapping[str, Any] | None = None,
                 environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Defaults < file < environment < `overrides` (flags; None values ignored)."""
-    values: dict[str, Any] = {}
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {"socket": str(Path(_runtime_dir(env)) / "agent.sock"),
+                              "db": str(Path(_state_dir(env)) / "flexcomm.db")}
     if path:
         values.update(read_file(path))
-    values.update(read_env(os.environ if environ is None else environ))
+    values.update(read_env(env))
     types = _field_types()
     for k, v in (overrides or {}).items():
         if v is not None:
