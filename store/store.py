@@ -102,12 +102,24 @@ class Store:
 
     @property
     def version(self) -> int:
-        return schema.read_version(self.db)
+        with self._lock:
+            return schema.read_version(self.db)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite_utils.Database]:
-        with self._lock, self.db.atomic():
-            yield self.db
+        """One write transaction. IMMEDIATE takes the write lock up front (waiting
+        out other writers): a deferred one that reads first (sqlite-utils reads
+        the table's columns) fails with "database is locked" when another process
+        commits in between, and the busy timeout cannot help it."""
+        with self._lock:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db  # sqlite-utils' own atomic() nests as savepoints
+                self.db.conn.execute("COMMIT")
+            except BaseException:
+                if self.db.conn.in_transaction:
+                    self.db.conn.execute("ROLLBACK")
+                raise
 
     def _ts(self, ts: float | None) -> float:
         return self._clock() if ts is None else float(ts)
@@ -232,7 +244,8 @@ class Store:
         filters on columns (None means no filter), e.g. peer="10.0.0.2"."""
         if table not in schema.TIME_SERIES_TABLES:
             raise ValueError(f"table: must be one of {', '.join(schema.TIME_SERIES_TABLES)}, got {table!r}")
-        columns = set(self.db[table].columns_dict)
+        with self._lock:
+            columns = set(self.db[table].columns_dict)
         clauses, params = [], []
         for column, value in equal.items():
             if column not in columns:

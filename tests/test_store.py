@@ -215,6 +215,27 @@ def test_writer_killed_mid_write_loses_nothing_committed(tmp_path):
         assert len(counts) >= len(committed) and set(counts) == {10}
 
 
+OPENER = textwrap.dedent("""
+    import sys
+    from flexcomm.store import Measurement, Store
+    with Store(sys.argv[1]) as s:
+        for _ in range(5):
+            s.add_measurement(Measurement(peer=sys.argv[2], kind="latency", rtt_min_s=1e-3))
+""")
+
+
+def test_processes_creating_and_writing_one_store_at_once_all_succeed(tmp_path):
+    path = tmp_path / "race.db"
+    procs = [subprocess.Popen([sys.executable, "-c", OPENER, str(path), f"p{i}"], stderr=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    errors = [p.communicate()[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    with Store(path) as s:
+        assert s.version == LATEST_VERSION
+        rows = s.measurements()
+        assert len(rows) == 20 and {m.peer for m in rows} == {"p0", "p1", "p2", "p3"}
+
+
 def test_concurrent_store_on_same_file_sees_commits(tmp_path):
     path = tmp_path / "two.db"
     with Store(path) as a, Store(path) as b:
