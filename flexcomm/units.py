@@ -44,18 +44,21 @@ def _split(field: str, text: str | float | int) -> tuple[float, str]:
     return float(m.group(1)), m.group(2)
 
 
-def require_finite_positive(field: str, value: float, *, allow_zero: bool = False) -> float:
+def require_finite_positive(field: str, value: float, *, allow_zero: bool = False,
+                            written: object = None) -> float:
     """Return `value` as float, or raise ValueError naming `field` if it is not a
-    finite number > 0 (>= 0 with `allow_zero`)."""
+    finite number > 0 (>= 0 with `allow_zero`). `written` is what the user typed,
+    quoted in the message instead of the converted number."""
+    shown = value if written is None else written
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{field}: expected a number, got {value!r}") from None
+        raise ValueError(f"{field}: expected a number, got {shown!r}") from None
     if math.isnan(v) or math.isinf(v):
-        raise ValueError(f"{field}: must be finite, got {value!r}")
+        raise ValueError(f"{field}: must be finite, got {shown!r}")
     if v < 0 or (v == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{field}: must be {bound}, got {value!r}")
+        raise ValueError(f"{field}: must be {bound}, got {shown!r}")
     return v
 
 
@@ -65,7 +68,7 @@ def parse_bytes(field: str, text: str | float | int) -> float:
     scale = _BYTES.get(unit.lower())
     if scale is None:
         raise ValueError(f"{field}: unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    return require_finite_positive(field, value * scale)
+    return require_finite_positive(field, value * scale, written=text)
 
 
 def parse_rate(field: str, text: str | float | int, *, allow_zero: bool = False) -> float:
@@ -77,7 +80,7 @@ def parse_rate(field: str, text: str | float | int, *, allow_zero: bool = False)
     scale = 1.0 if unit == "" else _RATES.get(unit.lower())
     if scale is None:
         raise ValueError(f"{field}: unknown rate unit {unit!r} in {text!r} (use bit, kbit, Mbit, Gbit, or mbps)")
-    return require_finite_positive(field, value * scale, allow_zero=allow_zero)
+    return require_finite_positive(field, value * scale, allow_zero=allow_zero, written=text)
 
 
 def parse_duration(field: str, text: str | float | int, *, allow_zero: bool = True) -> float:
@@ -89,7 +92,7 @@ def parse_duration(field: str, text: str | float | int, *, allow_zero: bool = Tr
     scale = 1.0 if unit == "" else _DURATIONS.get(unit.lower())
     if scale is None:
         raise ValueError(f"{field}: unknown time unit {unit!r} in {text!r} (use us, ms, s, min)")
-    return require_finite_positive(field, value * scale, allow_zero=allow_zero)
+    return require_finite_positive(field, value * scale, allow_zero=allow_zero, written=text)
 
 
 def parse_fraction(field: str, text: str | float | int) -> float:

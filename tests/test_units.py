@@ -41,3 +41,10 @@ def test_errors_name_the_field(fn, text, needle) -> None:
 def test_fraction() -> None:
     assert parse_fraction("loss", "1%") == pytest.approx(0.01)
     assert parse_fraction("loss", 0.25) == 0.25
+
+
+def test_errors_quote_what_was_written() -> None:
+    with pytest.raises(ValueError, match="'-5Mbit'"):
+        parse_rate("rate", "-5Mbit")
+    with pytest.raises(ValueError, match="'-2ms'"):
+        parse_duration("delay", "-2ms")
