@@ -24,7 +24,14 @@ Rules:
   measurement and the schedule goes on.
 
 Measurements go to the store (if given), the estimator (if given) and
-`on_measurement` (if given), in that order.
+`on_measurement` (if given), in that order. The peer set can change while it
+runs (`set_peers`, e.g. as jobs come and go), and `measure_bandwidth(peer)` is
+an on-demand test under the same exclusivity and budget.
+
+    sched = ProbeScheduler(peers, ProbeConfig(), store=store, estimator=Estimator(),
+                           on_measurement=callback).start()
+    ...
+    sched.stop()
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -176,16 +183,19 @@ class PeerSchedule:
 
 
 class ProbeScheduler:
-    """Probes `peers` on a schedule (see the module docstring)."""
+    """Probes a set of peers on a schedule (see the module docstring).
 
-    def __init__(self, peers: Sequence[str], config: ProbeConfig | None = None, *,
+    `peers` may start empty; `set_peers` changes the set at any time (from any
+    thread) and wakes the loop. Budget, locks and schedule are thread-safe, so
+    `measure_bandwidth` may also be called on demand from another thread.
+    """
+
+    def __init__(self, peers: Iterable[str] = (), config: ProbeConfig | None = None, *,
                  store: Store | None = None, estimator: Estimator | None = None,
                  on_measurement: Callable[[Measurement], None] | None = None,
                  bandwidth_probe: Probe | None = None, latency_probe: Probe | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  locks: TargetLocks = TARGET_LOCKS) -> None:
-        if not peers:
-            raise ValueError("peers: need at least one peer to probe")
         self.config = config or ProbeConfig()
         self.store = store
         self.estimator = estimator
@@ -196,55 +206,76 @@ class ProbeScheduler:
         self.rng = rng or random.Random()
         self.locks = locks
         self.budget = DutyBudget(self.config.budget_s, self.config.budget_window_s)
-        now = clock()
-        # first probes spread over the first few seconds, not all at once
-        self.schedule = {
-            p: PeerSchedule(now + self._jittered(1.0) * 0.5, now + self._jittered(1.0))
-            for p in dict.fromkeys(peers)
-        }
         self.busy_count = 0
-        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards schedule, budget and rng
+        self.schedule: dict[str, PeerSchedule] = {}
+        self._stopping = False
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.set_peers(peers)
+
+    def set_peers(self, peers: Iterable[str]) -> None:
+        """Probe exactly `peers` from now on; new ones get their first probes
+        within a second or so, peers kept keep their schedule."""
+        peers = list(dict.fromkeys(peers))
+        for p in peers:
+            if not isinstance(p, str) or not p:
+                raise ValueError(f"peers: each peer must be a non-empty address, got {p!r}")
+        with self._lock:
+            now = self.clock()
+            # first probes spread over the first second or so, not all at once
+            self.schedule = {p: self.schedule.get(p) or PeerSchedule(
+                now + self._jittered(0.5), now + self._jittered(1.0)) for p in peers}
+        self._wake.set()
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
         j = self.config.jitter
         return interval * (1 + self.rng.uniform(-j, j))
 
+    def _peers(self) -> list[tuple[str, PeerSchedule]]:
+        with self._lock:
+            return list(self.schedule.items())
+
     def tick(self) -> float:
         """Run every latency probe that is due and at most one bandwidth test;
         return seconds until something is next due."""
-        for peer, sched in self.schedule.items():
+        for peer, sched in self._peers():
             if sched.next_latency <= self.clock():
                 self._record(self._run(self.latency_probe, peer, LATENCY))
-                sched.next_latency = self.clock() + self._jittered(self.config.latency_interval_s)
-        due = [p for p, s in self.schedule.items() if s.next_bandwidth <= self.clock()]
+                with self._lock:
+                    sched.next_latency = self.clock() + self._jittered(self.config.latency_interval_s)
+        due = [(p, s) for p, s in self._peers() if s.next_bandwidth <= self.clock()]
         if due and self._budget_wait() == 0:
             # the peer tested longest ago goes first, so a tight budget starves no one
-            self._bandwidth_turn(min(due, key=lambda p: self.schedule[p].last_bandwidth))
+            self._bandwidth_turn(*min(due, key=lambda item: item[1].last_bandwidth))
         now = self.clock()
         budget_ready = now + self._budget_wait()
-        next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_ready))
-                       for s in self.schedule.values())
+        peers = self._peers()
+        if not peers:
+            return self.config.latency_interval_s
+        next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_ready)) for _, s in peers)
         return max(0.0, next_due - now)
 
     def _budget_wait(self) -> float:
-        return self.budget.wait_for(self.config.test_duration_s, self.clock())
+        with self._lock:
+            return self.budget.wait_for(self.config.test_duration_s, self.clock())
 
-    def _bandwidth_turn(self, peer: str) -> None:
-        sched = self.schedule[peer]
+    def _bandwidth_turn(self, peer: str, sched: PeerSchedule) -> None:
         sched.last_bandwidth = self.clock()
         try:
             m = self.measure_bandwidth(peer)
         except IperfBusy as exc:
             self.busy_count += 1
             backoff = min(self.config.backoff_s * 2 ** sched.busy_attempts, self.config.backoff_max_s)
-            sched.busy_attempts += 1
-            sched.next_bandwidth = self.clock() + self._jittered(backoff)
+            with self._lock:
+                sched.busy_attempts += 1
+                sched.next_bandwidth = self.clock() + self._jittered(backoff)
             log.info("%s; retrying in about %.1f s", exc, backoff)
             return
-        sched.busy_attempts = 0
-        sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
+        with self._lock:
+            sched.busy_attempts = 0
+            sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
         self._record(m)
 
     def measure_bandwidth(self, peer: str) -> Measurement:
@@ -256,7 +287,8 @@ class ProbeScheduler:
             try:
                 return self._run(self.bandwidth_probe, peer, BANDWIDTH)
             finally:
-                self.budget.charge(start, self.clock() - start)
+                with self._lock:
+                    self.budget.charge(start, self.clock() - start)
 
     @staticmethod
     def _run(probe: Probe, peer: str, kind: str) -> Measurement:
@@ -277,22 +309,24 @@ class ProbeScheduler:
 
     # -- the thread ------------------------------------------------------------
     def start(self) -> ProbeScheduler:
-        self._stop.clear()
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="flexcomm-probe", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float | None = None) -> None:
         """Ask the loop to stop and wait for it (a running probe finishes first)."""
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping:
             try:
                 delay = self.tick()
             except Exception:  # a bug in a sink must not end probing
                 log.exception("probe scheduler tick failed")
                 delay = self.config.latency_interval_s
-            self._stop.wait(delay)
+            self._wake.wait(delay)
+            self._wake.clear()

@@ -186,6 +186,40 @@ def test_target_lock_refuses_a_second_test_to_the_same_target():
     assert b.measure_bandwidth("t").ok  # free again once the first finished
 
 
+def test_peers_can_change_while_running():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    sched = make([], clock, probes, latency_interval_s=10.0)
+    assert sched.tick() == 10.0 and not probes.latency_calls  # nothing to probe yet
+    sched.set_peers(["a", "b"])
+    run_for(sched, clock, 30)
+    assert {p for p, _ in probes.latency_calls} == {"a", "b"}
+    kept = sched.schedule["b"]
+    sched.set_peers(["b", "c"])
+    assert sched.schedule["b"] is kept and "a" not in sched.schedule
+    probes.latency_calls.clear()
+    run_for(sched, clock, 30)
+    assert {p for p, _ in probes.latency_calls} == {"b", "c"}
+
+
+def test_thread_wakes_for_new_peers_and_stops():
+    seen = threading.Event()
+
+    def latency(peer: str) -> Measurement:
+        seen.set()
+        return Measurement(peer=peer, kind="latency", rtt_min_s=1e-4, alpha_s=1e-4)
+
+    sched = ProbeScheduler([], ProbeConfig(latency_interval_s=60.0), latency_probe=latency,
+                           bandwidth_probe=latency, locks=TargetLocks()).start()
+    try:
+        time.sleep(0.1)  # the loop is now asleep for 60 s
+        sched.set_peers(["p"])
+        assert seen.wait(5), "set_peers did not wake the loop"
+    finally:
+        sched.stop(timeout=5)
+    assert not sched._thread.is_alive()
+
+
 def test_duty_budget_wait():
     budget = DutyBudget(budget_s=6.0, window_s=600.0)
     assert budget.wait_for(2.0, now=0.0) == 0.0
@@ -204,7 +238,7 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"^test_duration_s:"):
         ProbeConfig(test_duration_s=1.5)
     with pytest.raises(ValueError, match=r"^peers:"):
-        ProbeScheduler([])
+        ProbeScheduler(["10.0.0.1", ""])
 
 
 # -- for real: iperf3 between namespaces --------------------------------------------
