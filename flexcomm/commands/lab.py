@@ -1,0 +1,227 @@
+"""`flexcomm lab`: an emulated cluster on this machine, real training under a
+network schedule, once per policy, and a report.
+
+    flexcomm lab run [--out DIR] [--nodes 4] [--schedule FILE] [--policies ...]
+    flexcomm lab report DIR          # rebuild the report of a finished run
+    flexcomm lab clean               # remove namespaces/processes a crashed run left
+
+As root, each node is a network namespace on a bridge, its link shaped in both
+directions by the schedule; without root every rank runs on loopback, unshaped
+(said up front). Everything is removed on exit, on Ctrl-C and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flexcomm.units import format_rate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "lab", help="emulated multi-node cluster: train under a network schedule, compare policies",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+
+    run = sub.add_parser("run", help="run the lab and write its report")
+    run.add_argument("--out", help="run directory (default lab-runs/<time>)")
+    run.add_argument("--nodes", type=int, default=4, help="nodes = ranks (default 4)")
+    run.add_argument("--schedule", help="emulation schedule, TOML (default: fast, slow, very slow)")
+    run.add_argument("--policies", help="space/comma separated (default: dense topk-0.1 "
+                     "topk-0.01 moo gravac powersgd); see flexcomm.lab.plan")
+    run.add_argument("--steps", type=int, default=None, help="training steps per policy")
+    run.add_argument("--batch", type=int, default=None, help="samples per rank per step")
+    run.add_argument("--lr", type=float, default=None, help="SGD learning rate")
+    run.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
+    run.add_argument("--target", type=float, default=None,
+                     help="target test accuracy, a fraction (default 0.95)")
+    run.add_argument("--workload", choices=("digits", "synthetic"), default="digits")
+    run.add_argument("--hidden", type=int, default=None, help="MLP width (sets gradient size)")
+    run.add_argument("--depth", type=int, default=None, help="MLP layers")
+    run.add_argument("--samples", type=int, default=None, help="synthetic: samples")
+    run.add_argument("--features", type=int, default=None, help="synthetic: input features")
+    run.add_argument("--decisions", choices=("agent", "inprocess"), default="agent",
+                     help="rank 0 asks its node's flexcomm agent (default) or runs the "
+                     "policy in-process")
+    run.add_argument("--control-interval", type=int, default=None,
+                     help="steps between rank agreements (the hook's K)")
+    run.add_argument("--prefix", default="flexlab", help="namespace name prefix")
+    run.add_argument("--subnet", default="10.213.0.0/24", help="the nodes' subnet")
+    run.add_argument("--loopback", action="store_true",
+                     help="no namespaces even as root: loopback, unshaped")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", help="rebuild the report of a run directory")
+    report.add_argument("out", help="the run directory")
+    report.set_defaults(func=cmd_report)
+
+    clean = sub.add_parser("clean", help="remove a crashed run's namespaces and processes")
+    clean.add_argument("--prefix", default="flexlab", help="namespace name prefix")
+    clean.set_defaults(func=cmd_clean)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from flexcomm.lab.plan import DEFAULT_POLICIES, parse_policies
+    from flexcomm.lab.runner import LabConfig
+    from flexcomm.lab.workload import WorkloadSpec
+
+    workload = {k: getattr(args, k) for k in ("hidden", "depth", "samples", "features")
+                if getattr(args, k) is not None}
+    kw: dict[str, Any] = {}
+    for flag, name in (("steps", "steps"), ("batch", "batch"), ("lr", "lr"),
+                       ("eval_every", "eval_every"), ("target", "target_accuracy"),
+                       ("control_interval", "control_interval")):
+        if getattr(args, flag) is not None:
+            kw[name] = getattr(args, flag)
+    if args.schedule:
+        path = Path(args.schedule)
+        try:
+            kw["schedule_text"] = path.read_text()
+        except OSError as exc:
+            raise ValueError(f"schedule: cannot read {path}: {exc.strerror}") from None
+        kw["schedule_name"] = str(path)
+    out = Path(args.out or f"lab-runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    return LabConfig(
+        out=out, policies=parse_policies(args.policies or " ".join(DEFAULT_POLICIES)),
+        nodes=args.nodes, workload=WorkloadSpec(name=args.workload, **workload),
+        prefix=args.prefix, subnet=args.subnet, decisions=args.decisions,
+        namespaces=False if args.loopback else None, **kw,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flexcomm.lab.cluster import can_use_namespaces
+    from flexcomm.lab.report import format_table
+    from flexcomm.lab.runner import LabError, run_lab
+    from flexcomm.probe.revert import terminate_as_exception
+
+    cfg = build_config(args)
+    usable, why = can_use_namespaces()
+    if args.loopback or not usable:
+        print(f"flexcomm lab: {why or '--loopback'}: every rank runs on loopback and the links "
+              "are NOT shaped; the schedule is not applied", file=sys.stderr)
+    view = TerminalProgress(quiet=args.quiet)
+    start = time.monotonic()
+    try:
+        with terminate_as_exception():
+            summary = run_lab(cfg, progress=view)
+    except LabError as exc:
+        view.finish()
+        print(f"flexcomm lab: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        view.finish()
+        if type(exc).__name__ == "_Terminated":
+            print("flexcomm lab: terminated; cleaned up", file=sys.stderr)
+            return 143
+        raise
+    view.finish()
+    print(format_table(summary))
+    print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, accuracy.png, "
+          f"step_time.png ({time.monotonic() - start:.0f} s in all)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from flexcomm.lab.report import format_table, write_report
+
+    out = Path(args.out)
+    if not (out / "config.json").exists():
+        raise ValueError(f"out: {out} is not a lab run directory (no config.json)")
+    print(format_table(write_report(out)))
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from flexcomm.lab.cleanup import clean
+
+    gone = clean(args.prefix)
+    print(f"removed {len(gone['namespaces'])} namespace(s) "
+          f"{' '.join(gone['namespaces'])}; stopped {len(gone['processes'])} process(es)")
+    return 0
+
+
+class TerminalProgress:
+    """One line per policy that updates in place on a terminal (a line per
+    evaluation otherwise)."""
+
+    def __init__(self, quiet: bool = False, stream: Any = None) -> None:
+        self.quiet = quiet
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.steps = 0
+        self.state: dict[str, Any] = {}
+        self._open_line = False
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "cluster":
+            self._cluster(event)
+        elif kind == "agents":
+            self._print(f"starting {event['count']} flexcomm agent(s)")
+        elif kind == "policy":
+            self.finish()
+            self._print(f"[{event['index'] + 1}/{event['count']}] {event['policy']}")
+        elif kind == "start":
+            self.steps = event["steps"]
+        elif kind == "step":
+            self.state.update(event)
+            if self.tty:
+                self._status()
+        elif kind == "eval":
+            self.state["accuracy"] = event["accuracy"]
+            if not self.tty and (event["step"] % max(1, self.steps // 10) < 5
+                                 or event["step"] == self.steps):
+                self._status()
+        elif kind == "warning":
+            self._print(f"  warning: {event['message']}")
+
+    def _cluster(self, event: dict[str, Any]) -> None:
+        nodes = event["nodes"]
+        if event["shaped"]:
+            names = ", ".join(n["ns"] for n in nodes)
+            self._print(f"cluster: {len(nodes)} nodes (namespaces {names}), links shaped")
+        else:
+            self._print(f"cluster: {len(nodes)} ranks on loopback, links NOT shaped "
+                        f"({event['reason_unshaped']})")
+
+    def _status(self) -> None:
+        s = self.state
+        link = "unshaped" if not s.get("link") else format_rate(s["link"])
+        cr = s.get("cr")
+        choice = (f"{s.get('collective')}" if cr in (None, 1.0)
+                  else f"cr {cr:.3g} {s.get('collective')}")
+        acc = f"{100 * s['accuracy']:.1f}%" if "accuracy" in s else "-"
+        line = (f"  step {s.get('step', 0) + 1}/{self.steps} epoch {s.get('epoch', 0)} "
+                f"link {link} | {choice} | acc {acc} | {s.get('t', 0):.1f} s")
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+            self.stream.flush()
+            self._open_line = True
+        else:
+            self._print(line)
+
+    def _print(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self._open_line:
+            self.stream.write("\n")
+            self._open_line = False
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False
+        self.state = {}

@@ -1,0 +1,81 @@
+"""One real `flexcomm agent` per lab node, as a user runs them on a cluster.
+
+Each agent runs in its node's namespace with its store (SQLite) and log in the run
+directory (`agents/node<i>.db`, `agents/node<i>.log`), its socket in a short
+temporary directory. Rank 0's hook asks
+node 0's agent; the other agents serve iperf3 so that node 0's agent can probe
+the paths to them. Agents do no shaping here: the lab drives the schedule on
+every link itself. On loopback (no namespaces) only node 0's agent runs, without
+probing (every node is 127.0.0.1, and the iperf3 ports would collide).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexcomm.lab.cluster import LabCluster
+
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class AgentHandle:
+    node: int
+    socket: Path
+    db: Path
+    log: Path
+
+
+def agent_command(sock: Path, db: Path, probe: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", str(sock), "--db", str(db),
+           "--metrics", "", "--log-format", "text"]
+    if not probe:
+        cmd.append("--no-probe")
+    return cmd
+
+
+def start_agents(lab: LabCluster, socket_dir: Path, db_dir: Path,
+                 timeout_s: float = START_TIMEOUT_S) -> list[AgentHandle]:
+    """Start the agents (sockets in `socket_dir`, stores and logs in `db_dir`) and
+    wait until each answers on its socket."""
+    db_dir.mkdir(parents=True, exist_ok=True)
+    count = len(lab.nodes) if lab.shaped else 1
+    handles = []
+    for i in range(count):
+        handle = AgentHandle(i, socket_dir / f"node{i}.sock", db_dir / f"node{i}.db",
+                             db_dir / f"node{i}.log")
+        handle.socket.unlink(missing_ok=True)
+        proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped),
+                         log=handle.log)
+        handles.append((handle, proc))
+    deadline = time.monotonic() + timeout_s
+    for handle, proc in handles:
+        _wait_listening(handle, proc, deadline)
+    return [h for h, _ in handles]
+
+
+def _wait_listening(handle: AgentHandle, proc, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agent on node {handle.node} exited with code {proc.returncode}; "
+                               f"see {handle.log}")
+        if _connects(handle.socket):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"agent on node {handle.node} did not listen on {handle.socket} "
+                       f"within {START_TIMEOUT_S:.0f} s; see {handle.log}")
+
+
+def _connects(path: Path) -> bool:
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,181 @@
+"""The lab's emulated cluster: N nodes whose links are shaped together, and the
+processes started on them, all removed however the run ends.
+
+    with LabCluster.open(prefix="flexlab", n=4, subnet="10.213.0.0/24", run_dir=out) as c:
+        c.links.apply(LinkState(50e6))                 # every node's link, both ways
+        proc = c.spawn(0, [sys.executable, "-m", ...], log=out / "rank0.log")
+        ...
+    # processes stopped, links restored, namespaces gone
+
+With root it is a `flexcomm.lab.netns.cluster` (namespaces on a bridge); each
+node's link is shaped in both directions (its eth0, and its peer on the hub's
+bridge) through `flexcomm.probe.shaping`, the original qdiscs recorded with
+`flexcomm.probe.revert` in the run directory. Without root it is "loopback": every
+node is 127.0.0.1 in this namespace and nothing is shaped (`shaped` is False).
+
+The cost-model sweep (`flexcomm lab calibrate`) reuses it: one cluster, many
+`links.apply(...)`, many spawned jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flexcomm.lab import netns
+from flexcomm.probe.revert import Revert
+from flexcomm.probe.shaping import LinkState, Shaper
+
+STOP_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One node: its address, its interface (for GLOO_SOCKET_IFNAME) and how to
+    run a command on it. `ns` is None on loopback."""
+
+    index: int
+    address: str
+    ifname: str
+    ns: str | None
+
+    def argv(self, cmd: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *cmd] if self.ns else list(cmd)
+
+
+def can_use_namespaces() -> tuple[bool, str]:
+    """(True, "") when this process may create namespaces, else (False, why)."""
+    if os.geteuid() != 0:
+        return False, "not running as root"
+    if shutil.which("ip") is None:
+        return False, "the `ip` command (iproute2) is missing"
+    if not os.path.exists("/proc/self/ns/net"):
+        return False, "the kernel has no network namespaces"
+    return True, ""
+
+
+class LinkGroup:
+    """Every shaped link end of the cluster, changed together: a drop-in for one
+    `Shaper` where `flexcomm.probe.emulator.Emulator` expects one."""
+
+    def __init__(self, shapers: Sequence[Shaper], state_dir: Path) -> None:
+        self.shapers = list(shapers)
+        self.reverts = [Revert(s, directory=state_dir) for s in self.shapers]
+        self.state: LinkState | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{len(self.shapers)} link ends"
+
+    def apply(self, state: LinkState) -> None:
+        for shaper, revert in zip(self.shapers, self.reverts, strict=True):
+            revert.record("run")
+            shaper.apply(state)
+        self.state = state
+
+    def restore(self) -> None:
+        """Put every link end back as it was (kernel default qdisc)."""
+        errors = []
+        for revert in self.reverts:
+            try:
+                revert.restore()
+            except Exception as exc:  # keep restoring the others
+                errors.append(str(exc))
+        self.state = None
+        if errors:
+            raise RuntimeError("; ".join(errors))
+
+
+class LabCluster:
+    def __init__(self, nodes: list[LabNode], links: LinkGroup | None, prefix: str,
+                 reason_unshaped: str = "") -> None:
+        self.nodes = nodes
+        self.links = links
+        self.prefix = prefix
+        self.reason_unshaped = reason_unshaped
+        self._procs: list[subprocess.Popen] = []
+
+    @property
+    def shaped(self) -> bool:
+        return self.links is not None
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, *, prefix: str, n: int, subnet: str, run_dir: Path,
+             namespaces: bool | None = None) -> Iterator[LabCluster]:
+        """The cluster; `namespaces=None` uses them when this process can."""
+        usable, why = can_use_namespaces()
+        if namespaces is None:
+            namespaces = usable
+        elif namespaces and not usable:
+            raise ValueError(f"namespaces: cannot create network namespaces ({why})")
+        with ExitStack() as stack:
+            if namespaces:
+                found = stack.enter_context(netns.cluster(prefix, n, subnet))
+                nodes = [LabNode(i, nd.address, nd.ifname, nd.ns) for i, nd in enumerate(found)]
+                links = LinkGroup(_link_shapers(found), Path(run_dir) / "emulation-state")
+                stack.callback(links.restore)
+                lab = cls(nodes, links, prefix)
+            else:
+                nodes = [LabNode(i, "127.0.0.1", "lo", None) for i in range(n)]
+                lab = cls(nodes, None, prefix, why or "namespaces turned off")
+            stack.callback(lab.stop_all)  # runs first: processes go before links
+            yield lab
+
+    def spawn(self, index: int, cmd: Sequence[str], *, log: Path,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start `cmd` on node `index` in its own process group, output to `log`."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                self.nodes[index].argv(cmd), stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})}, start_new_session=True,
+            )
+        self._procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the process's group, SIGKILL it after `grace_s`."""
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        _signal_group(proc, signal.SIGKILL)  # stragglers left in the group
+        if proc in self._procs:
+            self._procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self._procs):
+            self.stop(proc)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _link_shapers(nodes: Sequence[netns.Node]) -> list[Shaper]:
+    shapers = []
+    for node in nodes:
+        shapers.append(Shaper(node.ifname, netns=node.ns))
+        shapers.append(Shaper(node.peer_ifname, netns=node.peer_ns))
+    return shapers
+
+
+def describe(lab: LabCluster) -> dict[str, Any]:
+    return {
+        "prefix": lab.prefix,
+        "nodes": [{"address": n.address, "ifname": n.ifname, "ns": n.ns} for n in lab.nodes],
+        "shaped": lab.shaped,
+        "reason_unshaped": lab.reason_unshaped,
+    }

@@ -1,0 +1,56 @@
+"""A lab rank's flexcomm hook: `flexcomm.client.hook.register` with the decision
+source a user would give it.
+
+Rank 0's decisions come from the node's agent (`flexcomm.client.agent_client.
+AgentClient` on the agent's socket) when the config names one, else from the
+policy run in-process (`flexcomm.policy.make_policy`). Other ranks get no source:
+they adopt whatever rank 0 decided, through the hook's agreement collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+
+from flexcomm.client.hook import register
+from flexcomm.policy import make_policy
+
+
+class FlexcommSync:
+    def __init__(self, ddp: DistributedDataParallel, cfg: Any, rank: int, grad_bytes: int) -> None:
+        source = self._source(cfg, grad_bytes, dict(cfg.policy_options)) if rank == 0 else None
+        self.state = register(ddp, source=source, **cfg.hook_options)
+
+    @staticmethod
+    def _source(cfg: Any, grad_bytes: int, options: dict[str, Any]) -> Any:
+        if cfg.agent_socket:
+            from flexcomm.client.agent_client import AgentClient
+
+            return AgentClient(
+                cfg.agent_socket, job_id=cfg.job_id, world_size=cfg.world, grad_bytes=grad_bytes,
+                nodes=list(cfg.node_addresses), policy=cfg.policy,
+                options=options,
+            )
+        return make_policy(cfg.policy, grad_bytes=grad_bytes, nodes=cfg.world, options=options)
+
+    def after_step(self, step: int, epoch: int) -> dict[str, Any]:
+        self.state.set_epoch(epoch)
+        stats = self.state.last_stats()
+        if stats is None:
+            return {}
+        decision = self.state.decision
+        return {
+            "cr": stats.cr,
+            "collective": stats.collective,
+            "version": stats.version,
+            "t_sync_s": stats.t_sync_s,
+            "t_comp_s": stats.t_comp_s,
+            "gain": stats.gain,
+            "bytes_sent": stats.bytes_sent,
+            "predicted_sync_s": decision.predicted_sync_s,
+            "reason": decision.reason,
+        }
+
+    def close(self) -> None:
+        self.state.close()

@@ -1,0 +1,99 @@
+"""The lab's PNG plots (matplotlib, Agg backend: no display needed).
+
+- network.png: per policy, the link rate in force (grey, left axis) and the CR
+  each step ran (right axis, log scale), coloured by collective, against the
+  policy's training time.
+- accuracy.png: test accuracy against training time, one line per policy, the
+  target dashed.
+- step_time.png: step time against step, one line per policy (log scale).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+COLLECTIVE_COLOURS = {
+    "dense_ring": "tab:red", "dense_tree": "tab:pink", "ag_topk": "tab:blue",
+    "art_ring": "tab:green", "art_tree": "tab:olive", "powersgd": "tab:purple",
+    "torch_allreduce": "tab:brown",
+}
+
+
+def write_plots(out: Path, runs: list[Any], summary: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [_network(out, runs, plt), _accuracy(out, runs, summary, plt),
+             _step_time(out, runs, plt)]
+    plt.close("all")
+    return paths
+
+
+def _network(out: Path, runs: list[Any], plt: Any) -> Path:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.2 * len(runs) + 0.6), sharey=False,
+                             squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        ts = [s["t"] for s in run.steps]
+        rates = [_rate_at(run, s) for s in run.steps]
+        if any(r is not None for r in rates):
+            ax.fill_between(ts, [(r or 0) / 1e6 for r in rates], step="pre", color="0.85")
+            ax.set_yscale("log")
+        ax.set_ylabel("link Mbit/s")
+        ax.set_title(run.label, fontsize=9, loc="left")
+        cr_ax = ax.twinx()
+        cr_ax.set_yscale("log")
+        cr_ax.set_ylim(5e-4, 2)
+        cr_ax.set_ylabel("CR")
+        for collective in sorted({s.get("collective") for s in run.steps} - {None}):
+            chosen = [s for s in run.steps if s.get("collective") == collective]
+            cr_ax.scatter([s["t"] for s in chosen], [s["cr"] for s in chosen], s=6,
+                          color=COLLECTIVE_COLOURS.get(collective, "black"), label=collective)
+        cr_ax.legend(loc="lower right", fontsize=7, markerscale=2)
+    axes[-1, 0].set_xlabel("training time (s)")
+    fig.tight_layout()
+    path = out / "network.png"
+    fig.savefig(path, dpi=90)
+    return path
+
+
+def _rate_at(run: Any, step: dict[str, Any]) -> float | None:
+    index = run.phase_of(step)
+    return run.links[index]["rate_bps"] if index >= 0 else None
+
+
+def _accuracy(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run in runs:
+        ax.plot([e["t"] for e in run.evals], [100 * e["accuracy"] for e in run.evals],
+                label=run.label, linewidth=1.4)
+    ax.axhline(100 * summary["lab"]["target_accuracy"], color="0.4", linestyle="--",
+               linewidth=1, label="target")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(bottom=max(0, 100 * summary["lab"]["target_accuracy"] - 40))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "accuracy.png"
+    fig.savefig(path, dpi=90)
+    return path
+
+
+def _step_time(out: Path, runs: list[Any], plt: Any) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run in runs:
+        ax.plot([s["step"] for s in run.steps], [1000 * s["step_s"] for s in run.steps],
+                label=run.label, linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (ms)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "step_time.png"
+    fig.savefig(path, dpi=90)
+    return path

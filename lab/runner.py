@@ -1,0 +1,287 @@
+"""Running a lab: one cluster, one agent per node, and for each policy a real gloo
+training job (one rank per node) under the network schedule; then the report.
+
+    cfg = LabConfig(out=Path("lab-run"), policies=parse_policies("dense moo"))
+    run_lab(cfg, progress=print)       # -> the report's summary dict
+
+The run directory holds: config.json, schedule.toml, lab.db (the store: jobs and
+every applied link step), agents/ (each agent's store and log), and per policy
+policies/<name>/ with records.jsonl (rank 0's steps and evaluations),
+links.jsonl (the link states applied, with their wall time), train.json and a
+log per rank. The report (summary.json, summary.txt, PNGs) is written last.
+
+Epoch-keyed schedules are applied at each epoch boundary before the epoch's first
+step (rank 0 waits for the runner's acknowledgement, off its training clock), so
+every policy trains the same steps under the same link. Time-keyed schedules run
+on the wall clock from the job's start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flexcomm.lab.agents import start_agents
+from flexcomm.lab.cluster import LabCluster, describe
+from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULT_SCHEDULE, PolicySpec, parse_policies
+from flexcomm.lab.sync import TORCH_METHODS
+from flexcomm.lab.trainer import TrainConfig
+from flexcomm.lab.workload import WorkloadSpec, load_dataset
+from flexcomm.probe.emulator import AppliedStep, Emulator
+from flexcomm.probe.schedule import Schedule, parse_schedule
+from flexcomm.store import EmulationStep, Store
+
+DECISION_SOURCES = ("agent", "inprocess")
+POLL_S = 0.02
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class LabError(RuntimeError):
+    """A lab run failed (a rank or agent died, a timeout); the message says where."""
+
+
+@dataclass
+class LabConfig:
+    out: Path
+    policies: list[PolicySpec] = field(default_factory=lambda: parse_policies(
+        " ".join(DEFAULT_POLICIES)))
+    nodes: int = 4
+    schedule_text: str = DEFAULT_SCHEDULE
+    schedule_name: str = "default"
+    steps: int = 300
+    batch: int = 32
+    lr: float = 0.01
+    eval_every: int = 5
+    target_accuracy: float = 0.95
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    prefix: str = "flexlab"
+    subnet: str = "10.213.0.0/24"
+    decisions: str = "agent"
+    control_interval: int = 2
+    namespaces: bool | None = None  # None: when this process can
+    policy_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 2:
+            raise ValueError(f"nodes: need at least 2, got {self.nodes}")
+        for name in ("steps", "batch", "eval_every", "control_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.target_accuracy <= 1.0:
+            raise ValueError(f"target: must be in (0, 1], got {self.target_accuracy}")
+        if not self.lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.decisions not in DECISION_SOURCES:
+            raise ValueError(f"decisions: one of {', '.join(DECISION_SOURCES)}, "
+                             f"got {self.decisions!r}")
+        self.schedule  # noqa: B018 -- validate the schedule now, before anything is built
+
+    @property
+    def schedule(self) -> Schedule:
+        return parse_schedule(self.schedule_text, self.schedule_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["policies"] = [p.label for p in self.policies]
+        return d
+
+
+def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str, Any]:
+    """Run every policy, write the report, return the summary."""
+    from flexcomm.lab.report import write_report
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    (out / "schedule.toml").write_text(cfg.schedule_text)
+    dataset = out / "dataset.pt"
+    load_dataset(cfg.workload, cache=dataset)
+    with Store(out / "lab.db") as store, LabCluster.open(
+        prefix=cfg.prefix, n=cfg.nodes, subnet=cfg.subnet, run_dir=out,
+        namespaces=cfg.namespaces,
+    ) as lab, _socket_dir() as sockets:
+        progress({"kind": "cluster", **describe(lab)})
+        (out / "cluster.json").write_text(json.dumps(describe(lab), indent=1))
+        agent_socket = ""
+        if cfg.decisions == "agent" and any(p.kind not in TORCH_METHODS for p in cfg.policies):
+            progress({"kind": "agents", "count": cfg.nodes if lab.shaped else 1})
+            handles = start_agents(lab, sockets, db_dir=out / "agents")
+            agent_socket = str(handles[0].socket)
+        for index, spec in enumerate(cfg.policies):
+            run_policy(lab, cfg, spec, index, agent_socket, store, progress)
+    return write_report(out)
+
+
+@contextmanager
+def _socket_dir() -> Iterator[Path]:
+    """A short directory for Unix sockets (their paths are limited to ~107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="flexlab-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def policy_dir(out: Path, label: str) -> Path:
+    return Path(out) / "policies" / re.sub(r"[^A-Za-z0-9._=-]", "_", label)
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address if address.startswith("127.") else "127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
+               agent_socket: str, store: Store, progress: Progress) -> Path:
+    """Train once with `spec` under the schedule; returns its directory."""
+    pdir = policy_dir(cfg.out, spec.label)
+    if pdir.exists():
+        shutil.rmtree(pdir)
+    pdir.mkdir(parents=True)
+    schedule = cfg.schedule
+    job_id = f"lab-{int(time.time())}-{index}-{pdir.name}"
+    train = TrainConfig(
+        policy=spec.kind, policy_options=spec.options, world=cfg.nodes,
+        master_addr=lab.nodes[0].address, master_port=free_port(lab.nodes[0].address),
+        records=str(pdir / "records.jsonl"), workload=asdict(cfg.workload),
+        agent_socket=agent_socket if spec.kind not in TORCH_METHODS else "",
+        ifname=lab.nodes[0].ifname, steps=cfg.steps, batch=cfg.batch, lr=cfg.lr,
+        eval_every=cfg.eval_every, hook_options={"control_interval": cfg.control_interval},
+        node_addresses=[n.address for n in lab.nodes], dataset_cache=str(cfg.out / "dataset.pt"),
+        epoch_ack=str(pdir / "epoch_ack") if schedule.by_epoch else "", job_id=job_id,
+    )
+    train.save(pdir / "train.json")
+    store.add_job(job_id, {"policy": spec.label, "nodes": cfg.nodes, "steps": cfg.steps})
+    links = _LinkLog(pdir / "links.jsonl", lab, store)
+    emulator = Emulator(schedule, lab.links, on_step=links.record) if lab.shaped else None
+    progress({"kind": "policy", "policy": spec.label, "index": index,
+              "count": len(cfg.policies)})
+    if emulator is not None:  # the first step is in force before the ranks start
+        if schedule.by_epoch:
+            emulator.advance_epoch(0)
+        else:  # Emulator.run re-applies (and records) it when training starts
+            lab.links.apply(schedule.steps[0].state)
+    _ack(pdir, 0)
+    procs = [lab.spawn(i, [sys.executable, "-m", "flexcomm.lab.trainer",
+                           str(pdir / "train.json"), str(i)], log=pdir / f"rank{i}.log")
+             for i in range(cfg.nodes)]
+    try:
+        _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
+    finally:
+        for proc in procs:
+            lab.stop(proc)
+    return pdir
+
+
+def _ack(pdir: Path, epoch: int) -> None:
+    tmp = pdir / "epoch_ack.tmp"
+    tmp.write_text(str(epoch))
+    tmp.replace(pdir / "epoch_ack")
+
+
+def _follow(cfg: LabConfig, spec: PolicySpec, pdir: Path, procs: list, emulator: Emulator | None,
+            schedule: Schedule, progress: Progress) -> None:
+    """Tail rank 0's records until every rank has exited: apply the schedule's
+    epoch steps, report progress, and fail fast when a rank dies."""
+    tail = _Tail(pdir / "records.jsonl")
+    stop = threading.Event()
+    timed: threading.Thread | None = None
+    deadline = time.monotonic() + cfg.policy_timeout_s
+    try:
+        while True:
+            for rec in tail.read():
+                if rec["kind"] == "epoch" and emulator is not None and schedule.by_epoch:
+                    emulator.advance_epoch(rec["epoch"])
+                if rec["kind"] == "epoch":
+                    _ack(pdir, rec["epoch"])
+                if rec["kind"] == "start" and emulator is not None and not schedule.by_epoch:
+                    timed = threading.Thread(target=emulator.run, args=(stop,), daemon=True)
+                    timed.start()
+                progress({"policy": spec.label, "link": _rate(emulator), **rec})
+            codes = [p.poll() for p in procs]
+            if all(c == 0 for c in codes):
+                break
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                raise LabError(f"{spec.label}: rank {failed[0]} exited with code "
+                               f"{codes[failed[0]]}: {_log_tail(pdir / f'rank{failed[0]}.log')}")
+            if time.monotonic() > deadline:
+                raise LabError(f"{spec.label}: not finished within {cfg.policy_timeout_s:.0f} s")
+            time.sleep(POLL_S)
+        for rec in tail.read():
+            progress({"policy": spec.label, "link": _rate(emulator), **rec})
+    finally:
+        stop.set()
+        if timed is not None:
+            timed.join()
+
+
+def _rate(emulator: Emulator | None) -> float | None:
+    if emulator is None or emulator.current is None:
+        return None
+    return emulator.current.state.rate_bps
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return "\n" + "\n".join(text[-lines:])
+
+
+class _Tail:
+    """New complete lines of a JSONL file that another process appends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+class _LinkLog:
+    """Every link step applied: to links.jsonl (for the report) and the store."""
+
+    def __init__(self, path: Path, lab: LabCluster, store: Store) -> None:
+        self.path = path
+        self.lab = lab
+        self.store = store
+
+    def record(self, applied: AppliedStep) -> None:
+        state = applied.state
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step_index": applied.step_index, "round": applied.round,
+                                "epoch": applied.epoch, "rate_bps": state.rate_bps,
+                                "applied_at": applied.applied_at}) + "\n")
+        assert self.lab.links is not None
+        for shaper in self.lab.links.shapers:
+            self.store.add_emulation_step(EmulationStep(
+                interface=shaper.ifname, netns=shaper.netns or "", step_index=applied.step_index,
+                rate_bps=state.rate_bps, ts=applied.applied_at))

@@ -1,0 +1,201 @@
+"""One rank of a lab training job: `python -m flexcomm.lab.trainer CONFIG RANK`.
+
+The runner starts one of these per node (inside the node's namespace, with
+GLOO_SOCKET_IFNAME set to its interface). Each joins a gloo process group, wraps
+the workload's model in DDP with the gradient synchronisation the config names
+(the flexcomm hook driven by a policy, or PyTorch's own PowerSGD hook), and trains.
+
+Rank 0 writes one JSON object per line to the records file: a "start" record, an
+"epoch" record at each epoch boundary, a "step" record per step and an "eval"
+record every `eval_every` steps, then "end". Times are on a training clock that
+starts after the process group is up and stops while rank 0 evaluates or waits
+for the network schedule to be applied (so wall times compare across policies).
+
+At an epoch boundary, when `epoch_ack` is set, rank 0 waits (up to
+`epoch_ack_timeout_s`) until the runner has written an epoch number >= the new
+one to the file `epoch_ack`: the runner shapes the links for that epoch first, so
+every policy trains the same steps under the same network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from flexcomm.lab.sync import SyncMethod, attach_sync
+from flexcomm.lab.workload import (
+    ShardLoader,
+    WorkloadSpec,
+    accuracy,
+    build_model,
+    gradient_bytes,
+    load_dataset,
+)
+
+
+@dataclass
+class TrainConfig:
+    """Everything a rank needs; the runner writes it as JSON, one file per job."""
+
+    policy: str
+    world: int
+    master_addr: str
+    master_port: int
+    records: str
+    workload: dict[str, Any] = field(default_factory=dict)
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    hook_options: dict[str, Any] = field(default_factory=dict)
+    node_addresses: list[str] = field(default_factory=list)
+    dataset_cache: str = ""  # a torch.save'd Dataset, so ranks skip building it
+    agent_socket: str = ""  # empty: the policy runs in-process on rank 0
+    ifname: str = ""  # GLOO_SOCKET_IFNAME; empty leaves gloo's default
+    steps: int = 200
+    batch: int = 32
+    lr: float = 0.01
+    momentum: float = 0.9
+    eval_every: int = 5
+    threads: int = 1
+    epoch_ack: str = ""
+    epoch_ack_timeout_s: float = 30.0
+    job_id: str = "lab"
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.__dict__, indent=1))
+
+
+class TrainClock:
+    """Seconds of training so far, excluding the intervals inside `paused()`."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._paused = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start - self._paused
+
+    def pause_for(self, fn: Any, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._paused += time.perf_counter() - t0
+
+
+class Records:
+    """Rank 0's JSONL file (other ranks write nothing)."""
+
+    def __init__(self, path: str, enabled: bool) -> None:
+        self._file = open(path, "a", buffering=1) if enabled else None  # noqa: SIM115
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def wait_for_epoch_ack(path: str, epoch: int, timeout_s: float) -> bool:
+    """True once the runner has acknowledged `epoch` (its links are shaped)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if int(Path(path).read_text().strip() or -1) >= epoch:
+                return True
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.01)
+    return False
+
+
+def train(cfg: TrainConfig, rank: int) -> None:
+    torch.set_num_threads(cfg.threads)
+    if cfg.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = cfg.ifname
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
+        rank=rank, world_size=cfg.world,
+    )
+    try:
+        _train_loop(cfg, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_loop(cfg: TrainConfig, rank: int) -> None:
+    spec = WorkloadSpec(**cfg.workload)
+    data = load_dataset(spec, cache=cfg.dataset_cache or None)
+    model = build_model(spec, data.features, data.classes)
+    ddp = DistributedDataParallel(model)
+    sync = attach_sync(ddp, cfg, rank, gradient_bytes(model))
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    loader = ShardLoader(data, rank, cfg.world, cfg.batch, spec.seed)
+    records = Records(cfg.records, rank == 0)
+    records.write("start", policy=cfg.policy, world=cfg.world, grad_bytes=gradient_bytes(model),
+                  steps=cfg.steps, steps_per_epoch=loader.steps_per_epoch, time=time.time())
+    dist.barrier()
+    clock = TrainClock()
+    step = 0
+    epoch = 0
+    while step < cfg.steps:
+        if rank == 0:
+            _enter_epoch(cfg, records, clock, epoch, step)
+        for x, y in loader.epoch(epoch):
+            if step >= cfg.steps:
+                break
+            t0, wall = clock.now(), time.time()
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            loss.backward()
+            optimizer.step()
+            stats = sync.after_step(step, epoch)
+            records.write("step", step=step, epoch=epoch, t=clock.now(), wall=wall,
+                          step_s=clock.now() - t0, loss=float(loss.detach()), **stats)
+            step += 1
+            if rank == 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
+                acc = clock.pause_for(accuracy, model, data.x_test, data.y_test)
+                records.write("eval", step=step, epoch=epoch, t=clock.now(), accuracy=acc)
+        epoch += 1
+    sync.close()
+    records.write("end", steps=step, t=clock.now(), time=time.time())
+    records.close()
+
+
+def _enter_epoch(cfg: TrainConfig, records: Records, clock: TrainClock, epoch: int,
+                 step: int) -> None:
+    records.write("epoch", epoch=epoch, step=step, t=clock.now())
+    if cfg.epoch_ack:
+        acked = clock.pause_for(wait_for_epoch_ack, cfg.epoch_ack, epoch, cfg.epoch_ack_timeout_s)
+        if not acked:
+            records.write("warning", message=f"no schedule ack for epoch {epoch}; going on")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m flexcomm.lab.trainer CONFIG.json RANK", file=sys.stderr)
+        return 2
+    train(TrainConfig.load(args[0]), int(args[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["SyncMethod", "TrainConfig", "main", "train"]
