@@ -1,0 +1,199 @@
+"""Load on a real agent process: 64 concurrent clients, each its own job and channel.
+
+Phases (each client a task in one of two load-generator processes, so the
+generator is not one GIL):
+1. warm-up (mixed load);
+2. get-decision latency at a fixed total rate (default 2,000 calls/s, open loop:
+   each client sends on its own schedule whatever the answers do);
+3. report ingest: every client streams batches of step reports as fast as it can;
+   the figure is reports accepted by the agent per second;
+4. the steady load for 10 s (get-decision plus 64 x 100 reports/s), the
+   agent's RSS, a soak (default 60 s) of that same load, and its RSS again: a
+   leak shows as growth; the ingest burst's high-water mark does not count.
+The same latency at a quarter of the rate is reported too (detail.light_*), to
+tell the agent's own cost from queueing on a saturated machine.
+
+Goals: p99 <= 5 ms, >= 20,000 reports/s, RSS growth < 10%. The agent, the load
+generators and whatever else runs on the machine share its cores: say so with
+the figures. Last line: one JSON object with p50_ms, p99_ms, reports_per_s,
+rss_growth (a fraction) and the details.
+
+    python bench/agent_load.py [--clients 64] [--rate 2000] [--soak-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import grpc
+from agent_process import AgentProcess, spec
+
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto import agent_pb2_grpc as pb_grpc
+
+GENERATORS = 2
+GRAD_BYTES = 100_000_000
+
+
+def job_id(i: int) -> str:
+    return f"load-{i:03d}"
+
+
+def report_batch(size: int, first_step: int) -> pb.ReportStepsRequest:
+    gains = [pb.GainAt(cr=c, gain=min(1.0, c ** 0.15)) for c in (0.1, 0.033, 0.011, 0.004, 0.001)]
+    return pb.ReportStepsRequest(reports=[
+        pb.StepReport(step=first_step + k, epoch=0, cr=1.0, collective=pb.COLLECTIVE_DENSE_RING,
+                      t_comp_s=0.0, t_sync_s=0.08, t_compute_s=0.1, gain=1.0,
+                      bytes_sent=GRAD_BYTES, gains=gains)
+        for k in range(size)])
+
+
+async def _decisions(stub, job: str, interval_s: float, deadline: float, out: list[float]) -> None:
+    request = pb.JobRef(job_id=job)
+    next_t = time.perf_counter() + random.uniform(0, interval_s)
+    while next_t < deadline:
+        await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+        t0 = time.perf_counter()
+        await stub.GetDecision(request, timeout=5)
+        out.append(time.perf_counter() - t0)
+        next_t += interval_s
+
+
+async def _reports(stub, job: str, batch: int, per_rpc: int, pause_s: float, deadline: float,
+                   out: list[int]) -> None:
+    message = report_batch(batch, 0)
+    message.job_id = job
+    while time.perf_counter() < deadline:
+        response = await stub.ReportSteps(iter([message] * per_rpc), timeout=30)
+        out.append(response.accepted)
+        if pause_s:
+            await asyncio.sleep(pause_s)
+
+
+async def _generator(socket: str, jobs: list[str], phase: dict) -> dict:
+    channels = [grpc.aio.insecure_channel(f"unix:{socket}") for _ in jobs]
+    stubs = [pb_grpc.AgentStub(ch) for ch in channels]
+    latencies: list[float] = []
+    accepted: list[int] = []
+    deadline = time.perf_counter() + phase["duration_s"]
+    tasks = []
+    for stub, job in zip(stubs, jobs, strict=True):
+        if phase.get("rate"):
+            interval = phase["clients"] / phase["rate"]
+            tasks.append(_decisions(stub, job, interval, deadline, latencies))
+        if phase.get("report_batch"):
+            tasks.append(_reports(stub, job, phase["report_batch"], phase["per_rpc"],
+                                  phase.get("report_pause_s", 0.0), deadline, accepted))
+    start = time.perf_counter()
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    for ch in channels:
+        await ch.close()
+    return {"latencies": latencies, "accepted": sum(accepted), "elapsed": elapsed}
+
+
+def run_generator(args: tuple[str, list[str], dict]) -> dict:
+    return asyncio.run(_generator(*args))
+
+
+def run_phase(pool: ProcessPoolExecutor, socket: str, clients: int, phase: dict) -> dict:
+    phase = {**phase, "clients": clients}
+    shards = [[job_id(i) for i in range(clients) if i % GENERATORS == g] for g in range(GENERATORS)]
+    parts = list(pool.map(run_generator, [(socket, shard, phase) for shard in shards]))
+    latencies = sorted(x for p in parts for x in p["latencies"])
+    elapsed = max(p["elapsed"] for p in parts)
+    return {"latencies": latencies, "accepted": sum(p["accepted"] for p in parts), "elapsed": elapsed}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=2000.0, help="get-decision calls/s in all")
+    parser.add_argument("--latency-s", type=float, default=20.0)
+    parser.add_argument("--ingest-s", type=float, default=15.0)
+    parser.add_argument("--soak-s", type=float, default=60.0)
+    parser.add_argument("--policy", default="moo")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="fca-bench-"))
+    agent = AgentProcess(workdir, "--log-level", "warning", "--flush-interval", "1s")
+    agent.extra += ["--metrics", ""]
+    agent.start()
+    try:
+        for i in range(args.clients):
+            agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec(
+                job_id(i), policy=args.policy, grad_bytes=GRAD_BYTES)), timeout=10)
+        with ProcessPoolExecutor(GENERATORS) as pool:
+            steady_reports = {"report_batch": 100, "per_rpc": 1, "report_pause_s": 1.0}
+            def phase(**kw: object) -> dict:
+                return run_phase(pool, agent.socket, args.clients, kw)
+
+            phase(duration_s=5, rate=args.rate, **steady_reports)
+            lat = phase(duration_s=args.latency_s, rate=args.rate)
+            light = phase(duration_s=args.latency_s / 2, rate=args.rate / 4)
+            ingest = phase(duration_s=args.ingest_s, report_batch=256, per_rpc=8)
+            phase(duration_s=10, rate=args.rate, **steady_reports)  # back to steady state
+            rss_before = rss_bytes(agent.proc.pid)
+            soak = phase(duration_s=args.soak_s, rate=args.rate, **steady_reports)
+            time.sleep(2)  # let the last flush happen
+            rss_after = rss_bytes(agent.proc.pid)
+        assert agent.health() == 1
+    finally:
+        agent.stop()
+
+    calls = lat["latencies"]
+    soak_calls = soak["latencies"]
+    result = {
+        "p50_ms": round(percentile(calls, 0.50) * 1e3, 3),
+        "p99_ms": round(percentile(calls, 0.99) * 1e3, 3),
+        "reports_per_s": round(ingest["accepted"] / ingest["elapsed"]),
+        "rss_growth": round((rss_after - rss_before) / rss_before, 4),
+        "goals": {"p99_ms": 5.0, "reports_per_s": 20000, "rss_growth": 0.10},
+        "detail": {
+            "clients": args.clients, "policy": args.policy, "target_rate": args.rate,
+            "achieved_rate": round(len(calls) / lat["elapsed"]),
+            "latency_calls": len(calls), "max_ms": round(calls[-1] * 1e3, 3),
+            "mean_ms": round(statistics.fmean(calls) * 1e3, 3),
+            "light_rate": round(len(light["latencies"]) / light["elapsed"]),
+            "light_p50_ms": round(percentile(light["latencies"], 0.5) * 1e3, 3),
+            "light_p99_ms": round(percentile(light["latencies"], 0.99) * 1e3, 3),
+            "soak_s": args.soak_s, "soak_p50_ms": round(percentile(soak_calls, 0.5) * 1e3, 3),
+            "soak_p99_ms": round(percentile(soak_calls, 0.99) * 1e3, 3),
+            "soak_reports": soak["accepted"],
+            "rss_before_mb": round(rss_before / 1e6, 1), "rss_after_mb": round(rss_after / 1e6, 1),
+            "cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "note": "agent and load generators share this machine's cores with other work",
+        },
+    }
+    print(f"get-decision at {result['detail']['achieved_rate']}/s: p50 {result['p50_ms']} ms, "
+          f"p99 {result['p99_ms']} ms; ingest {result['reports_per_s']} reports/s; "
+          f"RSS {result['detail']['rss_before_mb']} -> {result['detail']['rss_after_mb']} MB "
+          f"({result['rss_growth']:+.1%}) over a {args.soak_s:.0f} s soak")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
