@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -103,3 +105,22 @@ class AgentProcess:
 def spec(job_id: str = "job-1", policy: str = "moo", **kw: object) -> pb.JobSpec:
     fields = {"world_size": 2, "grad_bytes": 4_000_000, "nodes": ["127.0.0.1"], **kw}
     return pb.JobSpec(job_id=job_id, policy=policy, **fields)
+
+
+@contextmanager
+def running(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[AgentProcess]:
+    """An agent serving for the duration of the block, killed after it."""
+    proc = AgentProcess(workdir, *extra, env=env)
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

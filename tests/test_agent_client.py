@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_process import AgentProcess
+from agent_process import AgentProcess, running, wait_for
 
 from flexcomm.client.agent_client import AgentClient, channel_target
 from flexcomm.client.decisions import DecisionSource
@@ -18,15 +18,6 @@ from flexcomm.policy.types import StepReport
 from flexcomm.proto import agent_pb2 as pb
 
 GRAD_BYTES = 4_000_000
-
-
-def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def reports_of(agent: AgentProcess, job_id: str) -> int:
@@ -41,11 +32,8 @@ def step(i: int, cr: float = 1.0, collective: str = "dense_ring") -> StepReport:
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
-    proc = AgentProcess(tmp_path)
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
+    with running(tmp_path) as proc:
+        yield proc
 
 
 def client_for(agent: AgentProcess, job_id: str, **kw) -> AgentClient:

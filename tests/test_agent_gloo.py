@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_process import AgentProcess, free_port
+from agent_process import AgentProcess, free_port, wait_for
 
 from flexcomm.proto import agent_pb2 as pb
 
@@ -25,15 +25,6 @@ def progress(workdir: Path) -> int:
         return int((workdir / "progress").read_text() or 0)
     except (FileNotFoundError, ValueError):
         return 0
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def job_info(agent: AgentProcess) -> pb.JobInfo | None:
@@ -54,18 +45,18 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
     port = str(free_port())
     ranks = [spawn_rank(r, port, agent.socket, tmp_path) for r in (0, 1)]
     try:
-        wait_until(lambda: progress(tmp_path) >= 40, 120, "40 training steps")
-        wait_until(lambda: (job_info(agent) or pb.JobInfo()).reports >= 20, 30, "reports at the agent")
+        wait_for(lambda: progress(tmp_path) >= 40, 120, "40 training steps")
+        wait_for(lambda: (job_info(agent) or pb.JobInfo()).reports >= 20, 30, "reports at the agent")
         time.sleep(0.5)  # > the agent's flush interval: its store holds the job
         before = job_info(agent)
         killed_at, steps_at_kill = time.time(), progress(tmp_path)
         agent.kill9()
 
-        wait_until(lambda: progress(tmp_path) >= steps_at_kill + 30, 60, "30 steps during the outage")
+        wait_for(lambda: progress(tmp_path) >= steps_at_kill + 30, 60, "30 steps during the outage")
         time.sleep(1.0)
         restarted_at = time.time()
         agent.start()
-        wait_until(lambda: (job_info(agent) or pb.JobInfo()).reports > before.reports, 30,
+        wait_for(lambda: (job_info(agent) or pb.JobInfo()).reports > before.reports, 30,
                    "reports reaching the restarted agent")
         after = job_info(agent)
         reconnected_at = time.time()

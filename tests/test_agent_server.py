@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_process import AgentProcess, spec
+from agent_process import AgentProcess, running, spec
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from flexcomm.policy.costmodel import ModelForms, sync_time
@@ -35,11 +35,8 @@ SLOW = (1e-3, 100e6)
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
-    proc = AgentProcess(tmp_path)
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
+    with running(tmp_path) as proc:
+        yield proc
 
 
 def simulated_steps(stub, job_id: str, network: tuple[float, float], steps: int, first_step: int,
