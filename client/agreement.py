@@ -6,11 +6,16 @@ into COLLECTIVES, cr, index into ROOT_SELECTIONS, version) and one slot of
 statistics per rank that only that rank fills. Every other entry is zero, so the
 sum reproduces each filled number exactly and every rank decodes the same
 decision. Nothing else decides what a rank runs.
+
+`start` launches it without waiting and `finish` reads it, so the Controller can
+read it at the next step's start and hide its latency behind a step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,8 +62,9 @@ class Agreement:
     def due(self, step: int) -> bool:
         return step % self.interval == 0
 
-    def agree(self, proposal: Decision | None, stats: Sequence[float]) -> Decision:
-        """All ranks call this together; returns rank 0's `proposal` on every rank.
+    def start(self, proposal: Decision | None, stats: Sequence[float]) -> Pending:
+        """Launch the collective (all ranks together, in the same order as every
+        other collective) without waiting for it.
 
         `proposal` matters on rank 0 only (it must not be None there); `stats` are
         this rank's values for RANK_STATS.
@@ -66,17 +72,42 @@ class Agreement:
         if len(stats) != len(RANK_STATS):
             raise ValueError(f"stats: expected {len(RANK_STATS)} values, got {len(stats)}")
         width = len(RANK_STATS)
-        buf = torch.zeros(HEADER + self.size * width, dtype=torch.float64)
+        row = [0.0] * (HEADER + self.size * width)
         if self.rank == 0:
             if proposal is None:
                 raise ValueError("proposal: rank 0 must propose a decision")
-            buf[:HEADER] = torch.tensor(encode(proposal), dtype=torch.float64)
+            row[:HEADER] = encode(proposal)
         start = HEADER + self.rank * width
-        buf[start : start + width] = torch.tensor([float(s) for s in stats], dtype=torch.float64)
-        dist.all_reduce(buf, group=self.group)
-        values = buf.tolist()
+        row[start : start + width] = [float(s) for s in stats]
+        buf = torch.tensor(row, dtype=torch.float64, device=control_device(self.group))
+        return Pending(buf, dist.all_reduce(buf, group=self.group, async_op=True))
+
+    def finish(self, pending: Pending) -> Decision:
+        """Wait for a started agreement; every rank gets rank 0's decision."""
+        pending.work.wait()
+        values = pending.buf.tolist()
+        width = len(RANK_STATS)
         self.rank_stats = [
             dict(zip(RANK_STATS, values[HEADER + r * width : HEADER + (r + 1) * width], strict=True))
             for r in range(self.size)
         ]
         return decode(values[:HEADER])
+
+    def agree(self, proposal: Decision | None, stats: Sequence[float]) -> Decision:
+        """start + finish: blocking."""
+        return self.finish(self.start(proposal, stats))
+
+
+@dataclass
+class Pending:
+    """An agreement launched and not yet read."""
+
+    buf: torch.Tensor
+    work: Any
+
+
+def control_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where tiny control tensors live: NCCL only reduces GPU tensors (untested here)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -36,15 +36,25 @@ def group_size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group)
 
 
-def ring_allreduce_mean(t: torch.Tensor, group: dist.ProcessGroup | None) -> Future:
+def ring_allreduce_mean(
+    t: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    on_done: Callable[[float], None] | None = None,
+) -> Future:
     """Average `t` in place over `group`, asynchronously.
 
     Divides first, then sums: exactly what PyTorch's `allreduce_hook` does, so the
-    result is bit-identical to it.
+    result is bit-identical to it. `on_done(t_end)` runs when the sum arrived.
     """
     t.div_(group_size(group))
     work = dist.all_reduce(t, group=group, async_op=True)
-    return work.get_future().then(lambda _fut: t)
+
+    def done(_fut: Future) -> torch.Tensor:
+        if on_done is not None:
+            on_done(time.perf_counter())
+        return t
+
+    return work.get_future().then(done)
 
 
 def tree_reduce_(t: torch.Tensor, group: dist.ProcessGroup | None) -> None:
@@ -213,8 +223,11 @@ def ar_values_mean(
 def agree_argmax(local: float, group: dist.ProcessGroup | None) -> int:
     """The group rank with the largest `local` (lowest rank on ties), agreed by
     one tiny all-reduce. Used to pick VAR-Topk's root."""
+    from flexcomm.client.agreement import control_device
+
     n, me = group_size(group), dist.get_rank(group)
     slots = torch.zeros(n, dtype=torch.float64)
     slots[me] = local
+    slots = slots.to(control_device(group))
     dist.all_reduce(slots, group=group)
     return int(torch.argmax(slots))

@@ -120,6 +120,7 @@ class Controller:
         self.history: deque[StepStats] = deque(maxlen=history)
         self.rejected = 0
         self._acc = [0.0] * 5
+        self._pending = None
 
     @property
     def running(self) -> Decision:
@@ -130,8 +131,16 @@ class Controller:
         return self.decision.probe_crs if self.rank == 0 else ()
 
     def begin_step(self) -> StepStats:
+        """Open a step: adopt an agreement launched at the previous step, launch a
+        new one if due. Step 0's agreement is waited for at once, so the first
+        decision applies from step 0; later ones apply from the step after they
+        were launched, on every rank alike, and their latency hides behind a step."""
+        if self._pending is not None:
+            self._adopt()
         if self.agreement.due(self.step):
-            self._agree()
+            self._launch()
+            if self.step == 0:
+                self._adopt()
         d = self.running
         self.stats = StepStats(self.step, d.collective, d.cr, self.decision.version)
         return self.stats
@@ -151,12 +160,18 @@ class Controller:
             return self.decision
         return latest
 
-    def _agree(self) -> None:
+    def _launch(self) -> None:
         proposal = self._proposal() if self.rank == 0 else None
         steps = self._acc[4]
         means = [a / steps for a in self._acc[:4]] if steps else [0.0] * 4
-        agreed = self.agreement.agree(proposal, [*means, steps])
+        self._pending = (self.agreement.start(proposal, [*means, steps]), proposal)
         self._acc = [0.0] * 5
+
+    def _adopt(self) -> None:
+        assert self._pending is not None
+        pending, proposal = self._pending
+        self._pending = None
+        agreed = self.agreement.finish(pending)
         # Rank 0 keeps its full decision (probe CRs, reason); the others get the numbers.
         self.decision = proposal if proposal is not None and proposal.same_choice(agreed) else agreed
 
@@ -191,6 +206,10 @@ class Controller:
             log.exception("reporting step %d to the decision source failed", stats.step)
 
     def state_dict(self) -> dict[str, Any]:
+        # Between steps an agreement may be in flight: its collective ran on every
+        # rank already, so adopting it now is what every rank does at the next step.
+        if self._pending is not None:
+            self._adopt()
         return {"step": self.step, "epoch": self.epoch, "decision": self.decision.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -145,11 +145,9 @@ class FlatSync:
             stats.add(t_sync=time.perf_counter() - t0)
             return fut
 
-        def done(_fut):
-            stats.add(t_sync=time.perf_counter() - t0)
-            return g
-
-        return coll.ring_allreduce_mean(g, self.group).then(done)
+        return coll.ring_allreduce_mean(
+            g, self.group, lambda t_end: stats.add(t_sync=t_end - t0)
+        )
 
     def _probe(self, g_e: torch.Tensor, probe_crs: Sequence[float], stats: StepStats) -> None:
         norm = squared_norm(g_e)

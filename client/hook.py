@@ -15,8 +15,9 @@ or, the PyTorch way:
 What runs each step (DESIGN.md section 6):
 - Every `control_interval` steps, at the start of a step (the first bucket's hook
   call), all ranks join one tiny all-reduce that carries rank 0's decision; all
-  ranks adopt it from that step on. Only rank 0 asks its source/policy; the
-  other ranks' sources are never consulted.
+  ranks adopt it from the next step on (the one at step 0 at once), so its
+  latency hides behind a step. Only rank 0 asks its source/policy; the other
+  ranks' sources are never consulted.
 - The first `warmup_steps` steps (at least 1: DDP rebuilds its buckets after the
   first step, and residuals are kept per bucket index) run dense.
 - dense_ring with a zero residual is bit-identical to PyTorch's `allreduce_hook`.

@@ -257,7 +257,7 @@ def check_switching(rank: int, world: int) -> dict:
     for step in range(SWITCH_STEPS):
         train_step(model, opt, rank, step)
         opt.step()
-        if step == 8:  # first dense_tree step after art_ring: the residual went out
+        if step == 9:  # first dense_tree step after art_ring: the residual went out
             dense_after_sparse_residual_zero = all(
                 not ef.dirty and float(ef.residual.abs().max()) == 0.0
                 for ef in state.engine.memory.values())
@@ -337,15 +337,20 @@ def test_gradient_sync_equals_hand_reference_and_restores(results):
 
 
 def expected_sequence(world: int) -> list[tuple]:
+    """What rank 0's plan makes every rank run: a decision proposed at step s (a
+    multiple of the control interval) runs from step s + 1 (step 0's at once)."""
     plan = schedule_for(0)
-    seq, adopted = [], None
+    seq, adopted, proposed = [], None, None
     for step in range(SWITCH_STEPS):
+        if proposed is not None:
+            adopted, proposed = proposed, None
         if step % CONTROL_INTERVAL == 0:
             proposal = plan[max(s for s in plan if s <= step)]
             if step == 10:  # the flaky source's failing call: keep what was adopted
                 proposal = adopted
-            if proposal.collective != "ps":
-                adopted = proposal
+            proposed = adopted if proposal.collective == "ps" else proposal
+            if step == 0:
+                adopted, proposed = proposed, None
         d = adopted if step >= 1 else Decision(cr=1.0, collective="dense_ring")
         roots = ()
         if d.collective in ("art_ring", "art_tree"):
