@@ -18,9 +18,11 @@ the lab and the tests; the daemon on a real node leaves it None.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -129,6 +131,16 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         raise IperfError(f"iperf3 to {peer}:{port}: report lacks {exc}") from None
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent_thread() -> None:
+    """In the child before exec: SIGKILL when the thread that spawned it ends
+    (Linux ties the parent-death signal to the spawning thread, not the process)."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group `proc` leads, and reap `proc`."""
     with contextlib.suppress(ProcessLookupError):
@@ -217,7 +229,10 @@ class IperfServer:
     """A managed `iperf3 -s` on `port`, restarted by a watchdog when it dies.
 
     Use as a context manager, or start()/stop(). `restarts` counts restarts after
-    the first start; `pid` is the current server's pid.
+    the first start; `pid` is the current server's pid. The watchdog thread
+    spawns every server itself, and each server gets SIGKILL when that thread
+    ends (PR_SET_PDEATHSIG): a daemon killed with SIGKILL leaves no orphan
+    iperf3 holding the port.
     """
 
     LOG_LIMIT_BYTES = 64 * 1024
@@ -243,12 +258,17 @@ class IperfServer:
         return self._proc.pid if self._proc else None
 
     def start(self) -> IperfServer:
-        with self._lock:
-            self._spawn()
+        """Start the server and its watchdog; IperfError (IperfMissing included)
+        when it cannot start."""
         self._stopping.clear()
-        self._watchdog = threading.Thread(target=self._watch, name=f"iperf3-server-{self.port}",
-                                          daemon=True)
+        started: queue.Queue[BaseException | None] = queue.Queue(maxsize=1)
+        self._watchdog = threading.Thread(target=self._watch, args=(started,),
+                                          name=f"iperf3-server-{self.port}", daemon=True)
         self._watchdog.start()
+        error = started.get()
+        if error is not None:
+            self._watchdog.join()
+            raise error
         return self
 
     def stop(self) -> None:
@@ -260,6 +280,7 @@ class IperfServer:
                 kill_group(self._proc)
             if self._log:
                 self._log.close()
+                self._log = None
 
     def __enter__(self) -> IperfServer:
         return self.start()
@@ -267,14 +288,12 @@ class IperfServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def ensure_running(self) -> bool:
-        """Restart the server if it has died; True when it was restarted."""
+    def _restart_if_dead(self) -> None:
         with self._lock:
             if self._stopping.is_set() or (self._proc and self._proc.poll() is None):
-                return False
+                return
             self._spawn()
             self.restarts += 1
-            return True
 
     def _argv(self) -> list[str]:
         argv = [find_iperf3(self.binary), "-s", "-p", str(self.port)]
@@ -289,7 +308,7 @@ class IperfServer:
         self._log.truncate(0)
         self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL,
                                       stdout=subprocess.DEVNULL, stderr=self._log,
-                                      start_new_session=True)
+                                      start_new_session=True, preexec_fn=_die_with_parent_thread)
         deadline = time.monotonic() + self.ready_timeout_s
         while not listening(self._proc.pid, self.port):
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -303,10 +322,17 @@ class IperfServer:
         text = self._log.read().decode(errors="replace").strip()
         return text[-300:] or f"exit code {self._proc.returncode if self._proc else None}"
 
-    def _watch(self) -> None:
+    def _watch(self, started: queue.Queue[BaseException | None]) -> None:
+        try:
+            with self._lock:
+                self._spawn()
+        except Exception as exc:
+            started.put(exc)
+            return
+        started.put(None)
         while not self._stopping.wait(self.check_interval_s):
             with contextlib.suppress(IperfError):  # tried again at the next check
-                self.ensure_running()
+                self._restart_if_dead()
             with self._lock:
                 if self._log and os.fstat(self._log.fileno()).st_size > self.LOG_LIMIT_BYTES:
                     self._log.truncate(0)

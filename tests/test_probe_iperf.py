@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -149,6 +150,29 @@ def test_dead_server_is_restarted(privileged, iperf3_binary, shaped_pair):
         assert server.pid != first
         assert run_test(b.address, port=PORT + 2, duration_s=1, netns=a.ns).bandwidth_bps > 0
     assert not os.path.exists(f"/proc/{server.pid}")
+
+
+OWNER = """
+import sys, time
+from flexcomm.probe.iperf import IperfServer
+server = IperfServer(int(sys.argv[1]), bind="127.0.0.1").start()
+print(server.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_server_dies_with_a_killed_owner(iperf3_binary):
+    """A daemon killed with SIGKILL must not leave its iperf3 server behind."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(free_loopback_port())],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(owner.stdout.readline())
+        assert os.path.exists(f"/proc/{server_pid}")
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    wait_until(lambda: not os.path.exists(f"/proc/{server_pid}"), timeout_s=5)
 
 
 def test_missing_iperf3_is_named(tmp_path, monkeypatch):
