@@ -2,7 +2,8 @@
 
 `run_test` runs `iperf3 -c PEER --json` as an argument list (no shell) in a new
 process group with a hard timeout: on timeout or interruption the whole group is
-killed with SIGKILL and reaped, so no iperf3 is left behind. The first JSON object
+killed with SIGKILL and reaped, and if the caller itself is killed the kernel
+kills the client (parent-death signal), so no iperf3 is left behind. The first JSON object
 on stdout is parsed (iperf3 may print warnings before it) and iperf3's own
 "error" is raised as `IperfError`; a server already running a test answers
 "busy", raised as `IperfBusy` so a scheduler can back off and retry.
@@ -169,7 +170,8 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, st
     if timeout_s is None:
         timeout_s = duration_s + omit_s + connect_timeout_s + TIMEOUT_SLACK_S
     proc = subprocess.Popen(in_netns(netns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            preexec_fn=_die_with_parent_thread)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
