@@ -162,6 +162,11 @@ def test_sigterm_is_graceful_and_sd_notify_is_spoken(tmp_path: Path) -> None:
         finally:
             agent.stop()
     assert not os.path.exists(agent.socket), "the socket file is removed on shutdown"
+    events = [json.loads(line) for line in agent.log.read_text().splitlines() if line.startswith("{")]
+    messages = [e["msg"] for e in events]
+    assert messages.index("agent ready") < messages.index("job registered") < messages.index("agent stopped")
+    registered = events[messages.index("job registered")]
+    assert registered["job"] == "graceful" and registered["level"] == "info" and registered["ts"] > 0
     with Store(agent.db) as store:
         assert store.job("graceful") is not None
 
@@ -188,6 +193,15 @@ def test_operations_surface(agent: AgentProcess) -> None:
     assert 'flexcomm_agent_decision_version{job="metered"}' in body
     assert "flexcomm_agent_rpc_latency_seconds_bucket" in body
     assert "flexcomm_agent_jobs 1.0" in body
+
+
+def test_socket_group_gives_0660(tmp_path: Path) -> None:
+    with running(tmp_path, "--socket-group", "root") as agent:
+        st = os.stat(agent.socket)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, 0)
+    bad = AgentProcess(tmp_path, "--socket-group", "no-such-group-fca")
+    out = subprocess.run(bad.argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "socket_group: no group 'no-such-group-fca'" in out.stderr
 
 
 def test_a_second_agent_on_the_same_socket_is_refused(agent: AgentProcess, tmp_path: Path) -> None:
