@@ -140,11 +140,12 @@ class Store:
         """The newest measurement of each kind for `peer` (every peer if None)."""
         where, params = ("WHERE peer = ?", [peer]) if peer is not None else ("", [])
         rows = self._query(
-            f"SELECT m.* FROM measurements m JOIN (SELECT peer, kind, MAX(ts) AS ts "
-            f"FROM measurements {where} GROUP BY peer, kind) l "
-            "ON m.peer = l.peer AND m.kind = l.kind AND m.ts = l.ts ORDER BY m.peer, m.kind",
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY peer, kind ORDER BY ts DESC, id DESC)"
+            f" AS newest FROM measurements {where}) WHERE newest = 1 ORDER BY peer, kind",
             params,
         )
+        for r in rows:
+            del r["newest"]
         return [_measurement(r) for r in rows]
 
     def measurements(self, peer: str | None = None, kind: str | None = None,

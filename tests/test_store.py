@@ -49,6 +49,8 @@ def test_measurement_round_trip_and_latest_per_kind(store):
     assert [(m.kind, m.id) for m in latest] == [("bandwidth", newer.id), ("latency", lat.id)]
     assert latest[0].bandwidth_bps == 5e7 and latest[1].rtt_p99_s == 9e-4
     assert {m.peer for m in store.latest_measurements()} == {"p1", "p2"}
+    tie = store.add_measurement(Measurement(peer="p1", kind="bandwidth", bandwidth_bps=6e7, ts=20.0))
+    assert [m.id for m in store.latest_measurements("p1")] == [tie.id, lat.id]  # same ts: the later row
     failed = store.measurements(peer="p2")[0]
     assert failed.ok is False and failed.error == "timed out" and failed.bandwidth_bps is None
     oldest = store.measurements(peer="p1", kind="bandwidth")[-1]
