@@ -38,9 +38,13 @@ def _network(out: Path, runs: list[Any], plt: Any) -> Path:
     for ax, run in zip(axes[:, 0], runs, strict=True):
         ts = [s["t"] for s in run.steps]
         rates = [_rate_at(run, s) for s in run.steps]
-        if any(r is not None for r in rates):
-            ax.fill_between(ts, [(r or 0) / 1e6 for r in rates], step="pre", color="0.85")
+        known = [r / 1e6 for r in rates if r is not None]
+        if known:
+            floor = min(known) / 3
+            ax.fill_between(ts, [floor if r is None else r / 1e6 for r in rates], floor,
+                            step="pre", color="0.85")
             ax.set_yscale("log")
+            ax.set_ylim(floor, max(known) * 2)
         ax.set_ylabel("link Mbit/s")
         ax.set_title(run.label, fontsize=9, loc="left")
         cr_ax = ax.twinx()

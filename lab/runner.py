@@ -60,7 +60,7 @@ class LabConfig:
     nodes: int = 4
     schedule_text: str = DEFAULT_SCHEDULE
     schedule_name: str = "default"
-    steps: int = 300
+    steps: int = 250
     batch: int = 32
     lr: float = 0.01
     eval_every: int = 5

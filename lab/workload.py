@@ -28,7 +28,7 @@ class WorkloadSpec:
     """How to build a workload; plain data, so it travels to rank processes as JSON."""
 
     name: str = "digits"
-    hidden: int = 640
+    hidden: int = 400
     depth: int = 3
     seed: int = 0
     samples: int = 4000  # synthetic only

@@ -1,0 +1,149 @@
+"""The lab end to end: real namespaces and HTB links, real `flexcomm agent`s, real
+gloo ranks training under a two-phase schedule, the report, and the cleanup.
+
+Namespace prefix "fcl", subnet 10.203.0.0/24 (this test file's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flexcomm.lab.netns import list_namespaces
+
+PREFIX = "fcl"
+SUBNET = "10.203.0.0/24"
+FAST, SLOW = 1e9, 10e6
+# 2 nodes, batch 32: 22 steps per epoch; epochs 0-1 fast, then slow.
+TWO_PHASE = """
+[[step]]
+epoch = 0
+rate = "1Gbit"
+
+[[step]]
+epoch = 2
+rate = "10Mbit"
+"""
+
+
+def lab_argv(out: Path, schedule: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out),
+            "--nodes", "2", "--schedule", str(schedule), "--prefix", PREFIX,
+            "--subnet", SUBNET, *extra]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def assert_nothing_left(out: Path) -> None:
+    assert [ns for ns in list_namespaces() if ns.startswith(PREFIX)] == []
+    assert processes_mentioning(str(out)) == []  # ranks and agents name the run dir
+    # Every link end's qdisc was restored (Revert deletes its record) before its
+    # namespace went away.
+    assert list((out / "emulation-state").glob("*.json")) == []
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    schedule = tmp_path / "two-phase.toml"
+    schedule.write_text(TWO_PHASE)
+    proc = subprocess.run(lab_argv(out, schedule, "--policies", "topk-0.01 moo", "--steps", "66"),
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "links shaped" in proc.stdout and "to target" in proc.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("topk-0.01", "moo"):
+        s = summary[name]
+        assert s["steps"] == 66
+        assert 0.5 < s["final_accuracy"] <= 1.0
+        assert s["bytes_sent"] > 0 and s["wall_s"] > 0
+        assert "time_to_target_s" in s
+    assert summary["hindsight_best_fixed_s"] > 0
+    for png in ("network.png", "accuracy.png", "step_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The links really changed, and MOO's choice changed with them.
+    phases = {p["rate_bps"]: p for p in summary["moo"]["phases"]}
+    assert set(phases) == {FAST, SLOW}
+    fast, slow = phases[FAST], phases[SLOW]
+    assert fast["steps"] == 44 and slow["steps"] == 22
+    assert (fast["cr"], fast["collective"]) != (slow["cr"], slow["collective"])
+    assert slow["cr"] < 1.0, "on the slow link the most-run choice should compress"
+    # Fixed Top-k's steps got slower on the slow link: the shaping was real.
+    fixed = {p["rate_bps"]: p for p in summary["topk-0.01"]["phases"]}
+    assert fixed[SLOW]["mean_step_s"] > fixed[FAST]["mean_step_s"]
+
+    assert_nothing_left(out)
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_ctrl_c_mid_run_removes_everything(privileged: None, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    schedule = tmp_path / "two-phase.toml"
+    schedule.write_text(TWO_PHASE)
+    proc = subprocess.Popen(
+        lab_argv(out, schedule, "--policies", "topk-0.1", "--steps", "100000"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    records = out / "policies" / "topk-0.1" / "records.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (records.exists() and '"kind": "step"' in records.read_text()):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no training step within 120 s"
+            time.sleep(0.2)
+        assert any(ns.startswith(PREFIX) for ns in list_namespaces())
+        os.kill(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run([sys.executable, "-m", "flexcomm.cli", "lab", "clean",
+                            "--prefix", PREFIX], check=False)
+    assert proc.returncode == 130, output[-2000:]
+    assert "interrupted" in output
+    assert_nothing_left(out)
+
+
+@pytest.mark.privileged
+def test_clean_kills_processes_and_removes_namespaces(privileged: None, tmp_path: Path) -> None:
+    from flexcomm.lab.cleanup import clean
+    from flexcomm.lab.netns import ip
+
+    ns = f"{PREFIX}crash0"
+    ip("netns", "add", ns)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 10
+        while not subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                                 text=True).stdout.strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        gone = clean(f"{PREFIX}crash")
+        assert gone["namespaces"] == [ns]
+        assert sleeper.wait(timeout=10) != 0
+        assert ns not in list_namespaces()
+    finally:
+        sleeper.kill()
+        clean(f"{PREFIX}crash")

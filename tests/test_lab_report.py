@@ -1,0 +1,156 @@
+"""The lab's policy specs, configuration checks and report arithmetic (no root,
+no training: the report is built from hand-written records), and one short lab
+on loopback, as it runs without root."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flexcomm.lab.plan import DEFAULT_POLICIES, parse_policies, parse_policy
+from flexcomm.lab.report import build_summary, format_table
+from flexcomm.lab.runner import LabConfig, policy_dir
+
+
+def test_default_policies_parse() -> None:
+    specs = parse_policies(" ".join(DEFAULT_POLICIES))
+    assert [s.label for s in specs] == list(DEFAULT_POLICIES)
+    kinds = {s.label: (s.kind, s.options, s.fixed) for s in specs}
+    assert kinds["topk-0.01"] == ("static", {"cr": 0.01, "collective": "ag_topk"}, True)
+    assert kinds["moo"] == ("moo", {}, False)
+    assert kinds["powersgd"][0] == "powersgd" and not kinds["powersgd"][2]
+
+
+def test_policy_options_and_collectives() -> None:
+    assert parse_policy("topk-0.004-art_ring").options == {"cr": 0.004, "collective": "art_ring"}
+    spec = parse_policy("moo:objective=progress,warmup_steps=5")
+    assert spec.options == {"objective": "progress", "warmup_steps": 5}
+    assert [s.label for s in parse_policies("dense,moo")] == ["dense", "moo"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("sgd", "unknown policy 'sgd'"),
+    ("topk-2", "compression ratio must be in (0, 1]"),
+    ("topk-1", "a Top-k CR must be < 1"),
+    ("topk-x", "is not a number"),
+    ("topk-0.1-dense_ring", "not a Top-k collective"),
+    ("moo:objective", "is not key=value"),
+    ("powersgd:rank=4", "powersgd takes no options"),
+    ("dense moo dense", "'dense' is listed twice"),
+])
+def test_bad_policy_specs_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^policies: ") as err:
+        parse_policies(text)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("nodes", 1, "nodes: need at least 2"),
+    ("steps", 0, "steps: must be >= 1"),
+    ("target_accuracy", 1.5, "target: must be in (0, 1]"),
+    ("decisions", "remote", "decisions: one of agent, inprocess"),
+])
+def test_bad_lab_settings_are_named(tmp_path: Path, field: str, value: object,
+                                    message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LabConfig(out=tmp_path, **{field: value})
+
+
+def test_bad_schedule_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[step]]\nepoch = 0\nrate = "-5Mbit"\n')
+    proc = subprocess.run([sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out",
+                           str(tmp_path / "run"), "--schedule", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert str(bad) in proc.stderr and "rate" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# -- the report, from hand-written records --------------------------------------
+
+LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
+    {"step_index": 0, "round": 0, "epoch": 0, "rate_bps": 1e9, "applied_at": 100.0},
+    {"step_index": 1, "round": 0, "epoch": 1, "rate_bps": 1e7, "applied_at": 200.0},
+]
+
+
+def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
+              accuracies: list[float]) -> None:
+    """4 steps: 2 fast (wall 101, 102), 2 slow (201, 202); an eval after each step."""
+    pdir = policy_dir(out, label)
+    pdir.mkdir(parents=True)
+    records, t = [], 0.0
+    for i, wall in enumerate((101.0, 102.0, 201.0, 202.0)):
+        phase = 0 if i < 2 else 1
+        t += step_s[phase]
+        collective = "dense_ring" if cr[phase] == 1.0 else "ag_topk"
+        records.append({"kind": "step", "step": i, "epoch": phase, "t": t, "wall": wall,
+                        "step_s": step_s[phase], "cr": cr[phase], "collective": collective,
+                        "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2,
+                        "predicted_sync_s": step_s[phase] / 4})
+        records.append({"kind": "eval", "step": i + 1, "t": t, "accuracy": accuracies[i]})
+    (pdir / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    (pdir / "links.jsonl").write_text("\n".join(json.dumps(r) for r in LINKS) + "\n")
+
+
+def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
+    out = tmp_path
+    policies = ["dense", "topk-0.01", "moo", "powersgd"]
+    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target_accuracy=0.9)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (out / "cluster.json").write_text(json.dumps({"shaped": True, "reason_unshaped": ""}))
+    write_run(out, "dense", (0.1, 2.0), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95])
+    write_run(out, "topk-0.01", (0.3, 0.2), (0.01, 0.01), [0.4, 0.7, 0.85, 0.91])
+    write_run(out, "moo", (0.12, 0.25), (1.0, 0.01), [0.5, 0.8, 0.91, 0.945])
+    write_run(out, "powersgd", (0.2, 0.3), (0.05, 0.05), [0.5, 0.7, 0.8, 0.85])
+
+    summary = build_summary(out)
+    dense, moo, psgd = summary["dense"], summary["moo"], summary["powersgd"]
+    assert dense["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 2.0)
+    assert moo["time_to_target_s"] == pytest.approx(0.12 + 0.12 + 0.25)
+    assert psgd["time_to_target_s"] is None
+    assert moo["final_accuracy"] == 0.945
+    assert moo["bytes_sent"] == 4000
+    assert moo["wall_s"] == pytest.approx(2 * 0.12 + 2 * 0.25)
+    fast, slow = moo["phases"]
+    assert (fast["rate_bps"], fast["steps"], fast["cr"]) == (1e9, 2, 1.0)
+    assert (slow["rate_bps"], slow["steps"], slow["cr"]) == (1e7, 2, 0.01)
+    assert slow["predicted_sync_s"] == pytest.approx(0.0625)
+    assert slow["measured_sync_s"] == pytest.approx(0.125)
+    # Best fixed per phase: dense when fast (0.1 s/step), Top-k when slow (0.2 s/step);
+    # moo and powersgd adapt or are not a fixed flexcomm choice, so they do not count.
+    assert summary["hindsight_best_fixed_s"] == pytest.approx(2 * 0.1 + 2 * 0.2)
+    assert [c["policy"] for c in summary["lab"]["hindsight_choices"]] == ["dense", "topk-0.01"]
+    comparisons = summary["lab"]["comparisons"]
+    assert comparisons["dense_over_moo_time_to_target"] == pytest.approx(2.2 / 0.49)
+    assert comparisons["moo_minus_dense_final_accuracy_points"] == pytest.approx(-0.5)
+    assert comparisons["moo_over_hindsight_best_fixed"] == pytest.approx(0.74 / 0.6)
+    assert comparisons["powersgd_over_moo_time_to_target"] is None
+
+    table = format_table(summary)
+    assert "never" in table  # powersgd did not reach the target
+    assert "1 Gbit/s: 2x120 ms dense_ring" in table
+
+
+@pytest.mark.slow
+def test_loopback_lab_says_unshaped_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out), "--loopback",
+         "--nodes", "2", "--policies", "dense powersgd", "--steps", "12", "--eval-every", "4",
+         "--decisions", "inprocess"],
+        capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NOT shaped" in proc.stderr.splitlines()[0]  # said up front
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lab"]["shaped"] is False
+    assert summary["dense"]["steps"] == summary["powersgd"]["steps"] == 12
+    assert summary["dense"]["phases"][0]["rate_bps"] is None
+    assert (out / "accuracy.png").stat().st_size > 0
