@@ -4,7 +4,8 @@
 - dense Tree: on gloo a binomial-tree reduce + broadcast built from point-to-point
   send/recv (log2 N rounds each way); on NCCL `all_reduce` on a second process group
   created with NCCL_ALGO=Tree (see `TreeAllreduce`).
-- AG-Topk: `all_gather_into_tensor` of every rank's k values and k int32 indices,
+- AG-Topk: `all_gather_into_tensor` (`all_gather_single` from torch 2.13) of every
+  rank's k values and k int32 indices,
   then a scatter-add.
 - AR-Topk: the root broadcasts its k int32 indices, every rank all-reduces its own
   values at those indices (over the ring or the tree).
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 Future = torch.futures.Future
+# torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def completed(value: torch.Tensor) -> Future:
@@ -167,8 +170,8 @@ def ag_topk_mean(
     k = values.numel()
     all_values = values.new_empty(n * k)
     all_indices = indices.new_empty(n * k)
-    w_values = dist.all_gather_into_tensor(all_values, values, group=group, async_op=True)
-    w_indices = dist.all_gather_into_tensor(all_indices, indices, group=group, async_op=True)
+    w_values = _all_gather_flat(all_values, values, group=group, async_op=True)
+    w_indices = _all_gather_flat(all_indices, indices, group=group, async_op=True)
 
     def scatter(_fut: Future) -> torch.Tensor:
         # Read the gathered tensors we passed in: the futures' values are not them.
