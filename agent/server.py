@@ -110,6 +110,8 @@ class Agent:
         self._metrics_server: object | None = None
         self._tasks: list[asyncio.Task] = []
         self._bound_socket: Path | None = None
+        self._flush_soon = asyncio.Event()
+        self.service.on_decision = self._flush_soon.set
         # Parts with start(agent)/stop(), started after the bind, stopped before the last flush.
         self.extensions: list = []
         if config.emulation_schedule:
@@ -182,8 +184,12 @@ class Agent:
                 raise ValueError(f"tcp: cannot bind {self.config.tcp}")
 
     async def _flush_loop(self) -> None:
+        # Every flush_interval_s, and at once after a decision changes: a decision
+        # is what a restarted agent must not lose (reports may wait for the timer).
         while True:
-            await asyncio.sleep(self.config.flush_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_soon.wait(), self.config.flush_interval_s)
+            self._flush_soon.clear()
             await self.flush()
 
     async def flush(self) -> None:

@@ -128,6 +128,7 @@ class AgentService(pb_grpc.AgentServicer):
         self.create_policy = create_policy
         self.on_epoch = on_epoch
         self.on_registered = on_registered
+        self.on_decision: Callable[[], None] | None = None  # e.g. to write it out soon
         self._report_counters: dict[str, Any] = {}
 
     # -- helpers used by the server too ----------------------------------------
@@ -136,6 +137,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.metrics.decisions.labels(job.job_id, d.collective).inc()
         self.metrics.decision_cr.labels(job.job_id).set(d.cr)
         self.metrics.decision_version.labels(job.job_id).set(job.version)
+        if self.on_decision is not None:
+            self.on_decision()
 
     def refresh_network(self, job: Job) -> None:
         """Give the job's policy the current bottleneck (if it changed)."""

@@ -75,9 +75,10 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
     assert r0["checksum"] == r1["checksum"], "the ranks' models diverged"
     assert r0["choices"] == r1["choices"]
 
-    # The restarted agent resumed the job (from its store) and took the new reports.
+    # The restarted agent resumed the job from its store (not a new registration) and
+    # took the new reports. (Its decision may be a few ms older than the one it had:
+    # a kill loses what was not written yet.)
     assert after.registered_unix == before.registered_unix
-    assert after.decision.version >= before.decision.version
     assert after.reports > before.reports and after.last_step > before.last_step
 
     normal = statistics.median(r0["step_times"][5:steps_at_kill])
@@ -97,3 +98,4 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
     log0 = (tmp_path / "rank0.log").read_text()
     assert log0.count("agent unreachable") == 1, "the outage is said once"
     assert "agent reachable again" in log0
+    assert "(resumed: True)" in log0
