@@ -114,6 +114,7 @@ class Controller:
         self.source = source
         self.warmup_steps = warmup_steps
         self.step = 0
+        self.steps_run = 0
         self.epoch = 0
         self.decision = DENSE
         self.stats: StepStats | None = None
@@ -124,8 +125,11 @@ class Controller:
 
     @property
     def running(self) -> Decision:
-        """The decision this step runs: dense during warm-up, else the adopted one."""
-        return DENSE if self.step < self.warmup_steps else self.decision
+        """The decision this step runs: dense during warm-up, else the adopted one.
+
+        Warm-up counts the steps this process ran (not the restored step counter):
+        after a restart DDP builds its buckets afresh and rebuilds them again."""
+        return DENSE if self.steps_run < self.warmup_steps else self.decision
 
     def probe_crs(self) -> tuple[float, ...]:
         return self.decision.probe_crs if self.rank == 0 else ()
@@ -186,6 +190,7 @@ class Controller:
         if self.rank == 0:
             self._report(stats)
         self.step += 1
+        self.steps_run += 1
         return stats
 
     def _report(self, stats: StepStats) -> None:
