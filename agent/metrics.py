@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from flexcomm.agent.config import split_host_port
 
-# RPC latency buckets from 100 us to 1 s: GetDecision should sit in the first few.
-_LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25, 1.0)
+# RPC latency buckets from 25 us to 1 s: GetDecision should sit in the first few.
+_LATENCY_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25, 1.0)
 
 
 class Metrics:

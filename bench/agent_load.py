@@ -10,8 +10,10 @@ generator is not one GIL):
 4. the steady load for 10 s (get-decision plus 64 x 100 reports/s), the
    agent's RSS, a soak (default 60 s) of that same load, and its RSS again: a
    leak shows as growth; the ingest burst's high-water mark does not count.
-The same latency at a quarter of the rate is reported too (detail.light_*), to
-tell the agent's own cost from queueing on a saturated machine.
+The same latency at a quarter of the rate is reported too (detail.light_*), and
+the time inside the agent's handler from its own histogram (detail.handler_*:
+the upper bound of the bucket holding p50/p99), to tell the agent's own cost
+from queueing on a saturated machine.
 
 Goals: p99 <= 5 ms, >= 20,000 reports/s, RSS growth < 10%. The agent, the load
 generators and whatever else runs on the machine share its cores: say so with
@@ -26,12 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -117,6 +122,21 @@ def run_phase(pool: ProcessPoolExecutor, socket: str, clients: int, phase: dict)
     return {"latencies": latencies, "accepted": sum(p["accepted"] for p in parts), "elapsed": elapsed}
 
 
+def handler_buckets(port: int, method: str = "GetDecision") -> dict[float, float]:
+    """The agent's own histogram of time inside the handler (no transport), cumulative."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    pattern = re.compile(r'flexcomm_agent_rpc_latency_seconds_bucket\{le="([^"]+)",method="'
+                         + method + r'"\} ([0-9.e+]+)')
+    return {float(le): float(n) for le, n in pattern.findall(body)}
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """Upper bound (s) of the bucket holding quantile q of the calls between two reads."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = counts[math.inf]
+    return next(le for le, n in counts.items() if n >= q * total)
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -140,7 +160,6 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="fca-bench-"))
     agent = AgentProcess(workdir, "--log-level", "warning", "--flush-interval", "1s")
-    agent.extra += ["--metrics", ""]
     agent.start()
     try:
         for i in range(args.clients):
@@ -152,7 +171,9 @@ def main() -> None:
                 return run_phase(pool, agent.socket, args.clients, kw)
 
             phase(duration_s=5, rate=args.rate, **steady_reports)
+            buckets_before = handler_buckets(agent.metrics_port)
             lat = phase(duration_s=args.latency_s, rate=args.rate)
+            buckets_after = handler_buckets(agent.metrics_port)
             light = phase(duration_s=args.latency_s / 2, rate=args.rate / 4)
             ingest = phase(duration_s=args.ingest_s, report_batch=256, per_rpc=8)
             phase(duration_s=10, rate=args.rate, **steady_reports)  # back to steady state
@@ -175,7 +196,10 @@ def main() -> None:
         "detail": {
             "clients": args.clients, "policy": args.policy, "target_rate": args.rate,
             "achieved_rate": round(len(calls) / lat["elapsed"]),
-            "latency_calls": len(calls), "max_ms": round(calls[-1] * 1e3, 3),
+            "latency_calls": len(calls),
+            "handler_p50_le_ms": bucket_quantile(buckets_before, buckets_after, 0.5) * 1e3,
+            "handler_p99_le_ms": bucket_quantile(buckets_before, buckets_after, 0.99) * 1e3,
+            "max_ms": round(calls[-1] * 1e3, 3),
             "mean_ms": round(statistics.fmean(calls) * 1e3, 3),
             "light_rate": round(len(light["latencies"]) / light["elapsed"]),
             "light_p50_ms": round(percentile(light["latencies"], 0.5) * 1e3, 3),
