@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from flexcomm.agent.jobs import Job
 from flexcomm.policy.types import NetworkObservation
 from flexcomm.proto import agent_pb2 as pb
+from flexcomm.store import Measurement
 
 
 @dataclass
@@ -59,6 +60,12 @@ class NetworkView:
                 setattr(p, name, float(value))
         p.updated_unix = time.time()
         return p
+
+    def restore(self, m: Measurement) -> None:
+        """Take a stored (successful) measurement as the peer's figures, as of its time."""
+        p = self.update_peer(m.peer, bandwidth_bps=m.bandwidth_bps, alpha_s=m.alpha_s,
+                             rtt_s=m.rtt_p50_s, rtt_p99_s=m.rtt_p99_s, loss=m.loss)
+        p.updated_unix = m.ts or 0.0
 
     def record_failure(self, address: str) -> PeerEstimate:
         p = self.peer(address)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.validate import JobSpec
 from flexcomm.policy.types import Decision, Policy, StepReport
-from flexcomm.store import Store
+from flexcomm.store import Measurement, Store
 
 log = logging.getLogger("flexcomm.agent.persist")
 T = TypeVar("T")
@@ -86,6 +86,11 @@ class Persister:
                 self.store.save_policy_state(job_id, state)
 
     # -- reading --------------------------------------------------------------
+    async def latest_measurements(self) -> list[Measurement]:
+        """The newest measurement of each kind for every peer in the store."""
+        assert self.store is not None
+        return await self._run(self.store.latest_measurements)
+
     async def load_jobs(self, create_policy: Callable[[JobSpec], Policy]) -> list[Job]:
         """Every stored job with its policy resumed; a job that cannot be resumed
         (its policy is gone from this build, its state is damaged) is logged and

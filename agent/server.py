@@ -136,6 +136,10 @@ class Agent:
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
                 "cr": job.decision.cr, "collective": job.decision.collective}})
         self.metrics.jobs.set(len(self.jobs))
+        peers = {node for job in self.jobs for node in job.spec.nodes}
+        for m in await self.persister.latest_measurements():
+            if m.ok and m.peer in peers:  # what the probes knew before the restart
+                self.network.restore(m)
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -55,6 +55,12 @@ def test_probes_feed_the_network_view_metrics_and_store(tmp_path: Path, iperf3_b
         assert re.search(r"flexcomm_agent_probe_failures_total{kind=\"\w+\",peer=\"127.0.0.2\"} [1-9]", body)
         assert agent.health() == 1
         assert agent.terminate() == 0
+        # A restarted agent (probing off now) knows the figures from its store.
+        agent.argv = argv
+        agent.start()
+        restored = peers_of(agent, "probed")["127.0.0.1"]
+        assert restored.bandwidth_bps > 0 and restored.rtt_s > 0
+        assert agent.terminate() == 0
     finally:
         agent.stop()
     with Store(agent.db) as store:
