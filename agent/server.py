@@ -131,7 +131,7 @@ class Agent:
         await self.persister.open()
         for job in await self.persister.load_jobs(create_policy):
             self.jobs.add(job)
-            self.service.decision_changed(job)
+            self.service.publish(job)
             log.info("job resumed", extra={"fields": {
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
                 "cr": job.decision.cr, "collective": job.decision.collective}})

@@ -132,11 +132,14 @@ class AgentService(pb_grpc.AgentServicer):
         self._report_counters: dict[str, Any] = {}
 
     # -- helpers used by the server too ----------------------------------------
-    def decision_changed(self, job: Job) -> None:
-        d = job.decision
-        self.metrics.decisions.labels(job.job_id, d.collective).inc()
-        self.metrics.decision_cr.labels(job.job_id).set(d.cr)
+    def publish(self, job: Job) -> None:
+        """The job's current decision into the metrics."""
+        self.metrics.decision_cr.labels(job.job_id).set(job.decision.cr)
         self.metrics.decision_version.labels(job.job_id).set(job.version)
+
+    def decision_changed(self, job: Job) -> None:
+        self.metrics.decisions.labels(job.job_id, job.decision.collective).inc()
+        self.publish(job)
         if self.on_decision is not None:
             self.on_decision()
 
