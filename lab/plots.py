@@ -5,11 +5,12 @@
   policy's training time.
 - accuracy.png: test accuracy against training time, one line per policy, the
   target dashed.
-- step_time.png: step time against step, one line per policy (log scale).
+- step_time.png: step time against step (a running median), one line per policy.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ COLLECTIVE_COLOURS = {
     "art_ring": "tab:green", "art_tree": "tab:olive", "powersgd": "tab:purple",
     "torch_allreduce": "tab:brown",
 }
+SMOOTH_STEPS = 9
 
 
 def write_plots(out: Path, runs: list[Any], summary: dict[str, Any]) -> list[Path]:
@@ -75,7 +77,10 @@ def _accuracy(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> 
                 label=run.label, linewidth=1.4)
     ax.axhline(100 * summary["lab"]["target_accuracy"], color="0.4", linestyle="--",
                linewidth=1, label="target")
-    ax.set_xscale("symlog", linthresh=1.0)
+    times = [e["t"] for run in runs for e in run.evals if e["t"] > 0]
+    if times:
+        ax.set_xscale("log")
+        ax.set_xlim(min(times) * 0.8, max(times) * 1.2)
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(bottom=max(0, 100 * summary["lab"]["target_accuracy"] - 40))
@@ -87,14 +92,21 @@ def _accuracy(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> 
     return path
 
 
+def rolling_median(values: list[float], window: int) -> list[float]:
+    """Each value replaced by the median of the `window` values centred on it."""
+    half = window // 2
+    return [statistics.median(values[max(0, i - half):i + half + 1]) for i in range(len(values))]
+
+
 def _step_time(out: Path, runs: list[Any], plt: Any) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for run in runs:
-        ax.plot([s["step"] for s in run.steps], [1000 * s["step_s"] for s in run.steps],
-                label=run.label, linewidth=1)
+        ax.plot([s["step"] for s in run.steps],
+                rolling_median([1000 * s["step_s"] for s in run.steps], SMOOTH_STEPS),
+                label=run.label, linewidth=1.2)
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel(f"step time (ms, median of {SMOOTH_STEPS} steps)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

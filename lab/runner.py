@@ -173,8 +173,10 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
     if emulator is not None:  # the first step is in force before the ranks start
         if schedule.by_epoch:
             emulator.advance_epoch(0)
-        else:  # Emulator.run re-applies (and records) it when training starts
-            lab.links.apply(schedule.steps[0].state)
+        else:  # Emulator.run applies it again (and the rest) once training starts
+            first = schedule.steps[0].state
+            lab.links.apply(first)
+            links.record(AppliedStep(0, 0, first, time.time()))
     _ack(pdir, 0)
     procs = [lab.spawn(i, [sys.executable, "-m", "flexcomm.lab.trainer",
                            str(pdir / "train.json"), str(i)], log=pdir / f"rank{i}.log")

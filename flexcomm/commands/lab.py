@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
     run = sub.add_parser("run", help="run the lab and write its report")
-    run.add_argument("--out", help="run directory (default lab-runs/<time>)")
+    run.add_argument("--out", help="run directory (default runs/lab-<time>)")
     run.add_argument("--nodes", type=int, default=4, help="nodes = ranks (default 4)")
     run.add_argument("--schedule", help="emulation schedule, TOML (default: fast, slow, very slow)")
     run.add_argument("--policies", help="space/comma separated (default: dense topk-0.1 "
@@ -85,7 +85,7 @@ def build_config(args: argparse.Namespace) -> Any:
         except OSError as exc:
             raise ValueError(f"schedule: cannot read {path}: {exc.strerror}") from None
         kw["schedule_name"] = str(path)
-    out = Path(args.out or f"lab-runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out or f"runs/lab-{time.strftime('%Y%m%d-%H%M%S')}")
     return LabConfig(
         out=out, policies=parse_policies(args.policies or " ".join(DEFAULT_POLICIES)),
         nodes=args.nodes, workload=WorkloadSpec(name=args.workload, **workload),
