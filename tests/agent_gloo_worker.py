@@ -54,7 +54,10 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+    # ~1M parameters: steps of tens of ms, like a small real job (a toy model's 4 ms
+    # steps would be shorter than one Python thread switch).
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                    torch.nn.Linear(1024, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))
     grad_bytes = sum(p.numel() * 4 for p in model.parameters())
     source = None
     if rank == 0:
@@ -64,7 +67,7 @@ def main() -> None:
     state = register(model, source=source, control_interval=5)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(64, 64, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    x, y = torch.randn(64, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen)
     starts, times = [], []
     while True:
         starts.append(time.time())
