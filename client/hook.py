@@ -36,22 +36,20 @@ step counter, adopted decision; tensors, so use torch.save).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from flexcomm.client import collectives as coll
-from flexcomm.client.compress import check_selector
-from flexcomm.client.controller import Controller, check_group, resolve_source
-from flexcomm.client.decisions import DecisionSource
-from flexcomm.client.engine import FlatSync, StepStats
-from flexcomm.policy.types import ROOT_STAR, Policy
+from flexcomm.client.engine import StepStats
+from flexcomm.client.runner import Runner
 
 GLOBAL_KEY = "global"
 
 
-class FlexcommState:
+class FlexcommState(Runner):
     """State of the flexcomm hook for one DDP model (create it on every rank).
 
     process_group: the DDP group (None: the default group); must have >= 2 ranks.
@@ -60,74 +58,33 @@ class FlexcommState:
         for a fixed choice; nothing at all means dense.
     control_interval: K, steps between agreements. warmup_steps: dense steps first
         (>= 1). global_topk: one Top-k over all buckets. selector: "fast" or
-        "exact". var_smoothing: EWMA factor of VAR-Topk's variance.
+        "exact". var_smoothing: EWMA factor of VAR-Topk's variance. history: how
+        many steps' StepStats to keep.
     """
+
+    min_warmup_steps = 1
 
     def __init__(
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        source: DecisionSource | None = None,
-        policy: Policy | None = None,
-        cr: float | None = None,
-        collective: str | None = None,
-        root: str = ROOT_STAR,
-        control_interval: int = 10,
-        warmup_steps: int = 1,
         global_topk: bool = False,
-        selector: str = "fast",
-        var_smoothing: float = 0.9,
-        history: int = 1000,
+        warmup_steps: int = 1,
+        **options: Any,
     ) -> None:
-        check_selector(selector)
-        if source is not None and policy is not None:
-            raise ValueError("source: give a source or a policy, not both")
-        decided_by = resolve_source(source if source is not None else policy, cr, collective, root)
-        if not isinstance(warmup_steps, int) or warmup_steps < 1:
-            raise ValueError(
-                f"warmup_steps: must be >= 1 (DDP rebuilds its buckets after the first "
-                f"step), got {warmup_steps!r}"
-            )
-        check_group(process_group)
-        self.process_group = process_group
+        super().__init__(process_group, warmup_steps=warmup_steps, **options)
         self.global_topk = bool(global_topk)
-        self.controller = Controller(
-            process_group,
-            decided_by,
-            control_interval=control_interval,
-            warmup_steps=warmup_steps,
-            history=history,
-        )
-        self.engine = FlatSync(process_group, selector=selector, var_smoothing=var_smoothing)
         self._in_step = False
         self._held: list[tuple[torch.Tensor, coll.Future]] = []
 
-    # -- what users read ---------------------------------------------------
-    @property
-    def step(self) -> int:
-        return self.controller.step
+    def _warmup_why(self) -> str:
+        return " (DDP rebuilds its buckets after the first step)"
 
     @property
-    def decision(self):
-        return self.controller.decision
-
-    @property
-    def history(self):
+    def history(self) -> deque[StepStats]:
         """Recent steps' StepStats, oldest first (up to the last finished step)."""
         self._close_finished_step()
         return self.controller.history
-
-    @property
-    def rank_stats(self) -> list[dict[str, float]]:
-        return self.controller.agreement.rank_stats
-
-    def set_epoch(self, epoch: int) -> None:
-        self.controller.epoch = int(epoch)
-
-    def last_stats(self) -> StepStats | None:
-        """The last finished step's statistics."""
-        history = self.history
-        return history[-1] if history else None
 
     def _close_finished_step(self) -> None:
         # A step's futures are done once DDP's backward returns; it is closed lazily
@@ -137,15 +94,7 @@ class FlexcommState:
 
     def close(self) -> None:
         self._close_finished_step()
-        self.controller.source.close()
-
-    # -- checkpointing ------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"controller": self.controller.state_dict(), "engine": self.engine.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.controller.load_state_dict(state["controller"])
-        self.engine.load_state_dict(state["engine"])
+        super().close()
 
     # -- per bucket ---------------------------------------------------------
     def _run_bucket(self, bucket: dist.GradBucket) -> coll.Future:

@@ -21,71 +21,36 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client.compress import check_selector
-from flexcomm.client.controller import Controller, check_group, resolve_source
-from flexcomm.client.decisions import DecisionSource
-from flexcomm.client.engine import FlatSync, StepStats
-from flexcomm.policy.types import ROOT_STAR, Policy
+from flexcomm.client.engine import StepStats
+from flexcomm.client.runner import Runner
 
 MODEL_KEY = "model"
 
 
-class GradientSync:
+class GradientSync(Runner):
     """Average the gradients of `params` (a module or parameters) over the group.
 
     Options as FlexcommState (client/hook.py): source / policy / cr + collective +
-    root, control_interval, warmup_steps, selector, var_smoothing, history.
+    root, control_interval, warmup_steps (default 0), selector, var_smoothing,
+    history.
     """
 
     def __init__(
         self,
         params: torch.nn.Module | Iterable[torch.nn.Parameter],
         process_group: dist.ProcessGroup | None = None,
-        *,
-        source: DecisionSource | None = None,
-        policy: Policy | None = None,
-        cr: float | None = None,
-        collective: str | None = None,
-        root: str = ROOT_STAR,
-        control_interval: int = 10,
-        warmup_steps: int = 0,
-        selector: str = "fast",
-        var_smoothing: float = 0.9,
-        history: int = 1000,
+        **options: Any,
     ) -> None:
-        check_selector(selector)
-        if source is not None and policy is not None:
-            raise ValueError("source: give a source or a policy, not both")
-        decided_by = resolve_source(source if source is not None else policy, cr, collective, root)
         if isinstance(params, torch.nn.Module):
             params = params.parameters()
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params: no parameter requires a gradient")
-        check_group(process_group)
-        self.controller = Controller(
-            process_group,
-            decided_by,
-            control_interval=control_interval,
-            warmup_steps=warmup_steps,
-            history=history,
-        )
-        self.engine = FlatSync(process_group, selector=selector, var_smoothing=var_smoothing)
+        super().__init__(process_group, **options)
         first = self.params[0]
         self._flat = torch.zeros(
             sum(p.numel() for p in self.params), dtype=first.dtype, device=first.device
         )
-
-    @property
-    def history(self):
-        return self.controller.history
-
-    @property
-    def decision(self):
-        return self.controller.decision
-
-    def set_epoch(self, epoch: int) -> None:
-        self.controller.epoch = int(epoch)
 
     def synchronize(self) -> StepStats:
         """Replace every parameter's .grad by its average over the group (blocking)."""
@@ -119,13 +84,3 @@ class GradientSync:
             else:
                 p.grad.copy_(part)
             offset += p.numel()
-
-    def close(self) -> None:
-        self.controller.source.close()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"controller": self.controller.state_dict(), "engine": self.engine.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.controller.load_state_dict(state["controller"])
-        self.engine.load_state_dict(state["engine"])
