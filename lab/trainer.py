@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from flexcomm.lab.sync import SyncMethod, attach_sync
+from flexcomm.lab.sync import attach_sync
 from flexcomm.lab.workload import (
     ShardLoader,
     WorkloadSpec,
@@ -74,7 +74,7 @@ class TrainConfig:
         return cls(**json.loads(Path(path).read_text()))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.__dict__, indent=1))
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
 
 
 class TrainClock:
@@ -197,5 +197,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["SyncMethod", "TrainConfig", "main", "train"]
