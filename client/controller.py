@@ -132,7 +132,13 @@ class Controller:
         return DENSE if self.steps_run < self.warmup_steps else self.decision
 
     def probe_crs(self) -> tuple[float, ...]:
-        return self.decision.probe_crs if self.rank == 0 else ()
+        """The CRs whose gains this step measures: the decision's probe_crs, on rank
+        0, on the first step of each control interval (a Top-k of the largest probe
+        CR per bucket is too dear for every step; the policies smooth gains anyway).
+        """
+        if self.rank != 0 or self.step % self.agreement.interval != 0:
+            return ()
+        return self.decision.probe_crs
 
     def begin_step(self) -> StepStats:
         """Open a step: adopt an agreement launched at the previous step, launch a

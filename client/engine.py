@@ -49,8 +49,10 @@ class StepStats:
     """What one step ran and measured on this rank (summed over its buckets).
 
     t_sync_s sums each bucket's time from launching its collective to its result
-    (buckets may overlap); bytes_sent is this rank's payload (values + indices it
-    contributes), the message size M of the cost model.
+    (buckets may overlap); t_probe_s is the time spent reading the probe CRs'
+    gains (rank 0, once per control interval), not counted in t_comp_s;
+    bytes_sent is this rank's payload (values + indices it contributes), the
+    message size M of the cost model.
     """
 
     step: int
@@ -60,6 +62,7 @@ class StepStats:
     roots: list[int] = field(default_factory=list)
     t_comp_s: float = 0.0
     t_sync_s: float = 0.0
+    t_probe_s: float = 0.0
     bytes_sent: int = 0
     norm_e: float = 0.0
     norm_c: float = 0.0
@@ -97,6 +100,7 @@ class FlatSync:
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.select = make_selector(selector, seed=seed + self.rank)
+        self.probe_select = make_selector(selector, seed=seed + self.rank + 7919)
         self.var_smoothing = var_smoothing
         self.tree = coll.TreeAllreduce(group)
         self.memory: dict[object, ErrorFeedback] = {}
@@ -137,7 +141,7 @@ class FlatSync:
             g.add_(ef.residual)
             ef.flush()
         if probe_crs:
-            self._probe(g, probe_crs, stats)
+            self._probe(g, probe_crs, stats, squared_norm(g))
         stats.bytes_sent += g.numel() * g.element_size()
         t0 = time.perf_counter()
         if collective == DENSE_TREE:
@@ -149,9 +153,11 @@ class FlatSync:
             g, self.group, lambda t_end: stats.add(t_sync=t_end - t0)
         )
 
-    def _probe(self, g_e: torch.Tensor, probe_crs: Sequence[float], stats: StepStats) -> None:
-        norm = squared_norm(g_e)
-        stats.probes.append((gains_at(g_e, probe_crs, total=norm), norm))
+    def _probe(self, g_e: torch.Tensor, probe_crs: Sequence[float], stats: StepStats,
+               norm: float) -> None:
+        t0 = time.perf_counter()
+        stats.probes.append((gains_at(g_e, probe_crs, norm, self.probe_select), norm))
+        stats.t_probe_s += time.perf_counter() - t0
 
     def _root(self, key, g_e: torch.Tensor, root: str, step: int, norm_e: float) -> int:
         if root == ROOT_STAR:
@@ -171,7 +177,9 @@ class FlatSync:
         norm_e = squared_norm(g_e)
         stats.norm_e += norm_e
         if probe_crs:
-            stats.probes.append((gains_at(g_e, probe_crs, total=norm_e), norm_e))
+            probe_start = time.perf_counter()
+            self._probe(g_e, probe_crs, stats, norm_e)
+            t0 += time.perf_counter() - probe_start  # probing is not compression
         k = k_for(g.numel(), cr)
         value_bytes = k * g.element_size()
         if collective == AG_TOPK:

@@ -214,7 +214,7 @@ def schedule_for(rank: int) -> dict[int, Decision]:
         6: Decision(cr=1.0, collective="ps", version=3),  # model-only: must be ignored
         8: Decision(cr=1.0, collective="dense_tree", version=4),
         10: Decision(cr=0.05, collective="art_tree", root="star", version=5),
-        12: Decision(cr=1.0, collective="dense_ring", version=6),
+        12: Decision(cr=1.0, collective="dense_ring", version=6, probe_crs=(0.1, 0.01)),
         14: Decision(cr=0.001, collective="ag_topk", version=7, probe_crs=(0.1, 0.01)),
     }
 
@@ -377,10 +377,12 @@ def test_switching_follows_rank_0_on_every_rank(results):
     assert all(res["switching"]["source_calls"] == 0 for res in per_rank[1:])
     assert per_rank[0]["switching"]["rejected"] == 1  # the "ps" decision
     assert per_rank[0]["switching"]["dense_flushed"] is True
-    # Reports carry gains for the CRs the decision asked about.
+    # Reports carry gains for the CRs the decision asked about, on the first step
+    # of each control interval.
     reports = per_rank[0]["switching"]["reports"]
     assert [r[0] for r in reports] == list(range(SWITCH_STEPS))
-    assert reports[-1][2] == [0.01, 0.1]
+    assert reports[14][2] == [0.01, 0.1]  # asked by the decision agreed at step 12
+    assert reports[15][2] == []
     assert len(per_rank[0]["switching"]["rank_stats"]) == world
 
 
