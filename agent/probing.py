@@ -44,6 +44,7 @@ class Probing:
         self.peers: tuple[str, ...] = ()
         self._agent: Agent | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: set[asyncio.Task] = set()
 
     async def start(self, agent: Agent) -> None:
         self._agent = agent
@@ -70,8 +71,8 @@ class Probing:
                                             estimator=self.estimator,
                                             on_measurement=self._from_probe_thread).start()
             log.info("probing", extra={"fields": {"peers": list(peers)}})
-        if old is not None:
-            await asyncio.to_thread(old.stop)
+        if old is not None:  # it may be mid-test: stop it in the background, not in the RPC
+            self._stopping.add(asyncio.create_task(asyncio.to_thread(old.stop)))
 
     def _from_probe_thread(self, m: Measurement) -> None:
         loop = self._loop
@@ -103,5 +104,6 @@ class Probing:
     async def stop(self) -> None:
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
