@@ -107,13 +107,35 @@ class FastSelector:
             self.fallbacks += 1
             return select_exact(g, k)
         if cand.numel() > k:
-            # Drop the (few) smallest candidates rather than sort the many kept.
-            cand_abs = absg[cand]
-            drop = torch.topk(cand_abs, cand.numel() - k, largest=False, sorted=False).indices
-            keep = torch.ones(cand.numel(), dtype=torch.bool, device=g.device)
-            keep[drop] = False
-            cand = cand[keep]
+            cand = cand[self._keep_largest(absg[cand], k)]
         return cand.to(torch.int32)
+
+    def _keep_largest(self, values: torch.Tensor, k: int) -> torch.Tensor:
+        """A mask of exactly the k largest `values`: drop the few smallest.
+
+        Two sampled bounds around the drop boundary: everything below the lower
+        one is dropped outright (all of it lies among the smallest), and only the
+        narrow band between the bounds is ranked. Falls back to ranking all.
+        """
+        n, drop = values.numel(), values.numel() - k
+        s = min(self._sample_size // 4, n)
+        sample = values[torch.randint(n, (s,), generator=self._gen).to(values.device)]
+        expected = drop / n * s
+        spread = _MARGIN_SIGMAS * math.sqrt(expected) + _MARGIN_SIGMAS
+        lo, hi = math.floor(expected - spread), math.ceil(expected + spread)
+        if lo >= 1 and hi < s:
+            ordered = torch.sort(sample).values
+            low = values < ordered[lo - 1]
+            band = (values < ordered[hi]).logical_xor_(low).nonzero().squeeze(1)
+            need = drop - int(low.sum())
+            if 0 <= need <= band.numel():
+                keep = low.logical_not_()
+                smallest = torch.topk(values[band], need, largest=False, sorted=False).indices
+                keep[band[smallest]] = False
+                return keep
+        keep = torch.ones(n, dtype=torch.bool, device=values.device)
+        keep[torch.topk(values, drop, largest=False, sorted=False).indices] = False
+        return keep
 
     def _sample_threshold(self, g: torch.Tensor, k: int) -> torch.Tensor | None:
         n = g.numel()

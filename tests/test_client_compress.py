@@ -126,3 +126,17 @@ def test_selectors_reject_unknown_names_and_non_flat_tensors():
         select_exact(torch.zeros(3, 3), 1)
     with pytest.raises(ValueError, match=r"^gradient:"):
         ErrorFeedback(4, torch.float32).compensate(torch.zeros(5))
+
+
+@pytest.mark.parametrize("n, k", [(2_000_000, 1_950_000), (300_000, 299_990), (50_000, 10)])
+def test_keep_largest_is_exact(n, k):
+    values = heavy_tailed(n, seed=5).abs()
+    keep = FastSelector()._keep_largest(values, k)
+    assert int(keep.sum()) == k
+    assert float(values[keep].min()) >= float(values[~keep].max())
+
+
+def test_keep_largest_falls_back_on_ties():
+    values = torch.ones(100_000)
+    keep = FastSelector()._keep_largest(values, 90_000)  # no band between equal bounds
+    assert int(keep.sum()) == 90_000
