@@ -72,7 +72,9 @@ class Probing:
                                             on_measurement=self._from_probe_thread).start()
             log.info("probing", extra={"fields": {"peers": list(peers)}})
         if old is not None:  # it may be mid-test: stop it in the background, not in the RPC
-            self._stopping.add(asyncio.create_task(asyncio.to_thread(old.stop)))
+            task = asyncio.create_task(asyncio.to_thread(old.stop))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     def _from_probe_thread(self, m: Measurement) -> None:
         loop = self._loop
