@@ -1,0 +1,253 @@
+"""Time every collective the client offers on the emulated cluster, over a grid.
+
+For each N, one lab cluster of N namespaces (`flexcomm.lab.cluster.LabCluster`);
+for each link rate, every node's link is shaped in both directions (its eth0 and
+its hub-side peer, replaced in place between rates, never torn down) and one
+gloo process group of N real rank processes
+(`flexcomm.lab.collective_timer`, GLOO_SOCKET_IFNAME=eth0) times the grid.
+
+Per configuration the runner also measures the latency a TCP connect sees
+(half the median connect RTT between two nodes, as the agent's latency probe
+does). The result is one `Measured` row per (rate, N, size, collective, CR):
+the median over repetitions of the operation time (max over ranks of the end
+minus max over ranks of the start), and the repetitions themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from flexcomm.lab.cluster import LabCluster, LabNode
+from flexcomm.policy.costmodel import sync_time
+from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, NetworkObservation, check_cr
+from flexcomm.probe.latency import rtt_burst
+from flexcomm.probe.shaping import LinkState
+
+COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
+MASTER_PORT = 29561
+CLOSED_PORT = 9  # nothing listens: the RST answer is the round trip
+LAUNCH_S = 20.0  # torch import + process group start on a loaded 2-core machine
+PER_OP_OVERHEAD_S = 0.01  # barrier + Python per timed operation
+QUICK_OP_S = 0.2  # operations expected below this get `quick_repeats` repetitions
+QUICK_REPEATS = 15
+
+
+@dataclass(frozen=True)
+class Grid:
+    rates_bps: tuple[float, ...] = (1000e6, 200e6, 50e6, 10e6)
+    nodes: tuple[int, ...] = (2, 4)
+    sizes: tuple[int, ...] = (1_000_000, 4_000_000, 16_000_000)
+    crs: tuple[float, ...] = (0.1, 0.033, 0.011, 0.004, 0.001)
+    repeats: int = 3
+    collectives: tuple[str, ...] = COLLECTIVES
+
+    def __post_init__(self) -> None:
+        for name in ("rates_bps", "nodes", "sizes", "crs", "collectives"):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: must not be empty")
+        for r in self.rates_bps:
+            if not (math.isfinite(r) and r > 0):
+                raise ValueError(f"rates: must be > 0, got {r!r}")
+        for n in self.nodes:
+            if not (isinstance(n, int) and 2 <= n <= 16):
+                raise ValueError(f"nodes: must be whole numbers in [2, 16], got {n!r}")
+        for s in self.sizes:
+            if not (isinstance(s, int) and s >= 4096 and s % 4 == 0):
+                raise ValueError(f"sizes: must be whole multiples of 4 bytes >= 4096, got {s!r}")
+        for c in self.crs:
+            check_cr(c, "crs")
+            if c >= 1:
+                raise ValueError(f"crs: Top-k ratios must be < 1, got {c!r}")
+        for c in self.collectives:
+            if c not in COLLECTIVES:
+                raise ValueError(f"collectives: {c!r} is not one the client offers ({', '.join(COLLECTIVES)})")
+        if not (isinstance(self.repeats, int) and self.repeats >= 1):
+            raise ValueError(f"repeats: must be a whole number >= 1, got {self.repeats!r}")
+
+    def points(self, nodes: int) -> list[tuple[int, str, float]]:
+        """(size, collective, cr) of one configuration, in the order ranks run them."""
+        return [(s, c, cr) for s in self.sizes for c in self.collectives
+                for cr in ([1.0] if c == DENSE_RING else self.crs)]
+
+    def quick_points(self, rate_bps: float, nodes: int) -> list[tuple[int, str, float]]:
+        """The points of one configuration short enough to repeat QUICK_REPEATS times."""
+        net = NetworkObservation.from_link(1e-3, rate_bps, nodes)
+        return [p for p in self.points(nodes) if _estimate(p, net) < QUICK_OP_S]
+
+    def estimate_seconds(self) -> float:
+        """Rough wall time of the whole grid: the paper-form model at the shaped
+        rate with 1 ms latency, plus per-op and per-launch overheads."""
+        total = 0.0
+        for rate in self.rates_bps:
+            for n in self.nodes:
+                net = NetworkObservation.from_link(1e-3, rate, n)
+                quick = set(self.quick_points(rate, n))
+                for p in self.points(n):
+                    reps = max(self.repeats, QUICK_REPEATS) if p in quick else self.repeats
+                    total += reps * (_estimate(p, net) + PER_OP_OVERHEAD_S)
+                total += LAUNCH_S
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _estimate(point: tuple[int, str, float], net: NetworkObservation) -> float:
+    size, collective, cr = point
+    return sync_time(collective, size, cr, net)
+
+
+@dataclass
+class Measured:
+    """One grid point: the median operation time over repetitions."""
+
+    rate_bps: float
+    nodes: int
+    size_bytes: int
+    collective: str
+    cr: float
+    t_sync_s: float
+    samples_s: list[float]
+    t_comp_s: float  # the slowest rank's median selection time (0 for dense)
+    alpha_op_s: float  # tiny AllReduce time / (2 (N - 1)): gloo's per-message cost
+    alpha_tcp_s: float  # half the median TCP connect RTT
+    load_avg: float = 0.0  # 1-minute load average when the configuration ran
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return min(self.samples_s), max(self.samples_s)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        """(25th, 75th) percentile of the repetitions."""
+        if len(self.samples_s) < 2:
+            return self.t_sync_s, self.t_sync_s
+        q1, _, q3 = statistics.quantiles(self.samples_s, n=4, method="inclusive")
+        return q1, q3
+
+
+def tcp_alpha(nodes: Sequence[LabNode]) -> float:
+    """Half the median TCP connect RTT from node 0 to node 1 (what the agent's probe reports)."""
+    summary = rtt_burst(nodes[1].address, CLOSED_PORT, count=20, interval_s=0.005, netns=nodes[0].ns)
+    if summary.p50_s is None:
+        raise RuntimeError(f"latency: no TCP answer from {nodes[1].address}: {summary.error}")
+    return summary.p50_s / 2
+
+
+def launch_ranks(lab: LabCluster, plan_path: Path, log_dir: Path) -> list[subprocess.Popen]:
+    env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return [lab.spawn(rank, [sys.executable, "-m", "flexcomm.lab.collective_timer", str(plan_path), str(rank)],
+                      log=log_dir / f"rank{rank}.log", env=env)
+            for rank in range(len(lab.nodes))]
+
+
+def wait_ranks(lab: LabCluster, procs: list[subprocess.Popen], timeout_s: float, log_dir: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    try:
+        for rank, proc in enumerate(procs):
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if rc != 0:
+                tail = (log_dir / f"rank{rank}.log").read_text(encoding="utf-8")[-2000:]
+                raise RuntimeError(f"rank {rank} exited with {rc}:\n{tail}")
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"ranks did not finish within {timeout_s:.0f} s (logs in {log_dir})") from None
+    finally:
+        for proc in procs:
+            lab.stop(proc)
+
+
+def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
+               say: Callable[[str], None] = print) -> list[Measured]:
+    """Shape every link to `rate_bps`, time the grid with one process group, aggregate."""
+    if not lab.shaped:
+        raise ValueError(f"namespaces: the calibration needs shaped links ({lab.reason_unshaped})")
+    n = len(lab.nodes)
+    lab.links.apply(LinkState(rate_bps))
+    alpha_tcp = tcp_alpha(lab.nodes)
+    out_dir = run_dir / "raw" / f"n{n}_{int(rate_bps)}bps"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"world": n, "master_addr": lab.nodes[0].address, "master_port": MASTER_PORT,
+            "ifname": lab.nodes[0].ifname, "sizes": list(grid.sizes), "crs": list(grid.crs),
+            "collectives": list(grid.collectives), "repeats": grid.repeats, "out_dir": str(out_dir),
+            "quick_points": grid.quick_points(rate_bps, n), "quick_repeats": QUICK_REPEATS}
+    plan_path = out_dir / "plan.json"
+    plan_path.write_text(json.dumps(plan), encoding="utf-8")
+    load = os.getloadavg()[0]
+    one = Grid(rates_bps=(rate_bps,), nodes=(n,), sizes=grid.sizes, crs=grid.crs,
+               repeats=grid.repeats, collectives=grid.collectives)
+    t0 = time.monotonic()
+    wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
+    say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "
+        f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
+    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load)
+
+
+def read_ranks(out_dir: Path, n: int) -> list[list[dict[str, Any]]]:
+    ranks = []
+    for rank in range(n):
+        lines = (out_dir / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
+        ranks.append([json.loads(line) for line in lines if line.strip()])
+    return ranks
+
+
+def _op_times(ranks: list[list[dict[str, Any]]], kind: str, key: Callable[[dict], Any]) -> dict[Any, list[float]]:
+    """key -> one time per repetition: max(end) - max(start) over ranks."""
+    starts: dict[Any, list[float]] = {}
+    ends: dict[Any, list[float]] = {}
+    for records in ranks:
+        for r in records:
+            if r["kind"] == kind:
+                k = (key(r), r["rep"])
+                starts.setdefault(k, []).append(r["start"])
+                ends.setdefault(k, []).append(r["end"])
+    times: dict[Any, list[float]] = {}
+    for (k, _rep), s in sorted(starts.items(), key=lambda kv: repr(kv[0])):
+        if len(s) == len(ranks):
+            times.setdefault(k, []).append(max(ends[(k, _rep)]) - max(s))
+    return times
+
+
+def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_tcp: float,
+              load: float) -> list[Measured]:
+    tiny = _op_times(ranks, "tiny", lambda r: "tiny").get("tiny")
+    if not tiny:
+        raise RuntimeError("tiny: no rank recorded the tiny AllReduce")
+    alpha_op = statistics.median(tiny) / (2 * (n - 1))
+    comp: dict[tuple[int, float], float] = {}
+    for records in ranks:
+        for r in records:
+            if r["kind"] == "comp":
+                key = (r["size"], r["cr"])
+                comp[key] = max(comp.get(key, 0.0), r["t_comp_s"])
+    rows = []
+    ops = _op_times(ranks, "op", lambda r: (r["size"], r["collective"], r["cr"]))
+    for (size, collective, cr), samples in sorted(ops.items()):
+        rows.append(Measured(rate_bps, n, size, collective, cr, statistics.median(samples), samples,
+                             comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
+                             alpha_op, alpha_tcp, load))
+    return rows
+
+
+def run_grid(grid: Grid, prefix: str, subnet: str, run_dir: Path,
+             say: Callable[[str], None] = print) -> list[Measured]:
+    """Every configuration of the grid: one cluster per N, one process group per rate."""
+    rows: list[Measured] = []
+    for n in grid.nodes:
+        with LabCluster.open(prefix=prefix, n=n, subnet=subnet, run_dir=run_dir / f"n{n}",
+                             namespaces=True) as lab:
+            for rate in grid.rates_bps:
+                rows.extend(run_config(lab, rate, grid, run_dir, say))
+    return rows
+
+
+__all__ = ["COLLECTIVES", "Grid", "Measured", "aggregate", "run_config", "run_grid", "tcp_alpha"]

@@ -1,0 +1,193 @@
+"""One rank of the collective timing grid: `python -m flexcomm.lab.collective_timer PLAN RANK`.
+
+The calibration runner (`flexcomm.lab.calibrate`) starts one of these per node,
+inside the node's namespace, for one (link rate, N) configuration. Each rank
+joins a gloo process group and times, with the client's own collective functions
+(`flexcomm.client.collectives`), every (size, collective, CR) of the plan,
+`repeats` times (`quick_repeats` times for the `quick_points`, operations short
+enough that more repetitions cost nothing and steady the median). Repetitions
+are the outer loop, so a burst of load from other work on the machine hits one
+repetition of many points rather than every repetition of one point (the
+runner takes the median).
+
+Each timed operation starts right after a barrier. A rank writes, per operation,
+the monotonic clock (`time.perf_counter`, one clock for every process on the
+machine) when it started and when the data had arrived (before the scatter into
+the dense output, which the client counts as compression time). The runner takes
+the operation's time as max(end) - max(start) over ranks: from the moment the
+last rank joined to the moment the last rank had its result.
+
+Before the grid, the selection time (t_comp) of the client's fast Top-k selector
+is measured per (size, CR), and a tiny (one float) AllReduce is timed to give
+the per-call latency gloo really has ("alpha from a tiny op").
+
+Output: `<out_dir>/rank<R>.jsonl`, one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from flexcomm.client import collectives as coll
+from flexcomm.client.compress import k_for, make_selector
+from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING
+
+TIMED_COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
+TINY_REPEATS = 15
+COMP_REPEATS = 3
+VALUE_BYTES = 4  # fp32 gradients
+
+
+def _clock() -> float:
+    return time.perf_counter()
+
+
+class Timer:
+    """Runs the plan's operations on one rank and writes what it measured."""
+
+    def __init__(self, plan: dict[str, Any], rank: int) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.world = dist.get_world_size()
+        self.tree = coll.TreeAllreduce(None)
+        self.select = make_selector("fast", seed=rank)
+        self.out = open(Path(plan["out_dir"]) / f"rank{rank}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, **record: Any) -> None:
+        self.out.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.out.close()
+
+    # --- operations: each returns (start, data arrived) on this rank ---------
+
+    def dense(self, g: torch.Tensor, buf: torch.Tensor) -> tuple[float, float]:
+        buf.copy_(g)
+        dist.barrier()
+        t0 = _clock()
+        coll.ring_allreduce_mean(buf, None).wait()
+        return t0, _clock()
+
+    def ag_topk(self, values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
+        arrived: list[float] = []
+        dist.barrier()
+        t0 = _clock()
+        coll.ag_topk_mean(values, indices, out, None, lambda b, _e: arrived.append(b)).wait()
+        return t0, arrived[0]
+
+    def ar_topk(self, g: torch.Tensor, root_indices: torch.Tensor, root: int, out: torch.Tensor,
+                tree: coll.TreeAllreduce | None) -> tuple[float, float]:
+        indices = root_indices.clone() if self.rank == root else torch.empty_like(root_indices)
+        arrived: list[float] = []
+        dist.barrier()
+        t0 = _clock()
+        coll.broadcast_indices(indices, root, None, tree)
+        values = g[indices].div_(self.world)
+        coll.ar_values_mean(values, indices, out, None, tree, lambda b, _e: arrived.append(b)).wait()
+        return t0, arrived[0]
+
+    # --- the plan ------------------------------------------------------------
+
+    def tiny_allreduce(self) -> None:
+        t = torch.ones(1)
+        for rep in range(-3, TINY_REPEATS):  # three warm-up calls, not recorded
+            dist.barrier()
+            t0 = _clock()
+            dist.all_reduce(t)
+            t1 = _clock()
+            if rep >= 0:
+                self.write(kind="tiny", rep=rep, start=t0, end=t1)
+
+    def selection_times(self, grads: dict[int, torch.Tensor]) -> dict[tuple[int, float], torch.Tensor]:
+        """t_comp per (size, CR) and the selected indices the grid then sends."""
+        chosen = {}
+        for size, g in grads.items():
+            for cr in self.plan["crs"]:
+                k = k_for(g.numel(), cr)
+                samples = []
+                for _ in range(COMP_REPEATS):
+                    t0 = _clock()
+                    idx = self.select(g, k)
+                    values = g[idx].div_(self.world)
+                    samples.append(_clock() - t0)
+                chosen[(size, cr)] = idx
+                self.write(kind="comp", size=size, cr=cr, k=k, t_comp_s=statistics.median(samples))
+                del values
+        return chosen
+
+    def run(self) -> None:
+        plan = self.plan
+        gen = torch.Generator().manual_seed(1000 + self.rank)
+        grads = {s: torch.randn(s // VALUE_BYTES, generator=gen) for s in plan["sizes"]}
+        self.tiny_allreduce()
+        chosen = self.selection_times(grads)
+        self.warm_up()
+        quick = {tuple(p) for p in plan.get("quick_points", [])}
+        for rep in range(max(plan["repeats"], plan.get("quick_repeats", 0))):
+            for size, g in grads.items():
+                out = torch.empty_like(g)
+                for collective in plan["collectives"]:
+                    for cr in ([1.0] if collective == DENSE_RING else plan["crs"]):
+                        if rep >= plan["repeats"] and (size, collective, cr) not in quick:
+                            continue
+                        op = self._op(collective, g, out, chosen.get((size, cr)), rep)
+                        t0, t1 = op()
+                        self.write(kind="op", size=size, collective=collective, cr=cr, rep=rep,
+                                   start=t0, end=t1)
+        dist.barrier()
+
+    def warm_up(self) -> None:
+        """Each collective once on a small tensor, so first-call costs stay out of the grid."""
+        g = torch.randn(4096)
+        out = torch.empty_like(g)
+        idx = self.select(g, 64)
+        for collective in self.plan["collectives"]:
+            self._op(collective, g, out, idx, 0)()
+
+    def _op(self, collective: str, g: torch.Tensor, out: torch.Tensor, idx: torch.Tensor | None,
+            rep: int) -> Callable[[], tuple[float, float]]:
+        if collective == DENSE_RING:
+            return lambda: self.dense(g, out)
+        assert idx is not None
+        if collective == AG_TOPK:
+            values = g[idx].div_(self.world)
+            return lambda: self.ag_topk(values, idx, out)
+        tree = self.tree if collective == ART_TREE else None
+        if collective not in (ART_RING, ART_TREE):
+            raise ValueError(f"collectives: cannot time {collective!r}")
+        root = rep % self.world  # round-robin, as STAR-Topk
+        return lambda: self.ar_topk(g, idx, root, out, tree)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m flexcomm.lab.collective_timer PLAN.json RANK", file=sys.stderr)
+        return 2
+    plan = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    rank = int(args[1])
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = plan["ifname"]
+    dist.init_process_group("gloo", init_method=f"tcp://{plan['master_addr']}:{plan['master_port']}",
+                            rank=rank, world_size=plan["world"])
+    timer = Timer(plan, rank)
+    try:
+        timer.run()
+    finally:
+        timer.close()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
