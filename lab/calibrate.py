@@ -102,6 +102,10 @@ class Grid:
         return asdict(self)
 
 
+# `--quick`: two rates, both N, two sizes, three CRs (about two minutes).
+QUICK_GRID = Grid(rates_bps=(200e6, 10e6), nodes=(2, 4), sizes=(1_000_000, 4_000_000), crs=(0.1, 0.011, 0.001))
+
+
 def _estimate(point: tuple[int, str, float], net: NetworkObservation) -> float:
     size, collective, cr = point
     return sync_time(collective, size, cr, net)
@@ -250,4 +254,4 @@ def run_grid(grid: Grid, prefix: str, subnet: str, run_dir: Path,
     return rows
 
 
-__all__ = ["COLLECTIVES", "Grid", "Measured", "aggregate", "run_config", "run_grid", "tcp_alpha"]
+__all__ = ["COLLECTIVES", "QUICK_GRID", "Grid", "Measured", "aggregate", "run_config", "run_grid", "tcp_alpha"]

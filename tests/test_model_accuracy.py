@@ -16,7 +16,7 @@ import pytest
 
 from flexcomm.lab.accuracy_report import analyse, load_measured
 from flexcomm.lab.calibrate import Grid, Measured
-from flexcomm.lab.model_accuracy import REGRET_OK, regrets_per_cr, split
+from flexcomm.lab.model_accuracy import REGRET_OK, raw_prediction, regrets_per_cr, split
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "fcv"
@@ -117,3 +117,36 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
         fastest = min(float(t["measured_s"]) for t in group)
         shares.append(float(chosen["measured_s"]) / fastest <= REGRET_OK)
     assert written["regret_within_5pct_share"] == pytest.approx(sum(shares) / len(shares))
+
+
+def test_calibrate_command_reanalyses_a_run_without_measuring(tmp_path: Path, capsys) -> None:
+    import argparse
+    from dataclasses import asdict
+
+    from flexcomm.commands.lab_calibrate import add_parser, grid_from
+
+    # Synthetic measurements that follow the paper forms at alpha 0.1 ms, plus a 2 ms per-call overhead.
+    rows = []
+    for rate in (1e9, 100e6, 10e6):
+        for cr in (0.1, 0.01):
+            for coll in ("ag_topk", "art_ring", "art_tree"):
+                r = row(coll, cr, 1.0, rate=rate)
+                rows.append(replace(r, t_sync_s=raw_prediction(r, "paper", "tcp") + 0.002,
+                                    samples_s=[raw_prediction(r, "paper", "tcp") + 0.002] * 3))
+        dense = row("dense_ring", 1.0, 1.0, rate=rate)
+        rows.append(replace(dense, t_sync_s=raw_prediction(dense, "paper", "tcp") * 1.2 + 0.002))
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "measured.json").write_text(json.dumps([asdict(r) for r in rows]))
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="cmd"))
+    args = parser.parse_args(["calibrate", "--out", str(tmp_path / "again"), "--from", str(earlier)])
+    assert args.func(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["median_abs_error_raw"] > 0.01  # the raw model lacks the overhead
+    assert result["median_abs_error_calibrated"] < 0.01  # an affine calibration recovers it exactly
+    assert result["regret_within_5pct_share"] == 1.0
+    assert (tmp_path / "again" / "table.csv").exists()
+    bad = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--nodes", "two"])
+    with pytest.raises(ValueError, match="nodes"):
+        grid_from(bad)

@@ -1,0 +1,120 @@
+"""`flexcomm lab calibrate`: validate the cost model on the emulated cluster.
+
+    flexcomm lab calibrate --out DIR [--quick] [--rates 1Gbit,10Mbit] [--nodes 2,4]
+                           [--sizes 1MB,16MB] [--crs 0.1,0.001] [--repeats 3]
+    flexcomm lab calibrate --out DIR --from EARLIER_RUN   # re-analyse, measure nothing
+
+Times dense ring AllReduce, AG-Topk, AR-Topk Ring and AR-Topk Tree over a grid of
+link rates, node counts, gradient sizes and CRs (`flexcomm.lab.calibrate`), then
+compares the cost model's predictions, raw and calibrated on a held-out half, and
+the regret of its choices (`flexcomm.lab.model_accuracy`). Writes measured.json,
+table.csv, predicted_vs_measured.png and model_accuracy.json to --out.
+
+Not a top-level command: `flexcomm/commands/lab.py` adds it under `lab` with
+`add_parser(sub)`; `bench/model_accuracy.py` is the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flexcomm.units import parse_bytes, parse_rate
+
+PREFIX = "flexcal"
+SUBNET = "10.215.0.0/24"
+
+
+def add_arguments(p: argparse.ArgumentParser, prefix: str = PREFIX, subnet: str = SUBNET) -> None:
+    p.add_argument("--out", required=True, type=Path, help="run directory")
+    p.add_argument("--quick", action="store_true", help="a small grid (about 2 minutes)")
+    p.add_argument("--rates", help="link rates, e.g. 1Gbit,200Mbit (default 1Gbit,200Mbit,50Mbit,10Mbit)")
+    p.add_argument("--nodes", help="node counts, e.g. 2,4 (default 2,4)")
+    p.add_argument("--sizes", help="gradient sizes, e.g. 1MB,16MB (default 1MB,4MB,16MB)")
+    p.add_argument("--crs", help="compression ratios (default 0.1,0.033,0.011,0.004,0.001)")
+    p.add_argument("--repeats", type=int, help="repetitions per point (default 3; short operations get more)")
+    p.add_argument("--prefix", default=prefix, help=f"namespace name prefix (default {prefix})")
+    p.add_argument("--subnet", default=subnet, help=f"the nodes' subnet (default {subnet})")
+    p.add_argument("--from", dest="from_dir", type=Path, help="re-analyse DIR/measured.json, measure nothing")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `calibrate` under `flexcomm lab`."""
+    p = sub.add_parser("calibrate", help="validate the cost model on the emulated cluster",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _list(field: str, text: str, parse: Callable[[str], Any]) -> tuple:
+    items = tuple(parse(part.strip()) for part in text.split(",") if part.strip())
+    if not items:
+        raise ValueError(f"{field}: give at least one value, got {text!r}")
+    return items
+
+
+def _int(field: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{field}: expected a whole number, got {text!r}") from None
+    return parse
+
+
+def _float(field: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{field}: expected a number, got {text!r}") from None
+    return parse
+
+
+def grid_from(args: argparse.Namespace) -> Any:
+    from flexcomm.lab.calibrate import QUICK_GRID, Grid
+
+    base = QUICK_GRID if args.quick else Grid()
+    return Grid(
+        rates_bps=_list("rates", args.rates, lambda t: parse_rate("rates", t)) if args.rates else base.rates_bps,
+        nodes=_list("nodes", args.nodes, _int("nodes")) if args.nodes else base.nodes,
+        sizes=_list("sizes", args.sizes, lambda t: int(parse_bytes("sizes", t))) if args.sizes else base.sizes,
+        crs=_list("crs", args.crs, _float("crs")) if args.crs else base.crs,
+        repeats=base.repeats if args.repeats is None else args.repeats,
+    )
+
+
+def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure (or reload) and write the report; returns model_accuracy.json's object."""
+    from flexcomm.lab.accuracy_report import load_measured, write_report
+    from flexcomm.lab.calibrate import run_grid
+
+    meta: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(),
+                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if args.from_dir:
+        rows = load_measured(args.from_dir / "measured.json")
+        meta["reanalysed_from"] = str(args.from_dir)
+    else:
+        if os.geteuid() != 0:
+            raise ValueError("namespaces: calibrating needs root (network namespaces and shaped links)")
+        grid = grid_from(args)
+        est = grid.estimate_seconds()
+        say(f"grid: {len(grid.rates_bps)} rates x {len(grid.nodes)} node counts x {len(grid.sizes)} sizes "
+            f"x {len(grid.crs)} CRs, {grid.repeats}+ repeats; estimated {est / 60:.1f} min")
+        t0, load0 = time.monotonic(), os.getloadavg()[0]
+        rows = run_grid(grid, args.prefix, args.subnet, args.out, say)
+        meta.update(grid=grid.to_dict(), wall_s=round(time.monotonic() - t0, 1), estimated_s=round(est, 1),
+                    load_avg_start=round(load0, 2), load_avg_end=round(os.getloadavg()[0], 2))
+    return write_report(args.out, rows, meta)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    result = run(args, say=lambda s: print(s, flush=True))
+    print(json.dumps(result, separators=(",", ":")))
+    return 0
