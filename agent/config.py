@@ -51,6 +51,9 @@ class AgentConfig:
     metrics: str = "127.0.0.1:9464"
     # How often aggregated step reports and dirty policy state are written.
     flush_interval_s: float = 1.0
+    # Measurements, decisions, step reports and emulation steps older than this are
+    # pruned (hourly); jobs and their policy state are kept.
+    retention_s: float = 30 * 86400.0
     # Probe the nodes of registered jobs (iperf3 and TCP RTT).
     probe: bool = True
     # Latency probes every probe_interval_s; bandwidth tests (iperf3, within a 1%
@@ -81,6 +84,7 @@ class AgentConfig:
 
     def validate(self) -> None:
         require_finite_positive("flush_interval_s", self.flush_interval_s)
+        require_finite_positive("retention_s", self.retention_s)
         require_finite_positive("probe_interval_s", self.probe_interval_s)
         require_finite_positive("probe_bandwidth_interval_s", self.probe_bandwidth_interval_s)
         if self.probe_test_duration_s < 1 or not float(self.probe_test_duration_s).is_integer():

@@ -1,9 +1,9 @@
 """Probing the nodes of the registered jobs, and serving this node's iperf3.
 
-The probe scheduler (flexcomm.probe.scheduler) runs in its own thread over the
-union of every job's nodes; when that set changes a new scheduler replaces the
-old one (the process-wide per-target locks keep bandwidth tests exclusive while
-both briefly exist). Measurements are stored by the scheduler, smoothed by one
+One probe scheduler (flexcomm.probe.scheduler) runs in its own thread for the
+agent's lifetime over the union of every job's nodes; when that set changes it
+is told so (`set_peers`), never replaced, so its duty-cycle budget keeps
+counting the tests it already ran. Measurements are stored by the scheduler, smoothed by one
 Estimator that outlives the schedulers, and handed to the event loop, where the
 network view, the metrics and the affected jobs' policies are updated.
 
@@ -44,7 +44,6 @@ class Probing:
         self.peers: tuple[str, ...] = ()
         self._agent: Agent | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: set[asyncio.Task] = set()
 
     async def start(self, agent: Agent) -> None:
         self._agent = agent
@@ -65,16 +64,13 @@ class Probing:
         if peers == self.peers:
             return
         self.peers = peers
-        old, self.scheduler = self.scheduler, None
-        if peers:
+        if self.scheduler is None:
             self.scheduler = ProbeScheduler(peers, self.probe_config, store=self._agent.persister.store,
                                             estimator=self.estimator,
                                             on_measurement=self._from_probe_thread).start()
-            log.info("probing", extra={"fields": {"peers": list(peers)}})
-        if old is not None:  # it may be mid-test: stop it in the background, not in the RPC
-            task = asyncio.create_task(asyncio.to_thread(old.stop))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+        else:
+            self.scheduler.set_peers(peers)
+        log.info("probing", extra={"fields": {"peers": list(peers)}})
 
     def _from_probe_thread(self, m: Measurement) -> None:
         loop = self._loop
@@ -106,6 +102,5 @@ class Probing:
     async def stop(self) -> None:
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
-        await asyncio.gather(*self._stopping, return_exceptions=True)
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)

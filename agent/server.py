@@ -158,7 +158,8 @@ class Agent:
             self._metrics_server, self.metrics_port = self.metrics.serve(self.config.metrics)
         for ext in self.extensions:
             await ext.start(self)
-        self._tasks = [asyncio.create_task(self._flush_loop(), name="flush")]
+        self._tasks = [asyncio.create_task(self._flush_loop(), name="flush"),
+                       asyncio.create_task(self._prune_loop(), name="prune")]
         interval = sdnotify.watchdog_interval_s()
         if interval:
             self._tasks.append(asyncio.create_task(self._watchdog_loop(interval), name="watchdog"))
@@ -202,6 +203,17 @@ class Agent:
         except Exception as exc:  # the disk may come back; the state is retried
             self.metrics.store_errors.inc()
             log.error("store write failed", extra={"fields": {"error": str(exc)}})
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                deleted = await asyncio.to_thread(self.persister.store.prune, self.config.retention_s)
+                if any(deleted.values()):
+                    log.info("pruned old rows", extra={"fields": deleted})
+            except Exception as exc:  # a full or locked disk must not stop the agent
+                self.metrics.store_errors.inc()
+                log.error("store prune failed", extra={"fields": {"error": str(exc)}})
+            await asyncio.sleep(min(3600.0, self.config.retention_s / 10))
 
     async def _watchdog_loop(self, interval: float) -> None:
         while True:

@@ -26,7 +26,7 @@ from flexcomm.policy.costmodel import ModelForms, sync_time
 from flexcomm.policy.types import NetworkObservation
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import collective_from_enum
-from flexcomm.store import Store
+from flexcomm.store import Measurement, Store
 
 GRAD_BYTES = 40_000_000
 FAST = (5e-5, 10e9)  # alpha_s, bandwidth_bps
@@ -230,3 +230,18 @@ def test_status_command_shows_jobs_network_and_decisions(agent: AgentProcess) ->
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and "cannot reach the agent" in down.stderr
 
+
+
+def test_rows_older_than_the_retention_are_pruned(tmp_path) -> None:
+    store = Store(str(tmp_path / "agent.db"))
+    store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=1e-3, ts=1000.0))
+    store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=2e-3))
+    store.close()
+    with running(tmp_path, "--retention", "1h"):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rows = Store(str(tmp_path / "agent.db")).history("measurements", limit=10)
+            if len(rows) == 1:
+                break
+            time.sleep(0.2)
+        assert [r["rtt_p50_s"] for r in rows] == [2e-3]

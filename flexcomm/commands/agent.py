@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="SQLite store (default $STATE_DIRECTORY/flexcomm.db)")
     p.add_argument("--metrics", help="Prometheus host:port, or '' to turn off")
     p.add_argument("--flush-interval", dest="flush_interval_s", help="e.g. 1s, 500ms")
+    p.add_argument("--retention", dest="retention_s", help="prune measurements and reports older than this, e.g. 30d")
     p.add_argument("--no-probe", dest="probe", action="store_const", const=False,
                    help="do not probe the jobs' nodes")
     p.add_argument("--probe-interval", dest="probe_interval_s", help="latency probes, e.g. 10s")
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 _FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "metrics",
-          "flush_interval_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
+          "flush_interval_s", "retention_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
           "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")
 
