@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.lab.plan import parse_policy
+from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
 
@@ -108,6 +109,16 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
     return out
 
 
+def check_run(run: PolicyRun) -> list[str]:
+    """Problems the numbers alone would hide."""
+    problems = list(run.warnings)
+    uses_hook = parse_policy(run.label).kind in POLICY_NAMES
+    if uses_hook and run.steps and max(s.get("version", 0) for s in run.steps) == 0:
+        problems.append("rank 0 never adopted a decision from its source (agent refused or "
+                        "silent?): every step ran the hook's dense default")
+    return problems
+
+
 def summarize_run(run: PolicyRun, target: float) -> dict[str, Any]:
     reached = next((e for e in run.evals if e["accuracy"] >= target), None)
     return {
@@ -119,7 +130,7 @@ def summarize_run(run: PolicyRun, target: float) -> dict[str, Any]:
         "steps": len(run.steps),
         "fixed": run.fixed,
         "phases": list(phases(run).values()),
-        "warnings": run.warnings,
+        "warnings": check_run(run),
     }
 
 
@@ -229,6 +240,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines.extend(_phase_lines(summary))
     for key, value in lab["comparisons"].items():
         lines.append(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
+    for label, s in _policies(summary):
+        lines.extend(f"WARNING: {label}: {w}" for w in s["warnings"])
     if not lab.get("shaped"):
         lines.append(f"NOTE: links were not shaped ({lab.get('reason_unshaped') or 'loopback'})")
     return "\n".join(lines)

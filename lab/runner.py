@@ -153,7 +153,7 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
         shutil.rmtree(pdir)
     pdir.mkdir(parents=True)
     schedule = cfg.schedule
-    job_id = f"lab-{int(time.time())}-{index}-{pdir.name}"
+    job_id = re.sub(r"[^A-Za-z0-9._-]", "_", f"lab-{int(time.time())}-{index}-{spec.label}")
     train = TrainConfig(
         policy=spec.kind, policy_options=spec.options, world=cfg.nodes,
         master_addr=lab.nodes[0].address, master_port=free_port(lab.nodes[0].address),

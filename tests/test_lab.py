@@ -79,6 +79,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
         assert 0.5 < s["final_accuracy"] <= 1.0
         assert s["bytes_sent"] > 0 and s["wall_s"] > 0
         assert "time_to_target_s" in s
+        assert s["warnings"] == []  # e.g. the agent answered and its decisions were adopted
     assert summary["hindsight_best_fixed_s"] > 0
     for png in ("network.png", "accuracy.png", "step_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

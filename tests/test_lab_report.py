@@ -82,7 +82,7 @@ LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
 
 
 def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
-              accuracies: list[float]) -> None:
+              accuracies: list[float], version: int = 1) -> None:
     """4 steps: 2 fast (wall 101, 102), 2 slow (201, 202); an eval after each step."""
     pdir = policy_dir(out, label)
     pdir.mkdir(parents=True)
@@ -93,7 +93,7 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
         collective = "dense_ring" if cr[phase] == 1.0 else "ag_topk"
         records.append({"kind": "step", "step": i, "epoch": phase, "t": t, "wall": wall,
                         "step_s": step_s[phase], "cr": cr[phase], "collective": collective,
-                        "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2,
+                        "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2, "version": version,
                         "predicted_sync_s": step_s[phase] / 4})
         records.append({"kind": "eval", "step": i + 1, "t": t, "accuracy": accuracies[i]})
     (pdir / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -134,9 +134,19 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert comparisons["moo_over_hindsight_best_fixed"] == pytest.approx(0.74 / 0.6)
     assert comparisons["powersgd_over_moo_time_to_target"] is None
 
+    assert all(summary[p]["warnings"] == [] for p in policies)
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
     assert "1 Gbit/s: 2x120 ms dense_ring" in table
+
+
+def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:
+    cfg = LabConfig(out=tmp_path, policies=parse_policies("moo"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    write_run(tmp_path, "moo", (0.1, 0.1), (1.0, 1.0), [0.5, 0.6, 0.7, 0.8], version=0)
+    summary = build_summary(tmp_path)
+    assert "never adopted a decision" in summary["moo"]["warnings"][0]
+    assert "WARNING: moo: rank 0 never adopted" in format_table(summary)
 
 
 @pytest.mark.slow
