@@ -59,21 +59,13 @@ def _list(field: str, text: str, parse: Callable[[str], Any]) -> tuple:
     return items
 
 
-def _int(field: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _number(field: str, kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            return int(text)
+            return kind(text)
         except ValueError:
-            raise ValueError(f"{field}: expected a whole number, got {text!r}") from None
-    return parse
-
-
-def _float(field: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"{field}: expected a number, got {text!r}") from None
+            what = "a whole number" if kind is int else "a number"
+            raise ValueError(f"{field}: expected {what}, got {text!r}") from None
     return parse
 
 
@@ -83,9 +75,9 @@ def grid_from(args: argparse.Namespace) -> Any:
     base = QUICK_GRID if args.quick else Grid()
     return Grid(
         rates_bps=_list("rates", args.rates, lambda t: parse_rate("rates", t)) if args.rates else base.rates_bps,
-        nodes=_list("nodes", args.nodes, _int("nodes")) if args.nodes else base.nodes,
+        nodes=_list("nodes", args.nodes, _number("nodes", int)) if args.nodes else base.nodes,
         sizes=_list("sizes", args.sizes, lambda t: int(parse_bytes("sizes", t))) if args.sizes else base.sizes,
-        crs=_list("crs", args.crs, _float("crs")) if args.crs else base.crs,
+        crs=_list("crs", args.crs, _number("crs", float)) if args.crs else base.crs,
         repeats=base.repeats if args.repeats is None else args.repeats,
     )
 
