@@ -43,13 +43,15 @@ def ring_allreduce_mean(
     t: torch.Tensor,
     group: dist.ProcessGroup | None,
     on_done: Callable[[float], None] | None = None,
+    size: int | None = None,
 ) -> Future:
     """Average `t` in place over `group`, asynchronously.
 
     Divides first, then sums: exactly what PyTorch's `allreduce_hook` does, so the
     result is bit-identical to it. `on_done(t_end)` runs when the sum arrived.
+    `size` saves looking the group's size up on every call.
     """
-    t.div_(group_size(group))
+    t.div_(size or group_size(group))
     work = dist.all_reduce(t, group=group, async_op=True)
 
     def done(_fut: Future) -> torch.Tensor:

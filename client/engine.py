@@ -150,7 +150,7 @@ class FlatSync:
             return fut
 
         return coll.ring_allreduce_mean(
-            g, self.group, lambda t_end: stats.add(t_sync=t_end - t0)
+            g, self.group, lambda t_end: stats.add(t_sync=t_end - t0), self.size
         )
 
     def _probe(self, g_e: torch.Tensor, probe_crs: Sequence[float], stats: StepStats,
