@@ -117,7 +117,8 @@ def write_plot(path: Path, rows: list[Measured], head: Variant, held_ids: set[in
     colours = {"dense_ring": "tab:blue", "ag_topk": "tab:orange", "art_ring": "tab:green",
                "art_tree": "tab:red"}
     panels = [(axes[0], rows, head.raw, f"raw ({variant_name(*HEADLINE)})"),
-              (axes[1], [r for r in rows if id(r) in held_ids], head.calibrated, "calibrated, held-out half")]
+              (axes[1], [r for r in rows if id(r) in held_ids], head.calibrated,
+               "calibrated (the agent's Calibration, one per job), held-out half")]
     values = [r.t_sync_s for r in rows] + [head.raw(r) for r in rows]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     for ax, subset, predict, title in panels:
