@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flexcomm.lab.sync import TORCH_METHODS
-from flexcomm.policy import POLICY_NAMES
+from flexcomm.policy import POLICY_NAMES, make_policy
 from flexcomm.policy.types import AG_TOPK, SPARSE_COLLECTIVES, check_cr
 
 DEFAULT_POLICIES = ("dense", "topk-0.1", "topk-0.01", "moo", "gravac", "powersgd")
@@ -82,6 +82,11 @@ def parse_policy(spec: str) -> PolicySpec:
         raise ValueError(f"policies: {name} takes no options")
     if name == "static" and float(options.get("cr", 1.0)) < 1.0:
         options.setdefault("collective", AG_TOPK)
+    if name in POLICY_NAMES:  # bad options are refused now, not by rank 0 mid-run
+        try:
+            make_policy(name, grad_bytes=1e6, nodes=2, options=options)
+        except ValueError as exc:
+            raise ValueError(f"policies: {text}: {exc}") from None
     return PolicySpec(text, name, options)
 
 

@@ -38,6 +38,7 @@ class PolicyRun:
     evals: list[dict[str, Any]]
     links: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    failed: str = ""  # why the run failed, when it did
 
     @property
     def fixed(self) -> bool:
@@ -56,7 +57,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_runs(out: Path) -> list[PolicyRun]:
-    from flexcomm.lab.runner import policy_dir
+    from flexcomm.lab.runner import FAILED, policy_dir
 
     config = json.loads((out / "config.json").read_text())
     runs = []
@@ -69,6 +70,7 @@ def load_runs(out: Path) -> list[PolicyRun]:
             [r for r in records if r["kind"] == "eval"],
             read_jsonl(pdir / "links.jsonl"),
             [r["message"] for r in records if r["kind"] == "warning"],
+            (pdir / FAILED).read_text() if (pdir / FAILED).exists() else "",
         ))
     return runs
 
@@ -139,7 +141,7 @@ def hindsight(runs: list[PolicyRun], per_policy: dict[str, dict[str, Any]]
     """Per phase, the fixed policy with the lowest mean step time there, times the
     phase's steps (the median over all runs: the same for epoch-keyed schedules);
     added up over the phases."""
-    fixed = [r.label for r in runs if r.fixed and per_policy[r.label]["steps"]]
+    fixed = [r.label for r in runs if r.fixed and per_policy[r.label]["steps"] and not r.failed]
     if not fixed:
         return None, []
     keys: dict[Any, list[int]] = {}
@@ -212,6 +214,7 @@ def build_summary(out: Path) -> dict[str, Any]:
         "reason_unshaped": cluster.get("reason_unshaped", ""),
         "decisions": config["decisions"],
         "hindsight_choices": choices,
+        "failed": {run.label: run.failed for run in runs if run.failed},
         "comparisons": comparisons(per_policy, best_fixed_s),
     }
     return summary
@@ -242,6 +245,8 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
     for label, s in _policies(summary):
         lines.extend(f"WARNING: {label}: {w}" for w in s["warnings"])
+    for label, why in lab.get("failed", {}).items():
+        lines.append(f"FAILED: {label}: {why.strip().splitlines()[0]}")
     if not lab.get("shaped"):
         lines.append(f"NOTE: links were not shaped ({lab.get('reason_unshaped') or 'loopback'})")
     return "\n".join(lines)

@@ -43,6 +43,7 @@ from flexcomm.probe.schedule import Schedule, parse_schedule
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")
+FAILED = "failed.txt"  # in a policy's directory: why its run failed
 POLL_S = 0.02
 
 Progress = Callable[[dict[str, Any]], None]
@@ -100,7 +101,8 @@ class LabConfig:
 
 
 def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str, Any]:
-    """Run every policy, write the report, return the summary."""
+    """Run every policy, write the report, return the summary. A policy whose run
+    fails is reported as failed (summary["lab"]["failed"]) and the others go on."""
     from flexcomm.lab.report import write_report
 
     out = Path(cfg.out)
@@ -121,7 +123,11 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str
             handles = start_agents(lab, sockets, db_dir=out / "agents")
             agent_socket = str(handles[0].socket)
         for index, spec in enumerate(cfg.policies):
-            run_policy(lab, cfg, spec, index, agent_socket, store, progress)
+            try:
+                run_policy(lab, cfg, spec, index, agent_socket, store, progress)
+            except LabError as exc:  # the other policies still run and are reported
+                (policy_dir(out, spec.label) / FAILED).write_text(str(exc))
+                progress({"kind": "failed", "policy": spec.label, "message": str(exc)})
     return write_report(out)
 
 

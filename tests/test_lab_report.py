@@ -41,6 +41,8 @@ def test_policy_options_and_collectives() -> None:
     ("topk-0.1-dense_ring", "not a Top-k collective"),
     ("moo:objective", "is not key=value"),
     ("powersgd:rank=4", "powersgd takes no options"),
+    ("moo:bogus=1", "moo:bogus=1: bogus: unknown MOO option"),
+    ("static:cr=0.1,collective=ps", "static:cr=0.1,collective=ps: "),
     ("dense moo dense", "'dense' is listed twice"),
 ])
 def test_bad_policy_specs_are_named(text: str, message: str) -> None:
@@ -164,3 +166,49 @@ def test_loopback_lab_says_unshaped_and_reports(tmp_path: Path) -> None:
     assert summary["dense"]["steps"] == summary["powersgd"]["steps"] == 12
     assert summary["dense"]["phases"][0]["rate_bps"] is None
     assert (out / "accuracy.png").stat().st_size > 0
+
+
+def rank_pids(train_json: Path, rank: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(train_json).encode() in argv and argv[-2:] == [str(rank).encode(), b""]:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out), "--loopback",
+         "--nodes", "2", "--policies", "topk-0.1 dense", "--steps", "400",
+         "--decisions", "inprocess"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = policy_dir(out, "topk-0.1") / "records.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (records.exists() and '"kind": "step"' in records.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        for pid in rank_pids(policy_dir(out, "topk-0.1") / "train.json", 1):
+            os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "rank 1 exited with code" in summary["lab"]["failed"]["topk-0.1"]
+    assert summary["dense"]["steps"] == 400  # the next policy ran to the end
+    assert "FAILED: topk-0.1: rank 1 exited" in stdout
+    assert "topk-0.1 failed" in stderr

@@ -126,7 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_table(summary))
     print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, accuracy.png, "
           f"step_time.png ({time.monotonic() - start:.0f} s in all)")
-    return 0
+    for label, why in summary["lab"]["failed"].items():
+        print(f"flexcomm lab: {label} failed: {why}", file=sys.stderr)
+    return 1 if summary["lab"]["failed"] else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -180,6 +182,8 @@ class TerminalProgress:
             if not self.tty and (event["step"] % max(1, self.steps // 10) < 5
                                  or event["step"] == self.steps):
                 self._status()
+        elif kind == "failed":
+            self._print(f"  FAILED: {event['message'].strip().splitlines()[0]}")
         elif kind == "warning":
             self._print(f"  warning: {event['message']}")
 
