@@ -19,11 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexcomm.lab.sync import TORCH_METHODS
 from flexcomm.policy import POLICY_NAMES, make_policy
 from flexcomm.policy.types import AG_TOPK, SPARSE_COLLECTIVES, check_cr
 
+# Methods that are PyTorch's own, not a flexcomm policy (flexcomm.lab.sync runs them).
+TORCH_METHODS = ("powersgd", "allreduce")
 DEFAULT_POLICIES = ("dense", "topk-0.1", "topk-0.01", "moo", "gravac", "powersgd")
+# The default run, sized so that all six policies finish in about 5 minutes on a
+# quiet 2-core machine (10 under load) and dense reaches the target late in it.
+DEFAULTS = {"steps": 250, "batch": 32, "lr": 0.01, "eval_every": 5, "target_accuracy": 0.95,
+            "control_interval": 2, "hidden": 400, "depth": 3}
 FIXED_KINDS = ("dense", "static", "allreduce")
 
 # Epoch-keyed, so every policy trains the same steps under the same link: a

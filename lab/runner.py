@@ -34,8 +34,14 @@ from typing import Any
 
 from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cluster import LabCluster, describe
-from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULT_SCHEDULE, PolicySpec, parse_policies
-from flexcomm.lab.sync import TORCH_METHODS
+from flexcomm.lab.plan import (
+    DEFAULT_POLICIES,
+    DEFAULT_SCHEDULE,
+    DEFAULTS,
+    TORCH_METHODS,
+    PolicySpec,
+    parse_policies,
+)
 from flexcomm.lab.trainer import TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset
 from flexcomm.probe.emulator import AppliedStep, Emulator
@@ -61,16 +67,16 @@ class LabConfig:
     nodes: int = 4
     schedule_text: str = DEFAULT_SCHEDULE
     schedule_name: str = "default"
-    steps: int = 250
-    batch: int = 32
-    lr: float = 0.01
-    eval_every: int = 5
-    target_accuracy: float = 0.95
+    steps: int = DEFAULTS["steps"]
+    batch: int = DEFAULTS["batch"]
+    lr: float = DEFAULTS["lr"]
+    eval_every: int = DEFAULTS["eval_every"]
+    target_accuracy: float = DEFAULTS["target_accuracy"]
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     prefix: str = "flexlab"
     subnet: str = "10.213.0.0/24"
     decisions: str = "agent"
-    control_interval: int = 2
+    control_interval: int = DEFAULTS["control_interval"]
     namespaces: bool | None = None  # None: when this process can
     policy_timeout_s: float = 900.0
 

@@ -15,8 +15,6 @@ from typing import Any, Protocol
 
 from torch.nn.parallel import DistributedDataParallel
 
-# Methods that are PyTorch's own, not a flexcomm policy.
-TORCH_METHODS = ("powersgd", "allreduce")
 POWERSGD_RANK = 2
 POWERSGD_START_ITER = 10
 

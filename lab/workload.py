@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from flexcomm.lab.plan import DEFAULTS
+
 WORKLOADS = ("digits", "synthetic")
 
 
@@ -28,8 +30,8 @@ class WorkloadSpec:
     """How to build a workload; plain data, so it travels to rank processes as JSON."""
 
     name: str = "digits"
-    hidden: int = 400
-    depth: int = 3
+    hidden: int = DEFAULTS["hidden"]
+    depth: int = DEFAULTS["depth"]
     seed: int = 0
     samples: int = 4000  # synthetic only
     features: int = 64  # synthetic only

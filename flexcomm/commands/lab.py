@@ -22,6 +22,9 @@ from flexcomm.units import format_rate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULTS
+
+    d = DEFAULTS
     parser = subparsers.add_parser(
         "lab", help="emulated multi-node cluster: train under a network schedule, compare policies",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,24 +34,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--out", help="run directory (default runs/lab-<time>)")
     run.add_argument("--nodes", type=int, default=4, help="nodes = ranks (default 4)")
     run.add_argument("--schedule", help="emulation schedule, TOML (default: fast, slow, very slow)")
-    run.add_argument("--policies", help="space/comma separated (default: dense topk-0.1 "
-                     "topk-0.01 moo gravac powersgd); see flexcomm.lab.plan")
-    run.add_argument("--steps", type=int, default=None, help="training steps per policy")
-    run.add_argument("--batch", type=int, default=None, help="samples per rank per step")
-    run.add_argument("--lr", type=float, default=None, help="SGD learning rate")
-    run.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
+    run.add_argument("--policies", help=f"space/comma separated (default: "
+                     f"{' '.join(DEFAULT_POLICIES)}); see flexcomm.lab.plan")
+    run.add_argument("--steps", type=int, default=None, help=f"training steps per policy (default {d['steps']})")
+    run.add_argument("--batch", type=int, default=None,
+                     help=f"samples per rank per step (default {d['batch']})")
+    run.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d['lr']})")
+    run.add_argument("--eval-every", type=int, default=None,
+                     help=f"steps between evaluations (default {d['eval_every']})")
     run.add_argument("--target", type=float, default=None,
-                     help="target test accuracy, a fraction (default 0.95)")
+                     help=f"target test accuracy, a fraction (default {d['target_accuracy']})")
     run.add_argument("--workload", choices=("digits", "synthetic"), default="digits")
-    run.add_argument("--hidden", type=int, default=None, help="MLP width (sets gradient size)")
-    run.add_argument("--depth", type=int, default=None, help="MLP layers")
+    run.add_argument("--hidden", type=int, default=None,
+                     help=f"MLP width: sets the gradient size (default {d['hidden']})")
+    run.add_argument("--depth", type=int, default=None, help=f"MLP layers (default {d['depth']})")
     run.add_argument("--samples", type=int, default=None, help="synthetic: samples")
     run.add_argument("--features", type=int, default=None, help="synthetic: input features")
     run.add_argument("--decisions", choices=("agent", "inprocess"), default="agent",
                      help="rank 0 asks its node's flexcomm agent (default) or runs the "
                      "policy in-process")
     run.add_argument("--control-interval", type=int, default=None,
-                     help="steps between rank agreements (the hook's K)")
+                     help=f"steps between rank agreements, the hook's K (default {d['control_interval']})")
     run.add_argument("--prefix", default="flexlab", help="namespace name prefix")
     run.add_argument("--subnet", default="10.213.0.0/24", help="the nodes' subnet")
     run.add_argument("--loopback", action="store_true",
