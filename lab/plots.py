@@ -92,6 +92,18 @@ def _accuracy(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> 
     return path
 
 
+def _phase_starts(run: Any) -> list[tuple[int, float]]:
+    """(first step, link rate) of each phase of `run` (the same steps for every
+    policy under an epoch-keyed schedule)."""
+    starts, last = [], None
+    for step in run.steps:
+        index = run.phase_of(step)
+        if index >= 0 and index != last:
+            starts.append((step["step"], run.links[index]["rate_bps"]))
+        last = index
+    return starts
+
+
 def rolling_median(values: list[float], window: int) -> list[float]:
     """Each value replaced by the median of the `window` values centred on it."""
     half = window // 2
@@ -104,10 +116,14 @@ def _step_time(out: Path, runs: list[Any], plt: Any) -> Path:
         ax.plot([s["step"] for s in run.steps],
                 rolling_median([1000 * s["step_s"] for s in run.steps], SMOOTH_STEPS),
                 label=run.label, linewidth=1.2)
+    for step, rate in _phase_starts(runs[0]) if runs else ():
+        ax.axvline(step, color="0.6", linestyle=":", linewidth=1)
+        ax.annotate(f"{rate / 1e6:g} Mbit/s", (step, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12), textcoords="offset points", fontsize=7, color="0.4")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel(f"step time (ms, median of {SMOOTH_STEPS} steps)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "step_time.png"
