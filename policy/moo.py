@@ -87,7 +87,8 @@ class MooConfig:
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
-    sync_change_threshold: float = 0.25
+    reexplore_on_gain: bool = False
+    sync_change_threshold: float = 0.5
     alpha_floor_s: float = 1e-4
     hysteresis: float = 0.05
     warmup_steps: int = 3
@@ -124,6 +125,8 @@ class MooConfig:
             raise ValueError("weight_time: weights must not both be 0")
         _in_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
         _in_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
+        if not isinstance(self.reexplore_on_gain, bool):
+            raise ValueError(f"reexplore_on_gain: must be true or false, got {self.reexplore_on_gain!r}")
         _in_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         _in_range("hysteresis", self.hysteresis, 0, 1)
         _in_range("smoothing", self.smoothing, 0, 1, open_low=True)
@@ -378,18 +381,22 @@ class MooPolicy:
         elif s.phase == EXPLORE and s.phase_steps >= cfg.explore_steps:
             s.plan_index += 1
             self._run_plan_item()
-        elif s.phase == EXPLOIT and s.phase_steps >= cfg.min_exploit_steps:
-            why = self._gain_moved() or self._sync_moved()
+        elif s.phase == EXPLOIT:
+            # A moved sync time is checked every step: waiting would let decide()
+            # wander among the other options' stale measurements.
+            why = self._sync_moved()
+            if not why and cfg.reexplore_on_gain and s.phase_steps >= cfg.min_exploit_steps:
+                why = self._gain_moved()
             if why:
                 self._start_exploration(why)
 
     def _sync_moved(self) -> str:
-        """Passive change detection: the chosen option's measured sync time moved
-        by >= sync_change_threshold from where it settled. Probes are rare; steps
-        are not, and the other options' measurements are stale after a change."""
+        """Passive change detection: the chosen option's smoothed sync time moved
+        by >= sync_change_threshold from where it settled (after explore_steps
+        steps on it). Probes are rare; steps are not."""
         s = self._s
         measured = s.sync.get(_key(s.current["collective"], s.current["cr"]))
-        if measured is None:
+        if measured is None or s.phase_steps < self.config.explore_steps:
             return ""
         if s.sync_baseline is None:
             s.sync_baseline = measured
@@ -465,7 +472,12 @@ class MooPolicy:
         }
 
     def _choose(self) -> Evaluation:
+        # Predictions plan what to explore; choices are made among what was
+        # measured since the network last changed (a stale or optimistic model
+        # must not pull the job onto an option nobody has timed).
         rows = self.evaluate()
+        measured = [r for r in rows if r.measured]
+        rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
             return Evaluation(self._s.current["collective"], self._s.current["cr"], 0, 0, 0, None, False)
         best = self.choose(rows)

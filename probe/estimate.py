@@ -2,7 +2,7 @@
 
 alpha: per-message latency (s); beta: seconds per byte (DESIGN.md section 3).
 
-- Active probes: a latency burst gives alpha (half the median RTT), a bandwidth
+- Active probes: a latency burst gives alpha (half the smallest RTT), a bandwidth
   test gives beta (8 / bits per second): `Estimator.observe(measurement)`.
 - Passive observations: a measured sync time at a known message size is linear in
   alpha and beta, t = a*alpha + b*beta, with a and b read off the cost model

@@ -108,12 +108,14 @@ def rtt_burst(peer: str, port: int, *, count: int = DEFAULT_COUNT,
 
 
 def latency_measurement(summary: RttSummary) -> Measurement:
-    """The store's record of a burst. alpha is half the median RTT (one way);
-    a burst with no answer at all is a failed measurement."""
+    """The store's record of a burst. alpha is half the smallest RTT (one way):
+    the median rises with queueing behind a busy link (a training job saturating
+    it doubled the median here), and the alpha of the cost model is the path's
+    latency, not its queue. A burst with no answer at all is a failed measurement."""
     if summary.answered == 0:
         return Measurement(peer=summary.peer, kind=LATENCY, ok=False, loss=1.0,
                            error=f"tcp connect to {summary.peer}:{summary.port}: {summary.error}")
-    assert summary.p50_s is not None
+    assert summary.min_s is not None
     return Measurement(peer=summary.peer, kind=LATENCY, rtt_min_s=summary.min_s,
                        rtt_p50_s=summary.p50_s, rtt_p99_s=summary.p99_s, loss=summary.loss,
-                       alpha_s=summary.p50_s / 2)
+                       alpha_s=summary.min_s / 2)

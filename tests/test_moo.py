@@ -79,16 +79,31 @@ def test_latency_change_below_the_absolute_floor_does_not_reexplore() -> None:
     assert policy.explorations == before + 1
 
 
-def test_gain_change_triggers_reexploration() -> None:
-    policy = MooPolicy(M, MooConfig(min_exploit_steps=2))
-    job = Job(policy, M)
-    settle(policy, job, 1e-3, 50e6)
-    before, d = policy.explorations, policy.decide()
-    for i in range(10):  # the chosen CR's gain collapses by half
-        policy.observe_step(StepReport(step=1000 + i, cr=d.cr, collective=d.collective, t_comp_s=0.01,
-                                       t_sync_s=0.05, gain=gain_curve(d.cr) / 2,
+def _collapse_gains(policy: MooPolicy, steps: int) -> None:
+    d = policy.decide()
+    measured = next(r for r in policy.evaluate() if (r.collective, r.cr) == (d.collective, d.cr))
+    for i in range(steps):  # same sync time as measured; every CR's gain halves
+        policy.observe_step(StepReport(step=1000 + i, cr=d.cr, collective=d.collective, t_comp_s=measured.t_comp_s,
+                                       t_sync_s=measured.t_sync_s, gain=gain_curve(d.cr) / 2,
                                        gains={c: gain_curve(c) / 2 for c in d.probe_crs}))
+
+
+def test_gain_change_triggers_reexploration_when_asked() -> None:
+    policy = MooPolicy(M, MooConfig(min_exploit_steps=2, reexplore_on_gain=True))
+    settle(policy, Job(policy, M), 1e-3, 50e6)
+    before = policy.explorations
+    _collapse_gains(policy, 10)
     assert policy.explorations == before + 1
+
+
+def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
+    # Every CR's gain is read off every gradient, so there is nothing to explore.
+    policy = MooPolicy(M, MooConfig(min_exploit_steps=2))
+    settle(policy, Job(policy, M), 1e-3, 50e6)
+    before, gain_before = policy.explorations, policy.evaluate()[1].gain
+    _collapse_gains(policy, 10)
+    assert policy.explorations == before
+    assert policy.evaluate()[1].gain < gain_before * 0.6
 
 
 def _near_tie(hysteresis: float) -> Job:
@@ -96,13 +111,14 @@ def _near_tie(hysteresis: float) -> Job:
     # they tie. Measurements then swing +-4% in blocks of ten steps.
     cr = 0.01
     config = MooConfig(c_low=cr, c_high=cr, collectives=("ag_topk", "art_ring"), dense_collectives=(),
-                       hysteresis=hysteresis, warmup_steps=0)
+                       hysteresis=hysteresis, warmup_steps=1)
     policy = MooPolicy(M, config)
     beta = 8 / 100e6
     alpha = crossover_ratio("ring_vs_ag", 4, M, cr) * beta
     job = Job(policy, M, model_error=1.0, t_compute=0.0, t_comp=lambda c: 0.001)
     job.run(10, alpha, 100e6)
     assert policy.phase == EXPLOIT
+    assert {r.collective for r in policy.evaluate() if r.measured} == {"ag_topk", "art_ring"}
     policy.calibration.error = lambda collective=None: 0.0  # isolate the hysteresis margin
     job.run(200, alpha, 100e6, noise=lambda step: 1.04 if (step // 10) % 2 else 0.96)
     return job
