@@ -96,6 +96,10 @@ class FlexcommState(Runner):
         self._close_finished_step()
         super().close()
 
+    def state_dict(self) -> dict[str, Any]:
+        self._close_finished_step()  # so that the saved step counter counts it
+        return super().state_dict()
+
     # -- per bucket ---------------------------------------------------------
     def _run_bucket(self, bucket: dist.GradBucket) -> coll.Future:
         if not self._in_step:

@@ -105,17 +105,18 @@ def _reference_topk(local, residual, cr, collective, step, world):
 
 
 def _run_against_reference(rank, world, model, shadow, state_or_sync, cr, collective, steps,
-                           features, warmup):
+                           features, warmup, first_step=0, residual=None):
     """Train `model` (DDP or with GradientSync) and compare each step's averaged gradient
-    with the hand reference built from `shadow`'s (an identical plain copy) gradients."""
+    with the hand reference built from `shadow`'s (an identical plain copy) gradients.
+    `residual`: every rank's residual at the start (zeros if None)."""
     numel = sum(p.numel() for p in shadow.parameters())
-    residual = [torch.zeros(numel) for _ in range(world)]
+    residual = residual or [torch.zeros(numel) for _ in range(world)]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     shadow_opt = torch.optim.SGD(shadow.parameters(), lr=0.05)
     errors = []
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
         local = _all_local_grads(shadow, rank, world, step, features)
-        if step < warmup:
+        if step - first_step < warmup:
             expected = sum(g / world for g in local)
         else:
             expected, residual = _reference_topk(local, residual, cr, collective, step, world)
@@ -143,6 +144,7 @@ def check_sparse_through_ddp(rank: int, world: int) -> dict:
     state = register(model, cr=0.01, collective="ag_topk", warmup_steps=1)
     out["bucket_ag_topk"] = _run_against_reference(
         rank, world, model, single(), state, 0.01, "ag_topk", 4, 512, warmup=1)
+    out["restart"] = _restart(rank, world, model, state)
     # Several buckets, one Top-k over all of them (global mode), AR-Topk ring, STAR root.
     model = ddp(mlp(1))
     state = register(model, cr=0.05, collective="art_ring", global_topk=True, warmup_steps=2)
@@ -150,6 +152,29 @@ def check_sparse_through_ddp(rank: int, world: int) -> dict:
         rank, world, model, mlp(1), state, 0.05, "art_ring", 5, 20, warmup=2)
     out["global_roots"] = [s.roots for s in state.history]
     return out
+
+
+def _restart(rank: int, world: int, model, state) -> list[float]:
+    """A new DDP model and hook restored from `state` (as after a restart) runs its
+    dense warm-up step, then uses the restored residual: checked by hand."""
+    import copy
+
+    import torch.distributed as dist
+
+    from flexcomm.client.hook import register
+
+    saved = state.state_dict()
+    mine = saved["engine"]["residuals"][0]
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    restarted = nn.parallel.DistributedDataParallel(copy.deepcopy(model.module))
+    again = register(restarted, cr=0.01, collective="ag_topk", warmup_steps=1)
+    again.load_state_dict(saved)
+    errors = _run_against_reference(rank, world, restarted, copy.deepcopy(model.module), again,
+                                    0.01, "ag_topk", 2, 512, warmup=1, first_step=4,
+                                    residual=every)
+    assert [s.step for s in again.history] == [4, 5]
+    return errors
 
 
 def check_gradient_sync(rank: int, world: int) -> dict:
@@ -320,6 +345,7 @@ def test_topk_through_ddp_equals_hand_reference(results):
     for res in per_rank:
         s = res["sparse"]
         assert max(s["bucket_ag_topk"]) < 1e-6, s["bucket_ag_topk"]
+        assert max(s["restart"]) < 1e-6, s["restart"]  # restored residual used, by hand
         assert max(s["global_art_ring"]) < 1e-6, s["global_art_ring"]
         # global mode: one root per step (round-robin), none in the dense warm-up
         assert s["global_roots"] == [[], [], [2 % world], [3 % world], [4 % world]]
