@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flexcomm.agent.validate import JobSpec
 from flexcomm.policy.types import Decision, NetworkObservation, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import decision_to_proto
+from flexcomm.proto.validate import JobSpec
 
 log = logging.getLogger("flexcomm.agent.jobs")
 STATE_FORMAT = 1

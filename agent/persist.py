@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from flexcomm.agent.jobs import Job
-from flexcomm.agent.validate import JobSpec
 from flexcomm.policy.types import Decision, Policy, StepReport
+from flexcomm.proto.validate import JobSpec
 from flexcomm.store import Measurement, Store
 
 log = logging.getLogger("flexcomm.agent.persist")

@@ -33,10 +33,10 @@ from flexcomm.agent.jobs import Jobs
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network import NetworkView
 from flexcomm.agent.persist import Persister
-from flexcomm.agent.policies import create_policy
 from flexcomm.agent.service import AgentService
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from flexcomm.proto.validate import policy_for
 
 log = logging.getLogger("flexcomm.agent")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -102,7 +102,7 @@ class Agent:
         self.network = NetworkView()
         self.persister = Persister(config.db)
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    create_policy, on_epoch=None)
+                                    policy_for, on_epoch=None)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()
@@ -129,7 +129,7 @@ class Agent:
 
     async def start(self) -> None:
         await self.persister.open()
-        for job in await self.persister.load_jobs(create_policy):
+        for job in await self.persister.load_jobs(policy_for):
             self.jobs.add(job)
             self.service.publish(job)
             log.info("job resumed", extra={"fields": {

@@ -17,15 +17,15 @@ from typing import Any
 
 import grpc
 
-from flexcomm.agent import validate
 from flexcomm.agent.jobs import Job, JobNotFound, Jobs
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network import NetworkView
 from flexcomm.agent.persist import Persister
-from flexcomm.agent.validate import JobSpec
 from flexcomm.policy.types import Policy
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from flexcomm.proto import validate
+from flexcomm.proto.validate import JobSpec
 
 log = logging.getLogger("flexcomm.agent.service")
 

@@ -31,6 +31,7 @@ import grpc
 from flexcomm.policy.types import Decision, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from flexcomm.proto import validate
 from flexcomm.proto.convert import decision_from_proto, report_to_proto
 
 log = logging.getLogger("flexcomm.client.agent")
@@ -57,6 +58,9 @@ class AgentClient:
         spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes,
                           nodes=list(nodes), policy=policy)
         spec.options.update(dict(options or {}))
+        # The agent's own checks, here: a bad spec fails in the caller's code at
+        # construction, not as a refusal logged by a background thread.
+        validate.policy_for(validate.spec(spec))
         self._register = pb.RegisterJobRequest(spec=spec)
         self.job_id = job_id
         self.timeout_s = timeout_s

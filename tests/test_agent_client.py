@@ -58,15 +58,18 @@ def test_it_is_a_decision_source_that_registers_and_delivers_reports(agent: Agen
         client.close()
 
 
-def test_bad_options_are_refused_and_said(agent: AgentProcess, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="flexcomm.client.agent")
-    client = client_for(agent, "bad-options", options={"c_low": 7})
-    try:
-        wait_for(lambda: client.refused_batches >= 1, what="the refusal")
-        assert client.latest() is None
-        assert "spec.options.c_low" in caplog.text
-    finally:
-        client.close()
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"job_id": "moo:c_low=0.01"}, "spec.job_id"),
+    ({"options": {"c_low": 7}}, "spec.options.c_low"),
+    ({"options": {"bogus": 1}}, "spec.options.bogus"),
+    ({"world_size": 1}, "spec.world_size"),
+    ({"policy": "fastest"}, "spec.policy"),
+    ({"nodes": ["10.0.0.1", "10.0.0.1"]}, "spec.nodes"),
+])
+def test_a_spec_the_agent_would_refuse_fails_at_construction(tmp_path: Path, kw: dict, field: str) -> None:
+    args = {"job_id": "job", "world_size": 2, "grad_bytes": 4096, "policy": "moo", **kw}
+    with pytest.raises(ValueError, match=field):
+        AgentClient(f"unix://{tmp_path}/none.sock", **args)
 
 
 def test_outage_keeps_the_last_decision_never_blocks_and_recovers(

@@ -1,5 +1,9 @@
 """Checking every field of every request before anything is changed.
 
+Shared by the agent (every RPC) and the agent client (a job spec is checked when
+the client is built, so a bad one fails in the user's code, not silently in a
+background thread).
+
 Each check raises ValueError whose message starts with the field's path in the
 request (e.g. "reports[3].t_sync_s: must be finite and >= 0, got nan"); the
 service turns it into INVALID_ARGUMENT. Bounds are generous but finite, so an
@@ -16,8 +20,8 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from flexcomm.policy import POLICY_NAMES
-from flexcomm.policy.types import StepReport, check_cr
+from flexcomm.policy import POLICY_NAMES, make_policy
+from flexcomm.policy.types import Policy, StepReport, check_cr
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import collective_from_enum
 
@@ -165,3 +169,14 @@ def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
     bandwidth = _bounded_float("network.bandwidth_bps", msg.bandwidth_bps, MAX_BANDWIDTH_BPS,
                                positive=True)
     return alpha, bandwidth
+
+
+def policy_for(spec: JobSpec) -> Policy:
+    """A fresh policy for `spec`; ValueError naming the option for bad options."""
+    try:
+        return make_policy(spec.policy, grad_bytes=spec.grad_bytes, nodes=spec.world_size,
+                           options=dict(spec.options))
+    except TypeError as exc:  # a value of the wrong kind reaching a constructor
+        raise ValueError(f"spec.options: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"spec.options.{exc}") from None
