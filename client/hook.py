@@ -25,13 +25,24 @@ What runs each step (DESIGN.md section 6):
   (`global_topk=True`: one Top-k over the whole gradient, as in the paper, at
   the cost of holding every bucket until the last one is ready).
 
-Statistics: `state.last_stats()` is the last finished step's `StepStats`
-(t_comp_s, t_sync_s, gain, bytes_sent, collective, cr, roots); `state.history`
-holds recent ones; `state.rank_stats` every rank's means from the last agreement.
-Rank 0 reports each step to its source as a `StepReport`.
+- A source that raises, returns None or
+  proposes something the client cannot run (`ps`) leaves the last decision in
+  place; nothing in a step waits on a source.
 
-Checkpointing: `state.state_dict()` / `state.load_state_dict(...)` (residuals,
-step counter, adopted decision; tensors, so use torch.save).
+Statistics: `state.last_stats()` is the last finished step's `StepStats`
+(t_comp_s, t_sync_s, t_probe_s, gain, bytes_sent, collective, cr, version,
+roots); `state.history` holds recent ones; `state.rank_stats` every rank's means
+from the last agreement. Rank 0 reports each step to its source as a
+`StepReport`, with the gains of the decision's `probe_crs` on the first step of
+each control interval. `state.set_epoch(e)` sets the epoch reports carry.
+
+Checkpointing: `state.state_dict()` / `state.load_state_dict(...)` on every rank
+(residuals, step counter, adopted decision; tensors, so use torch.save). After a
+restart the warm-up runs again, then the restored residuals are used.
+
+Bad options (a CR outside (0, 1], an unknown or model-only collective, a group of
+one rank, warmup_steps < 1, an unknown selector or root) raise ValueError naming
+the option when the state is built.
 """
 
 from __future__ import annotations
