@@ -24,10 +24,8 @@ What runs each step (DESIGN.md section 6):
 - Top-k collectives keep an error-feedback residual per bucket index
   (`global_topk=True`: one Top-k over the whole gradient, as in the paper, at
   the cost of holding every bucket until the last one is ready).
-
-- A source that raises, returns None or
-  proposes something the client cannot run (`ps`) leaves the last decision in
-  place; nothing in a step waits on a source.
+- A source that raises, returns None or proposes something the client cannot
+  run (`ps`) leaves the last decision in place; nothing in a step waits on it.
 
 Statistics: `state.last_stats()` is the last finished step's `StepStats`
 (t_comp_s, t_sync_s, t_probe_s, gain, bytes_sent, collective, cr, version,
