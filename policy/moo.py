@@ -96,6 +96,7 @@ class MooConfig:
     explore_prune: float = 4.0
     min_exploit_steps: int = 10
     smoothing: float = 0.3
+    gain_smoothing: float = 0.05
     root: str = ROOT_STAR
     ag_form: str = "paper"
     tree_form: str = "paper"
@@ -130,6 +131,7 @@ class MooConfig:
         _in_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         _in_range("hysteresis", self.hysteresis, 0, 1)
         _in_range("smoothing", self.smoothing, 0, 1, open_low=True)
+        _in_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
         _in_range("explore_prune", self.explore_prune, 1, 1e6)
         for name in ("warmup_steps", "explore_steps", "min_exploit_steps"):
             v = getattr(self, name)
@@ -251,10 +253,15 @@ class MooPolicy:
         w = cfg.smoothing
         if report.t_compute_s > 0:
             s.t_compute = _ewma(s.t_compute, report.t_compute_s, w)
-        for cr, g in sorted(report.gains.items()):
-            s.gains[repr(float(cr))] = _ewma(s.gains.get(repr(float(cr))), float(g), w)
+        # Gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
+        # one CR on a small model, so it is smoothed far more than times are.
+        gains = dict(report.gains)
         if report.collective in SPARSE_COLLECTIVES:
-            s.gains[repr(report.cr)] = _ewma(s.gains.get(repr(report.cr)), report.gain, w)
+            gains.setdefault(report.cr, report.gain)
+        for cr, g in sorted(gains.items()):
+            key = repr(float(cr))
+            s.gains[key] = _ewma(s.gains.get(key), float(g), cfg.gain_smoothing)
+        if report.collective in SPARSE_COLLECTIVES:
             s.t_comp[repr(report.cr)] = _ewma(s.t_comp.get(repr(report.cr)), report.t_comp_s, w)
         if report.t_sync_s > 0:
             key = _key(report.collective, report.cr)
@@ -392,14 +399,15 @@ class MooPolicy:
 
     def _sync_moved(self) -> str:
         """Passive change detection: the chosen option's smoothed sync time moved
-        by >= sync_change_threshold from where it settled (after explore_steps
-        steps on it). Probes are rare; steps are not."""
+        by >= sync_change_threshold from what it was chosen on (or, if chosen on
+        a prediction, from where it settled). Probes are rare; steps are not."""
         s = self._s
         measured = s.sync.get(_key(s.current["collective"], s.current["cr"]))
-        if measured is None or s.phase_steps < self.config.explore_steps:
+        if measured is None:
             return ""
-        if s.sync_baseline is None:
-            s.sync_baseline = measured
+        if s.sync_baseline is None:  # chosen on a prediction: settle on what it measures
+            if s.phase_steps >= self.config.explore_steps:
+                s.sync_baseline = measured
             return ""
         moved = (measured - s.sync_baseline) / s.sync_baseline
         if abs(moved) < self.config.sync_change_threshold:
@@ -502,7 +510,9 @@ class MooPolicy:
             return
         s.version += 1
         s.phase_steps = 0
-        s.sync_baseline = None
+        # What the choice was made on, when it was measured: a step that runs far
+        # slower than that means the network moved under it.
+        s.sync_baseline = row.t_sync_s if row is not None and row.measured else None
         s.current = Decision(
             cr=cr, collective=collective, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,

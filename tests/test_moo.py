@@ -101,9 +101,9 @@ def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
     policy = MooPolicy(M, MooConfig(min_exploit_steps=2))
     settle(policy, Job(policy, M), 1e-3, 50e6)
     before, gain_before = policy.explorations, policy.evaluate()[1].gain
-    _collapse_gains(policy, 10)
+    _collapse_gains(policy, 40)
     assert policy.explorations == before
-    assert policy.evaluate()[1].gain < gain_before * 0.6
+    assert policy.evaluate()[1].gain < gain_before * 0.6  # smoothed (0.05 per step) towards half
 
 
 def _near_tie(hysteresis: float) -> Job:
