@@ -19,7 +19,6 @@ import grp
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 
 import grpc
@@ -37,6 +36,7 @@ from flexcomm.agent.service import AgentService
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto.validate import policy_for
+from flexcomm.sockets import unix_socket_listening
 
 log = logging.getLogger("flexcomm.agent")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -46,15 +46,6 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 SHUTDOWN_GRACE_S = 2.0
 
 
-def _socket_in_use(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
 def _prepare_socket_path(path: Path) -> None:
     """Make the directory; remove a stale socket left by a killed agent, but
     refuse to steal one another agent is serving on."""
@@ -62,7 +53,7 @@ def _prepare_socket_path(path: Path) -> None:
     if path.exists() or path.is_symlink():
         if not path.is_socket():
             raise ValueError(f"socket: {path} exists and is not a socket")
-        if _socket_in_use(path):
+        if unix_socket_listening(path):
             raise ValueError(f"socket: another agent is serving on {path}")
         path.unlink()
 

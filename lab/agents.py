@@ -11,13 +11,13 @@ probing (every node is 127.0.0.1, and the iperf3 ports would collide).
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from flexcomm.lab.cluster import LabCluster
+from flexcomm.sockets import unix_socket_listening
 
 START_TIMEOUT_S = 60.0
 
@@ -63,19 +63,10 @@ def _wait_listening(handle: AgentHandle, proc, deadline: float) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"agent on node {handle.node} exited with code {proc.returncode}; "
                                f"see {handle.log}")
-        if _connects(handle.socket):
+        if unix_socket_listening(handle.socket):
             return
         time.sleep(0.1)
     raise RuntimeError(f"agent on node {handle.node} did not listen on {handle.socket} "
                        f"within {START_TIMEOUT_S:.0f} s; see {handle.log}")
 
 
-def _connects(path: Path) -> bool:
-    if not path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
