@@ -164,6 +164,11 @@ class Job:
         self.dirty = False
         return reports, decisions, state
 
+    def put_back(self, reports: list[StepReport], decisions: list[tuple[Decision, float]]) -> None:
+        """Return what a failed store write did not take, ahead of anything newer."""
+        self.pending_reports[:0] = reports
+        self.pending_decisions[:0] = decisions
+
     def info(self) -> pb.JobInfo:
         return pb.JobInfo(spec=self.spec.to_proto(), decision=self.decision_pb, last_step=self.last_step,
                           last_epoch=self.last_epoch, reports=self.reports,

@@ -54,34 +54,39 @@ class Persister:
     def _write_registration(self, spec: dict, created: float, batch: Batch) -> None:
         assert self.store is not None
         self.store.add_job(spec["job_id"], spec, created=created)
-        self._write_batches([batch])
+        self._write_batches([batch], set())
 
     async def flush(self, jobs: Iterable[Job]) -> int:
         """Write every job's pending reports, decisions and changed state; return
-        how many reports were written. A failed write is logged and counted by
-        the caller; the reports of that batch are lost, the state is retried."""
-        batches: list[Batch] = []
-        for job in jobs:
+        how many reports were written. A failed write is raised for the caller to
+        log and count; what was not written goes back to its job to be retried."""
+        batches: list[tuple[Job, Batch]] = []
+        for job in list(jobs):
             reports, decisions, state = job.take_pending()
             if reports or decisions or state is not None:
-                batches.append((job.job_id, reports, decisions, state))
+                batches.append((job, (job.job_id, reports, decisions, state)))
         if not batches:
             return 0
+        written: set[tuple[int, str]] = set()  # (batch index, "reports" | "decisions")
         try:
-            await self._run(self._write_batches, batches)
+            await self._run(self._write_batches, [b for _, b in batches], written)
         except Exception:
-            for job in jobs:
+            for i, (job, (_, reports, decisions, _state)) in enumerate(batches):
+                job.put_back([] if (i, "reports") in written else reports,
+                             [] if (i, "decisions") in written else decisions)
                 job.dirty = True
             raise
-        return sum(len(b[1]) for b in batches)
+        return sum(len(b[1]) for _, b in batches)
 
-    def _write_batches(self, batches: list[Batch]) -> None:
+    def _write_batches(self, batches: list[Batch], written: set[tuple[int, str]]) -> None:
         assert self.store is not None
-        for job_id, reports, decisions, state in batches:
+        for i, (job_id, reports, decisions, state) in enumerate(batches):
             if reports:
                 self.store.add_step_reports(job_id, reports)
+            written.add((i, "reports"))
             for decision, ts in decisions:
                 self.store.add_decision(job_id, decision, ts=ts)
+            written.add((i, "decisions"))
             if state is not None:
                 self.store.save_policy_state(job_id, state)
 

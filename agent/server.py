@@ -100,6 +100,7 @@ class Agent:
         self.metrics_port: int | None = None
         self._metrics_server: object | None = None
         self._tasks: list[asyncio.Task] = []
+        self.failed_stops = 0
         self._bound_socket: Path | None = None
         self._flush_soon = asyncio.Event()
         self.service.on_decision = self._flush_soon.set
@@ -216,8 +217,14 @@ class Agent:
         log.info("agent stopping", extra={"fields": {"jobs": len(self.jobs)}})
         await self.health.enter_graceful_shutdown()
         for ext in reversed(self.extensions):
-            with contextlib.suppress(Exception):
+            try:
                 await ext.stop()
+            except Exception as exc:
+                # An emulation that cannot restore its interface leaves the node
+                # shaped: say so loudly, and exit non-zero.
+                self.failed_stops += 1
+                log.error("could not stop cleanly", extra={"fields": {"part": type(ext).__name__,
+                                                                      "error": str(exc)}})
         for job in self.jobs:
             job.close()  # ends WatchDecisions streams
         if self.server is not None:
@@ -255,5 +262,8 @@ class Agent:
             await self.stop()
 
 
-async def serve(config: AgentConfig) -> None:
-    await Agent(config).run()
+async def serve(config: AgentConfig) -> int:
+    """Run the agent until SIGTERM/SIGINT; the exit status (1 if a part failed to stop)."""
+    agent = Agent(config)
+    await agent.run()
+    return 1 if agent.failed_stops else 0

@@ -1,6 +1,8 @@
 """The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio.
 
-Every handler validates its whole request before changing anything; errors map
+Every handler validates its whole request before changing anything (a
+ReportSteps stream: each message as a whole, ingested as it arrives, so the
+messages before a bad one stay accepted); errors map
 to status codes in one place (`_status`): ValueError -> INVALID_ARGUMENT,
 JobNotFound -> NOT_FOUND, SpecConflict -> ALREADY_EXISTS, OverflowError ->
 RESOURCE_EXHAUSTED, each with the message naming the field. Anything else is a

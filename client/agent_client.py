@@ -33,6 +33,7 @@ from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
 from flexcomm.proto.convert import decision_from_proto, report_to_proto
+from flexcomm.units import require_finite_positive
 
 log = logging.getLogger("flexcomm.client.agent")
 MAX_BATCH = 4096  # the agent's per-message limit
@@ -41,6 +42,27 @@ MAX_BATCH = 4096  # the agent's per-message limit
 def channel_target(target: str) -> str:
     """A socket path becomes "unix:PATH"; "unix:..." and "host:port" stay."""
     return f"unix:{target}" if target.startswith("/") else target
+
+
+def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str], policy: str,
+              options: Mapping[str, Any] | None) -> pb.JobSpec:
+    """The registration message, from plain arguments checked by name."""
+    for name, value in (("world_size", world_size), ("grad_bytes", grad_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"spec.{name}: expected a whole number, got {value!r}")
+    if isinstance(nodes, str) or not all(isinstance(n, str) for n in nodes):
+        raise ValueError(f"spec.nodes: expected a list of addresses, got {nodes!r}")
+    for name, value in (("job_id", job_id), ("policy", policy)):
+        if not isinstance(value, str):
+            raise ValueError(f"spec.{name}: expected a string, got {value!r}")
+    if not 0 <= world_size < 1 << 32 or not 0 <= grad_bytes < 1 << 63:
+        raise ValueError(f"spec.world_size: out of range ({world_size!r}, grad_bytes {grad_bytes!r})")
+    spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes, nodes=list(nodes), policy=policy)
+    try:
+        spec.options.update(dict(options or {}))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"spec.options: only numbers, strings, booleans, lists and tables: {exc}") from None
+    return spec
 
 
 class AgentClient:
@@ -52,12 +74,11 @@ class AgentClient:
                  credentials: grpc.ChannelCredentials | None = None,
                  timeout_s: float = 1.0, poll_interval_s: float = 0.5, retry_max_s: float = 5.0,
                  max_pending: int = 100_000) -> None:
-        if timeout_s <= 0 or poll_interval_s <= 0 or retry_max_s <= 0:
-            raise ValueError("timeout_s: timeouts and intervals must be > 0")
+        for name, value in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s),
+                            ("retry_max_s", retry_max_s)):
+            require_finite_positive(name, value)
+        spec = _job_spec(job_id, world_size, grad_bytes, nodes, policy, options)
         self.target = channel_target(target)
-        spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes,
-                          nodes=list(nodes), policy=policy)
-        spec.options.update(dict(options or {}))
         # The agent's own checks, here: a bad spec fails in the caller's code at
         # construction, not as a refusal logged by a background thread.
         validate.policy_for(validate.spec(spec))
@@ -118,6 +139,15 @@ class AgentClient:
                     self._stop.wait(min(0.05, self.poll_interval_s))
             except grpc.RpcError as exc:
                 backoff = self._on_error(exc, backoff)
+            except Exception:
+                # A bug or a closed channel must not end the thread silently with
+                # `reachable` still True: say so, keep the last decision, retry.
+                log.exception("agent client error; the job keeps its last decision",
+                              extra={"fields": {"job": self.job_id, "agent": self.target}})
+                self.reachable = False
+                self._registered = False
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.retry_max_s)
         self._final_send()
 
     def _do_register(self) -> None:

@@ -27,6 +27,8 @@ RUNNABLE_COLLECTIVES: tuple[str, ...] = (DENSE_RING, DENSE_TREE, AG_TOPK, ART_RI
 ROOT_STAR = "star"
 ROOT_VAR = "var"
 ROOT_SELECTIONS: tuple[str, ...] = (ROOT_STAR, ROOT_VAR)
+MAX_PROBE_CRS = 64
+MAX_VERSION = 1 << 53
 
 
 def check_collective(name: str, field_name: str = "collective") -> str:
@@ -169,6 +171,14 @@ class Decision:
         check_cr(self.cr)
         check_collective(self.collective)
         check_root(self.root)
+        # Ranks carry the version as a float64 in the agreement collective.
+        if not isinstance(self.version, int) or not (0 <= self.version < MAX_VERSION):
+            raise ValueError(f"version: must be a whole number in [0, 2^53), got {self.version!r}")
+        # A bad probe CR would fail inside rank 0's backward pass and hang the others.
+        if len(self.probe_crs) > MAX_PROBE_CRS:
+            raise ValueError(f"probe_crs: at most {MAX_PROBE_CRS}, got {len(self.probe_crs)}")
+        for c in self.probe_crs:
+            check_cr(c, "probe_crs")
         if self.collective in DENSE_COLLECTIVES and self.cr != 1.0:
             raise ValueError(f"cr: a dense collective ({self.collective}) needs cr = 1, got {self.cr}")
         if self.collective in SPARSE_COLLECTIVES and self.cr == 1.0:

@@ -69,7 +69,7 @@ class JobSpec:
 
 
 def job_id(value: str, field_name: str = "job_id") -> str:
-    if not JOB_ID.match(value):
+    if not JOB_ID.fullmatch(value):
         raise ValueError(f"{field_name}: must be 1-128 characters of A-Z a-z 0-9 . _ -, got {value[:140]!r}")
     return value
 
@@ -120,7 +120,7 @@ def spec(msg: pb.JobSpec) -> JobSpec:
     if len(msg.nodes) > MAX_NODES:
         raise ValueError(f"spec.nodes: at most {MAX_NODES} nodes, got {len(msg.nodes)}")
     for i, node in enumerate(msg.nodes):
-        if not HOST.match(node):
+        if not HOST.fullmatch(node):
             raise ValueError(f"spec.nodes[{i}]: not an address or host name: {node[:260]!r}")
     if len(set(msg.nodes)) != len(msg.nodes):
         raise ValueError("spec.nodes: an address is listed twice")

@@ -60,11 +60,18 @@ def test_it_is_a_decision_source_that_registers_and_delivers_reports(agent: Agen
 
 @pytest.mark.parametrize(("kw", "field"), [
     ({"job_id": "moo:c_low=0.01"}, "spec.job_id"),
+    ({"job_id": "job\n"}, "spec.job_id"),
     ({"options": {"c_low": 7}}, "spec.options.c_low"),
     ({"options": {"bogus": 1}}, "spec.options.bogus"),
     ({"world_size": 1}, "spec.world_size"),
     ({"policy": "fastest"}, "spec.policy"),
     ({"nodes": ["10.0.0.1", "10.0.0.1"]}, "spec.nodes"),
+    ({"nodes": "10.0.0.1"}, "spec.nodes"),
+    ({"world_size": -1}, "spec.world_size"),
+    ({"world_size": "4"}, "spec.world_size"),
+    ({"options": {"x": object()}}, "spec.options"),
+    ({"timeout_s": float("nan")}, "timeout_s"),
+    ({"poll_interval_s": 0}, "poll_interval_s"),
 ])
 def test_a_spec_the_agent_would_refuse_fails_at_construction(tmp_path: Path, kw: dict, field: str) -> None:
     args = {"job_id": "job", "world_size": 2, "grad_bytes": 4096, "policy": "moo", **kw}

@@ -156,3 +156,15 @@ def test_calibration_round_trips_and_refuses_bad_pairs() -> None:
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="measured_s"):
             cal.observe("art_ring", 0.1, bad)
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"probe_crs": (0.0,)}, "probe_crs"), ({"probe_crs": (float("nan"),)}, "probe_crs"),
+    ({"probe_crs": (5.0,)}, "probe_crs"), ({"probe_crs": tuple([0.1] * 65)}, "probe_crs"),
+    ({"version": -1}, "version"), ({"version": 1 << 53}, "version"), ({"version": 1.5}, "version"),
+])
+def test_a_decision_that_could_hang_ranks_is_refused(kw: dict, field: str) -> None:
+    from flexcomm.policy.types import Decision
+
+    with pytest.raises(ValueError, match=field):
+        Decision(cr=0.01, collective="ag_topk", **kw)

@@ -52,5 +52,4 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, {name: getattr(args, name) for name in _FLAGS})
     setup_logging(config.log_level, config.log_format)
-    asyncio.run(serve(config))
-    return 0
+    return asyncio.run(serve(config))
