@@ -140,13 +140,21 @@ class Revert:
 
 
 class _Terminated(Exception):
-    """SIGTERM, turned into an exception so that `finally` blocks run."""
+    """SIGTERM or SIGHUP, turned into an exception so that `finally` blocks run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+# SIGHUP too: closing the terminal of a foreground `run` must not leave the link shaped.
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def terminate_as_exception() -> Iterator[None]:
-    """While inside, SIGTERM raises `_Terminated` (SIGINT already raises
-    KeyboardInterrupt); the previous handler is put back on exit.
+    """While inside, SIGTERM and SIGHUP raise `_Terminated` (SIGINT already
+    raises KeyboardInterrupt); the previous handlers are put back on exit.
 
     A fork of this process inherits the handler (pyroute2's `IPRoute(netns=...)`
     forks helpers and stops them with SIGTERM, for one), so in any process but ours
@@ -157,21 +165,23 @@ def terminate_as_exception() -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         if os.getpid() != owner:
             os._exit(128 + signum)
-        raise _Terminated(f"signal {signum}")
+        raise _Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in _TERMINATING}
     try:
         yield
     finally:
         if os.getpid() == owner:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def session(shaper: Shaper, owner: str = "run") -> Iterator[Shaper]:
     """Record the original (restoring one left by a crashed run first), yield the
     shaper, and restore the original however the block ends: normally, by an
-    exception, SIGINT or SIGTERM. A SIGTERM ends in SystemExit(143)."""
+    exception, SIGINT, SIGTERM or SIGHUP. A SIGTERM ends in SystemExit(143), a
+    SIGHUP in SystemExit(129)."""
     revert = Revert(shaper)
     revert.restore_if_stale()
     pid = os.getpid()
@@ -179,8 +189,8 @@ def session(shaper: Shaper, owner: str = "run") -> Iterator[Shaper]:
         revert.record(owner)
         try:
             yield shaper
-        except _Terminated:
-            raise SystemExit(128 + signal.SIGTERM) from None
+        except _Terminated as exc:
+            raise SystemExit(128 + exc.signum) from None
         finally:
             if os.getpid() == pid:  # never from a forked helper unwinding our stack
                 with signals_ignored():  # a second Ctrl-C must not cut the restore short
@@ -189,7 +199,7 @@ def session(shaper: Shaper, owner: str = "run") -> Iterator[Shaper]:
 
 @contextlib.contextmanager
 def signals_ignored() -> Iterator[None]:
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, *_TERMINATING)}
     try:
         yield
     finally:

@@ -100,7 +100,8 @@ def test_next_start_after_a_crashed_run_restores_first(privileged, env, long_sch
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM),
-                                             (signal.SIGINT, 130)])
+                                             (signal.SIGINT, 130),
+                                             (signal.SIGHUP, 128 + signal.SIGHUP)])
 def test_a_signal_ends_a_run_with_the_interface_restored(privileged, env, long_schedule, sig,
                                                          status):
     with pair(f"s{int(sig)}") as (a, _):
