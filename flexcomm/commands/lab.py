@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flexcomm.commands.lab_calibrate import add_parser as add_calibrate_parser
 from flexcomm.units import format_rate
 
 
@@ -69,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     clean = sub.add_parser("clean", help="remove a crashed run's namespaces and processes")
     clean.add_argument("--prefix", default="flexlab", help="namespace name prefix")
     clean.set_defaults(func=cmd_clean)
+
+    add_calibrate_parser(sub)
 
 
 def build_config(args: argparse.Namespace) -> Any:
