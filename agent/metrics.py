@@ -29,6 +29,8 @@ class Metrics:
                                  registry=r)
         self.decision_version = Gauge("flexcomm_agent_decision_version", "Current decision version",
                                       ["job"], registry=r)
+        self.model_error = Gauge("flexcomm_agent_model_error", "The cost model's current relative error, "
+                                 "by job (policies with a model)", ["job"], registry=r)
         self.reports = Counter("flexcomm_agent_step_reports_total", "Step reports ingested", ["job"],
                                registry=r)
         self.jobs = Gauge("flexcomm_agent_jobs", "Registered jobs", registry=r)

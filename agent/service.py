@@ -212,6 +212,9 @@ class AgentService(pb_grpc.AgentServicer):
             if counter is None:
                 counter = self._report_counters[job.job_id] = self.metrics.reports.labels(job.job_id)
             counter.inc(n)
+            error = job.policy.model_error()
+            if error is not None:
+                self.metrics.model_error.labels(job.job_id).set(error)
         if network is not None and network != job.reported_network:
             job.reported_network = network
             job.dirty = True

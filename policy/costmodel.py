@@ -162,8 +162,9 @@ class _Fit:
     n: int = 0
 
     def observe(self, predicted: float, measured: float, decay: float) -> None:
-        if self.n:
-            self.err = decay * self.err + (1 - decay) * abs(measured - self.apply(predicted)) / measured
+        if self.n:  # judged before the update; the first judgement starts the average
+            judged = abs(measured - self.apply(predicted)) / measured
+            self.err = judged if self.n == 1 else decay * self.err + (1 - decay) * judged
         self.w = decay * self.w + 1
         self.x = decay * self.x + predicted
         self.y = decay * self.y + measured

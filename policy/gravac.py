@@ -162,6 +162,9 @@ class GravacPolicy:
     def phase(self) -> str:
         return self._s.phase
 
+    def model_error(self) -> float | None:
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, "config": asdict(self.config), "state": asdict(self._s)}
 

@@ -333,6 +333,10 @@ class MooPolicy:
         best = min(range(len(front)), key=lambda j: (scores[j], points[front[j]][0]))
         return rows[front[best]]
 
+    def model_error(self) -> float | None:
+        """The calibrated model's current relative error (worst collective)."""
+        return self.calibration.error()
+
     # --- persistence ---------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

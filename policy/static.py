@@ -41,6 +41,9 @@ class StaticPolicy:
     def decide(self) -> Decision:
         return self._decision
 
+    def model_error(self) -> float | None:
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.name, "decision": self._decision.to_dict()}
 

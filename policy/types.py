@@ -222,6 +222,10 @@ class Policy(Protocol):
     def decide(self) -> Decision:
         """The decision to run next. Cheap (well under a millisecond)."""
 
+    def model_error(self) -> float | None:
+        """The cost model's current relative error (Calibration.error), or None
+        for a policy that predicts nothing."""
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-data state (JSON-serialisable) to persist and restore."""
 

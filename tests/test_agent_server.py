@@ -191,6 +191,7 @@ def test_operations_surface(agent: AgentProcess) -> None:
     assert 'flexcomm_agent_rpcs_total{code="NOT_FOUND",method="GetDecision"} 1.0' in body
     assert 'flexcomm_agent_step_reports_total{job="metered"} 5.0' in body
     assert 'flexcomm_agent_decision_version{job="metered"}' in body
+    assert 'flexcomm_agent_model_error{job="metered"}' in body  # the MOO's Calibration.error()
     assert "flexcomm_agent_rpc_latency_seconds_bucket" in body
     assert "flexcomm_agent_jobs 1.0" in body
 

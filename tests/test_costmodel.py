@@ -144,7 +144,10 @@ def test_calibration_error_is_judged_before_the_update() -> None:
     cal = Calibration(decay=0.5)
     cal.observe("dense_ring", 1.0, 1.0)
     cal.observe("dense_ring", 1.0, 2.0)  # predicted 1.0 (ratio 1) against 2.0: 50% off
-    assert cal.error("dense_ring") == pytest.approx(0.25)  # ewma of 0 and 0.5 at decay 0.5
+    assert cal.error("dense_ring") == pytest.approx(0.5)  # the first judgement starts the average
+    # Now predicted 1.0 * 2.5/1.5 (the ratio of the decayed sums) against 1.5: 1/9 off.
+    cal.observe("dense_ring", 1.0, 1.5)
+    assert cal.error("dense_ring") == pytest.approx(0.5 * 0.5 + 0.5 / 9)
 
 
 def test_calibration_round_trips_and_refuses_bad_pairs() -> None:
