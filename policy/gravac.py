@@ -13,9 +13,8 @@ Pure and deterministic, like every policy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from flexcomm.policy.moo import candidate_crs
@@ -28,6 +27,8 @@ from flexcomm.policy.types import (
     NetworkObservation,
     StepReport,
     check_collective,
+    check_known_options,
+    check_range,
     check_root,
 )
 
@@ -52,10 +53,8 @@ class GravacConfig:
         if self.collective not in SPARSE_COLLECTIVES:
             raise ValueError(f"collective: GraVAC needs a Top-k collective, got {self.collective!r}")
         check_root(self.root)
-        for name in ("epsilon", "omega"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 1):
-                raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
+        check_range("epsilon", self.epsilon, 0, 1)
+        check_range("omega", self.omega, 0, 1)
         for name in ("window", "warmup_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < (1 if name == "window" else 0):
@@ -67,10 +66,7 @@ class GravacConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> GravacConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown GraVAC option (known: {', '.join(sorted(known))})")
+        check_known_options(options, cls, "GraVAC")
         return cls(**options)
 
 

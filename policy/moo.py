@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -50,6 +50,8 @@ from flexcomm.policy.types import (
     StepReport,
     check_collective,
     check_cr,
+    check_known_options,
+    check_range,
     check_root,
 )
 
@@ -121,19 +123,19 @@ class MooConfig:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: unknown objective {self.objective!r} (one of asf, progress)")
         check_root(self.root)
-        _in_range("weight_time", self.weight_time, 0, 1)
-        _in_range("weight_gain", self.weight_gain, 0, 1)
+        check_range("weight_time", self.weight_time, 0, 1)
+        check_range("weight_gain", self.weight_gain, 0, 1)
         if self.weight_time + self.weight_gain <= 0:
             raise ValueError("weight_time: weights must not both be 0")
-        _in_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
-        _in_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
+        check_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
+        check_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
         if not isinstance(self.reexplore_on_gain, bool):
             raise ValueError(f"reexplore_on_gain: must be true or false, got {self.reexplore_on_gain!r}")
-        _in_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
-        _in_range("hysteresis", self.hysteresis, 0, 1)
-        _in_range("smoothing", self.smoothing, 0, 1, open_low=True)
-        _in_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
-        _in_range("explore_prune", self.explore_prune, 1, 1e6)
+        check_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
+        check_range("hysteresis", self.hysteresis, 0, 1)
+        check_range("smoothing", self.smoothing, 0, 1, open_low=True)
+        check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
+        check_range("explore_prune", self.explore_prune, 1, 1e6)
         for name in ("warmup_steps", "explore_steps", "min_exploit_steps", "sync_change_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0 or (name == "explore_steps" and v < 1):
@@ -156,10 +158,7 @@ class MooConfig:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MooConfig:
         """Build from plain options (CLI, TOML, RPC); unknown keys are refused."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown MOO option (known: {', '.join(sorted(known))})")
+        check_known_options(options, cls, "MOO")
         kw = dict(options)
         for key in ("collectives", "dense_collectives"):
             if key in kw:
@@ -172,12 +171,6 @@ class MooConfig:
         d["collectives"] = list(self.collectives)
         d["dense_collectives"] = list(self.dense_collectives)
         return d
-
-
-def _in_range(name: str, v: float, lo: float, hi: float, *, open_low: bool = False) -> None:
-    ok = isinstance(v, (int, float)) and math.isfinite(v) and (lo < v if open_low else lo <= v) and v <= hi
-    if not ok:
-        raise ValueError(f"{name}: must be in {'(' if open_low else '['}{lo}, {hi}], got {v!r}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 # Canonical names (DESIGN.md section 3): the API, CLI, JSON and store use these.
@@ -51,6 +51,23 @@ def check_cr(cr: float, field_name: str = "cr") -> float:
         raise ValueError(f"{field_name}: expected a number, got {cr!r}") from None
     if math.isnan(v) or not (0.0 < v <= 1.0):
         raise ValueError(f"{field_name}: compression ratio must be in (0, 1], got {cr!r}")
+    return v
+
+
+def check_known_options(options: Mapping[str, Any], config: type, what: str) -> None:
+    """Refuse option names that are not fields of the dataclass `config`."""
+    known = {f.name for f in fields(config)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown {what} option (known: {', '.join(sorted(known))})")
+
+
+def check_range(name: str, v: float, lo: float, hi: float, *, open_low: bool = False) -> float:
+    """`v` as given if it is a finite number in [lo, hi] ((lo, hi] with open_low)."""
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+          and (lo < v if open_low else lo <= v) and v <= hi)
+    if not ok:
+        raise ValueError(f"{name}: must be in {'(' if open_low else '['}{lo}, {hi}], got {v!r}")
     return v
 
 
