@@ -27,7 +27,7 @@ def test_probe_peer_prints_figures_records_them_and_history_reads_them(
             assert result["beta_s_per_byte"] == pytest.approx(8 / result["bandwidth_bps"])
             rtt = result["rtt"]
             assert 0 < rtt["min_s"] <= rtt["p50_s"] <= rtt["p99_s"] and rtt["loss"] == 0
-            assert result["alpha_s"] == pytest.approx(rtt["p50_s"] / 2)
+            assert result["alpha_s"] == pytest.approx(rtt["min_s"] / 2)
 
             assert main(["probe", b.address, "--netns", a.ns, "--time", "1s"]) == 0
             text = capsys.readouterr().out
