@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from flexcomm.client.agreement import Agreement
+from flexcomm.client.agreement import RANK_STATS, Agreement
 from flexcomm.client.compress import merge_masses
 from flexcomm.client.decisions import DecisionSource, PolicySource, as_source
 from flexcomm.client.engine import StepStats
@@ -120,7 +120,7 @@ class Controller:
         self.stats: StepStats | None = None
         self.history: deque[StepStats] = deque(maxlen=history)
         self.rejected = 0
-        self._acc = [0.0] * 5
+        self._acc = dict.fromkeys(RANK_STATS, 0.0)  # sums since the last agreement
         self._pending = None
 
     @property
@@ -172,10 +172,10 @@ class Controller:
 
     def _launch(self) -> None:
         proposal = self._proposal() if self.rank == 0 else None
-        steps = self._acc[4]
-        means = [a / steps for a in self._acc[:4]] if steps else [0.0] * 4
-        self._pending = (self.agreement.start(proposal, [*means, steps]), proposal)
-        self._acc = [0.0] * 5
+        steps = self._acc["steps"]
+        stats = [self._acc[k] / steps if steps else 0.0 for k in RANK_STATS if k != "steps"]
+        self._pending = (self.agreement.start(proposal, [*stats, steps]), proposal)
+        self._acc = dict.fromkeys(RANK_STATS, 0.0)
 
     def _adopt(self) -> None:
         assert self._pending is not None
@@ -191,8 +191,9 @@ class Controller:
         if stats is None:
             return None
         self.history.append(stats)
-        for i, v in enumerate((stats.gain, stats.t_sync_s, stats.t_comp_s, stats.bytes_sent, 1)):
-            self._acc[i] += v
+        for key, v in (("gain", stats.gain), ("t_sync_s", stats.t_sync_s), ("t_comp_s", stats.t_comp_s),
+                       ("bytes_sent", stats.bytes_sent), ("steps", 1)):
+            self._acc[key] += v
         if self.rank == 0:
             self._report(stats)
         self.step += 1
