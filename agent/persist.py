@@ -3,8 +3,10 @@
 Step reports are kept in memory and written in batches (one transaction per job
 per flush, aggregated by epoch, CR and collective), so ingest is not bound by
 SQLite. Registration is written at once: a job the agent said yes to survives a
-kill -9 right after. All store calls run on one worker thread, never on the
-event loop.
+kill -9 right after. The persister's store calls run on one worker thread,
+never on the event loop; the probe scheduler's and the emulation's threads also
+write (measurements, emulation steps) to the same Store, which serialises
+writers (a lock, and BEGIN IMMEDIATE across processes).
 """
 
 from __future__ import annotations
