@@ -53,10 +53,13 @@ ETH_P_IP = 0x0800
 FILTER_PRIO = 1
 LEAF_LIMIT = 1000  # packets, the kernel's default txqueuelen
 NETEM_MODULE = "sch_netem"
-# A burst of a few milliseconds at the rate lets HTB keep up with GSO-sized packets
-# on veth; the per-class floor covers one full GSO segment.
-BURST_SECONDS = 0.004
-BURST_FLOOR_BYTES = 65536
+# HTB's bucket: one millisecond at the rate (1 Gbit/s still measures 95% of the rate
+# both ways on veth), never under 16 KB. A packet larger than the bucket still
+# leaves at line rate after idle, so a segmentation offload of 64 KB (TSO/GSO) makes
+# the effective burst 64 KB whatever is set here; the lab caps its veths' GSO at the
+# floor (`flexcomm.lab.netns.GSO_MAX_BYTES`) so that small messages see the rate.
+BURST_SECONDS = 0.001
+BURST_FLOOR_BYTES = 16384
 
 
 class InterfaceMissing(ValueError):

@@ -92,8 +92,8 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
     rows = load_measured(out / "measured.json")
     assert len(rows) == 1 + 3 * 2  # dense, and three Top-k collectives at two CRs
     assert all(r.t_sync_s > 0 and len(r.samples_s) >= 3 and r.alpha_op_s > 0 for r in rows)
-    # 256 KB dense over 50 Mbit/s with 2 nodes is 41 ms of wire time (31 ms after the
-    # shaper's 64 KB burst); unshaped veths take a few ms: the measurement must see the link.
+    # 256 KB dense over 50 Mbit/s with 2 nodes is 41 ms of wire time (38 ms after the
+    # shaper's 16 KB burst); unshaped veths take a few ms: the measurement must see the link.
     dense = next(r for r in rows if r.collective == "dense_ring")
     assert dense.t_sync_s > 0.6 * 0.041
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import pytest
 
@@ -69,3 +70,63 @@ def test_host_namespace_is_untouched(privileged: None) -> None:
     before = set(socket.if_nameindex())
     with netns.cluster("fctnh", 2, "10.209.3.0/24"):
         assert set(socket.if_nameindex()) == before
+
+
+def _link_gso(ns: str, ifname: str) -> int:
+    import json
+    return json.loads(netns.ip("-n", ns, "-j", "-d", "link", "show", "dev", ifname))[0]["gso_max_size"]
+
+
+def test_cluster_veths_cap_segments_at_the_shaper_burst(privileged: None) -> None:
+    with netns.cluster("fctng", 2, "10.209.4.0/24") as nodes:
+        for node in nodes:
+            assert _link_gso(node.ns, node.ifname) == netns.GSO_MAX_BYTES
+            assert _link_gso(node.peer_ns, node.peer_ifname) == netns.GSO_MAX_BYTES
+    with netns.netns_pair("fctnq", "10.209.5.0/24") as (a, b):
+        assert _link_gso(a.ns, a.ifname) == _link_gso(b.ns, b.ifname) == netns.GSO_MAX_BYTES
+
+
+SEND_AND_TIME = """
+import socket, statistics, sys, time
+host, size = sys.argv[1], int(sys.argv[2])
+for _ in range(50):
+    try:
+        s = socket.create_connection((host, 47002), timeout=5); break
+    except OSError: time.sleep(0.1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+times = []
+for _ in range(5):
+    time.sleep(0.2)  # idle: the shaper's bucket refills
+    t0 = time.perf_counter(); s.sendall(bytes(size)); s.recv(1); times.append(time.perf_counter() - t0)
+print(statistics.median(times))
+"""
+RECEIVE_AND_ACK = """
+import socket, sys
+host, size = sys.argv[1], int(sys.argv[2])
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); l.bind((host, 47002)); l.listen()
+c, _ = l.accept()
+for _ in range(5):
+    got = 0
+    while got < size:
+        got += len(c.recv(size - got))
+    c.sendall(b"k")
+"""
+
+
+def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path) -> None:
+    """64 KB over a 10 Mbit/s cluster link is 52 ms of wire time. Before the lab capped
+    its veths' segments, one 64 KB GSO packet crossed inside the HTB bucket in 0.3 ms."""
+    from flexcomm.lab.cluster import LabCluster
+    from flexcomm.probe.shaping import LinkState
+
+    size, rate = 65536, 10e6
+    with LabCluster.open(prefix="fctnw", n=2, subnet="10.209.6.0/24", run_dir=tmp_path) as lab:
+        lab.links.apply(LinkState(rate))
+        sender, receiver = lab.nodes
+        srv = lab.spawn(1, ["python3", "-c", RECEIVE_AND_ACK, receiver.address, str(size)],
+                        log=tmp_path / "receiver.log")
+        out = subprocess.run(sender.argv(["python3", "-c", SEND_AND_TIME, receiver.address, str(size)]),
+                             capture_output=True, text=True, timeout=30, check=True)
+        srv.wait(10)
+    wire_s = size * 8 / rate
+    assert 0.7 * wire_s < float(out.stdout) < 1.5 * wire_s
