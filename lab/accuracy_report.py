@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from flexcomm.lab.calibrate import Measured
 from flexcomm.lab.model_accuracy import (
     AGENT_DECAY,
     ALPHAS,
+    BETAS,
     FORMS,
     FULL_WINDOW_DECAY,
     HEADLINE,
@@ -53,13 +55,13 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
     if not fit or not held:
         raise ValueError("rows: the grid is too small to split into fitted and held-out halves")
     variants = {}
-    for forms in FORMS:
-        for alpha in ALPHAS:
-            for decay in (AGENT_DECAY, FULL_WINDOW_DECAY):
-                for scope in SCOPES:
-                    v = build_variant(fit, forms, alpha, decay, scope)
-                    name = f"{variant_name(forms, alpha)}@decay{decay:g}/per_{scope}"
-                    variants[name] = (v, error_summary(rows, held, v))
+    for forms, alpha, beta in itertools.product(FORMS, ALPHAS, BETAS):
+        for decay in (AGENT_DECAY, FULL_WINDOW_DECAY):
+            for scope in SCOPES:
+                v = build_variant(fit, forms, alpha, beta, decay, scope)
+                name = f"{variant_name(forms, alpha, beta)}@decay{decay:g}/per_{scope}"
+                variants[name] = (v, error_summary(rows, held, v))
+    probed = all(r.bandwidth_probe_bps > 0 for r in rows)
     head = variants[f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}/per_job"][0]
     grid_wide = variants[f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}/per_grid"][1]
     per_cr = regrets_per_cr(rows, head.calibrated)
@@ -79,7 +81,8 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
         "median_abs_error_calibrated_one_for_the_grid": grid_wide["median_abs_error_calibrated"],
         "repetition_spread_median": repetition_spread(rows),
         "headline": {"forms": HEADLINE[0], "alpha": HEADLINE[1], "decay": AGENT_DECAY, "scope": "job",
-                     "beta": "8 / shaped link rate (s per byte)",
+                     "beta": "8 / iperf3 goodput between two nodes (s per byte)" if probed
+                     else "8 / shaped link rate (s per byte): this run did not probe",
                      "errors": summary},
         "variants": {name: s for name, (_v, s) in variants.items()},
         "points": len(rows), "fitted_points": len(fit), "heldout_points": len(held),
@@ -92,17 +95,18 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
 
 
 def write_table(path: Path, rows: list[Measured], head: Variant, held_ids: set[int]) -> None:
-    names = [variant_name(f, a) for f in FORMS for a in ALPHAS]
+    combos = list(itertools.product(FORMS, ALPHAS, BETAS))
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["rate_mbit", "nodes", "size_bytes", "collective", "cr", "measured_s", "min_s", "max_s",
-                    "repeats", "t_comp_s", "alpha_op_s", "alpha_tcp_s", "load_avg",
-                    *(f"raw_{n}_s" for n in names), "calibrated_s", "half"])
+                    "repeats", "t_comp_s", "alpha_op_s", "alpha_tcp_s", "bandwidth_probe_mbit", "load_avg",
+                    *(f"raw_{variant_name(*c)}_s" for c in combos), "calibrated_s", "half"])
         for r in rows:
-            raws = [raw_prediction(r, f, a) for f in FORMS for a in ALPHAS]
+            raws = [raw_prediction(r, *c) for c in combos]
             w.writerow([r.rate_bps / 1e6, r.nodes, r.size_bytes, r.collective, r.cr, f"{r.t_sync_s:.6g}",
                         f"{r.spread[0]:.6g}", f"{r.spread[1]:.6g}", len(r.samples_s), f"{r.t_comp_s:.6g}",
-                        f"{r.alpha_op_s:.6g}", f"{r.alpha_tcp_s:.6g}", f"{r.load_avg:.2f}",
+                        f"{r.alpha_op_s:.6g}", f"{r.alpha_tcp_s:.6g}", f"{r.bandwidth_probe_bps / 1e6:.4g}",
+                        f"{r.load_avg:.2f}",
                         *(f"{x:.6g}" for x in raws), f"{head.calibrated(r):.6g}",
                         "heldout" if id(r) in held_ids else "fit"])
 

@@ -6,9 +6,11 @@ its hub-side peer, replaced in place between rates, never torn down) and one
 gloo process group of N real rank processes
 (`flexcomm.lab.collective_timer`, GLOO_SOCKET_IFNAME=eth0) times the grid.
 
-Per configuration the runner also measures the latency a TCP connect sees
-(half the median connect RTT between two nodes, as the agent's latency probe
-does). The result is one `Measured` row per (rate, N, size, collective, CR):
+Per configuration the runner also measures what the agent's probes would
+report between two nodes: the latency a TCP connect sees (half the median
+connect RTT) and the iperf3 goodput (one stream, two seconds, the agent's
+default test), which is the rate less TCP/IP header overhead. The result is one
+`Measured` row per (rate, N, size, collective, CR):
 the median over repetitions of the operation time (max over ranks of the end
 minus max over ranks of the start), and the repetitions themselves.
 """
@@ -30,12 +32,15 @@ from typing import Any
 from flexcomm.lab.cluster import LabCluster, LabNode
 from flexcomm.policy.costmodel import sync_time
 from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, NetworkObservation, check_cr
+from flexcomm.probe.iperf import IperfServer, run_test
 from flexcomm.probe.latency import rtt_burst
 from flexcomm.probe.shaping import LinkState
 
 COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 MASTER_PORT = 29561
 CLOSED_PORT = 9  # nothing listens: the RST answer is the round trip
+IPERF_PORT = 5299
+PROBE_SECONDS = 2  # the agent's default probe_test_duration_s
 LAUNCH_S = 20.0  # torch import + process group start on a loaded 2-core machine
 PER_OP_OVERHEAD_S = 0.01  # barrier + Python per timed operation
 QUICK_OP_S = 0.2  # operations expected below this get `quick_repeats` repetitions
@@ -126,6 +131,7 @@ class Measured:
     alpha_op_s: float  # tiny AllReduce time / (2 (N - 1)): gloo's per-message cost
     alpha_tcp_s: float  # half the median TCP connect RTT
     load_avg: float = 0.0  # 1-minute load average when the configuration ran
+    bandwidth_probe_bps: float = 0.0  # iperf3 goodput node 0 -> 1; 0: not measured (older runs)
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -146,6 +152,13 @@ def tcp_alpha(nodes: Sequence[LabNode]) -> float:
     if summary.p50_s is None:
         raise RuntimeError(f"latency: no TCP answer from {nodes[1].address}: {summary.error}")
     return summary.p50_s / 2
+
+
+def probed_bandwidth(nodes: Sequence[LabNode]) -> float:
+    """iperf3 goodput from node 0 to node 1, as the agent's bandwidth probe runs it."""
+    with IperfServer(IPERF_PORT, bind=nodes[1].address, netns=nodes[1].ns):
+        result = run_test(nodes[1].address, port=IPERF_PORT, duration_s=PROBE_SECONDS, netns=nodes[0].ns)
+    return result.bandwidth_bps
 
 
 def launch_ranks(lab: LabCluster, plan_path: Path, log_dir: Path) -> list[subprocess.Popen]:
@@ -178,6 +191,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     n = len(lab.nodes)
     lab.links.apply(LinkState(rate_bps))
     alpha_tcp = tcp_alpha(lab.nodes)
+    bandwidth = probed_bandwidth(lab.nodes)
     out_dir = run_dir / "raw" / f"n{n}_{int(rate_bps)}bps"
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"world": n, "master_addr": lab.nodes[0].address, "master_port": MASTER_PORT,
@@ -193,7 +207,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
     say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "
         f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
-    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load)
+    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth)
 
 
 def read_ranks(out_dir: Path, n: int) -> list[list[dict[str, Any]]]:
@@ -222,7 +236,7 @@ def _op_times(ranks: list[list[dict[str, Any]]], kind: str, key: Callable[[dict]
 
 
 def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_tcp: float,
-              load: float) -> list[Measured]:
+              load: float, bandwidth_probe_bps: float = 0.0) -> list[Measured]:
     tiny = _op_times(ranks, "tiny", lambda r: "tiny").get("tiny")
     if not tiny:
         raise RuntimeError("tiny: no rank recorded the tiny AllReduce")
@@ -238,7 +252,7 @@ def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_
     for (size, collective, cr), samples in sorted(ops.items()):
         rows.append(Measured(rate_bps, n, size, collective, cr, statistics.median(samples), samples,
                              comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
-                             alpha_op, alpha_tcp, load))
+                             alpha_op, alpha_tcp, load, bandwidth_probe_bps))
     return rows
 
 
