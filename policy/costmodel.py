@@ -149,9 +149,19 @@ class CompressionCost:
 
 # --- calibration -----------------------------------------------------------------
 
+FIT_WEIGHTING = "1/measured"  # recorded in the state: sums of another weighting are not reused
+
 @dataclass
 class _Fit:
-    """Exponentially forgotten sums for measured = slope * predicted + intercept."""
+    """Exponentially forgotten sums for measured = slope * predicted + overhead.
+
+    Each pair is weighted 1/measured. Unweighted, the slowest operations set the
+    line and millisecond ones got negative intercepts (predicted 0.01 ms against
+    0.6 ms measured); weighted 1/measured**2 (pure relative error) the many noisy
+    short operations bent the line for the long ones. 1/measured did best of the
+    three on both validation runs (docs/BENCHMARKS.md). The overhead is the
+    per-call cost the alpha-beta terms lack, so it is never negative.
+    """
 
     w: float = 0.0
     x: float = 0.0
@@ -165,26 +175,32 @@ class _Fit:
         if self.n:  # judged before the update; the first judgement starts the average
             judged = abs(measured - self.apply(predicted)) / measured
             self.err = judged if self.n == 1 else decay * self.err + (1 - decay) * judged
-        self.w = decay * self.w + 1
-        self.x = decay * self.x + predicted
-        self.y = decay * self.y + measured
-        self.xx = decay * self.xx + predicted * predicted
-        self.xy = decay * self.xy + predicted * measured
+        weight = 1.0 / measured
+        self.w = decay * self.w + weight
+        self.x = decay * self.x + weight * predicted
+        self.y = decay * self.y + weight * measured
+        self.xx = decay * self.xx + weight * predicted * predicted
+        self.xy = decay * self.xy + weight * predicted * measured
         self.n += 1
 
     def apply(self, predicted: float) -> float:
-        if self.n == 0 or self.x <= 0:
+        if self.n == 0:
             return predicted
-        ratio = self.y / self.x
+        slope, overhead = self.line()
+        return slope * predicted + overhead
+
+    def line(self) -> tuple[float, float]:
+        """(slope, overhead) of the fit: affine when the predictions seen spread and
+        the overhead comes out >= 0, else a ratio through the origin."""
+        ratio = self.xy / self.xx
         mx, my = self.x / self.w, self.y / self.w
         var = self.xx / self.w - mx * mx
-        # An affine fit needs spread in the predictions; without it, a ratio.
         if self.n >= 3 and var > (0.05 * mx) ** 2:
             slope = (self.xy / self.w - mx * my) / var
-            if slope > 0:
-                intercept = my - slope * mx
-                return max(slope * predicted + intercept, 0.1 * ratio * predicted)
-        return ratio * predicted
+            overhead = my - slope * mx
+            if slope > 0 and overhead >= 0:
+                return slope, overhead
+        return ratio, 0.0
 
 
 class Calibration:
@@ -226,11 +242,17 @@ class Calibration:
         return max(errs) if errs else 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"decay": self.decay, "fits": {k: vars(f).copy() for k, f in sorted(self._fits.items())}}
+        return {"decay": self.decay, "weighting": FIT_WEIGHTING,
+                "fits": {k: vars(f).copy() for k, f in sorted(self._fits.items())}}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Calibration:
+        """The calibration a state holds. Fits saved with another weighting (older
+        versions summed unweighted pairs) are dropped and relearned: read as
+        weighted sums they would be wrong."""
         cal = cls(float(state.get("decay", 0.9)))
+        if state.get("weighting") != FIT_WEIGHTING:
+            return cal
         for name, fit in (state.get("fits") or {}).items():
             cal._fits[check_collective(name)] = _Fit(**fit)
         return cal
