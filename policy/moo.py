@@ -503,11 +503,27 @@ class MooPolicy:
         best = self.choose(rows)
         current = self._current_row(rows)
         margin = max(self.config.hysteresis, self.calibration.error())
-        if current is not None and current != best and _within(current, best, margin):
+        if current is not None and current != best and self._not_worth_switching(current, best, rows, margin):
             return current
         if current != best:
             self._set_current(best.collective, best.cr, self.explain(best, rows), best)
         return best
+
+    def _not_worth_switching(self, current: Evaluation, best: Evaluation, rows: list[Evaluation],
+                             margin: float) -> bool:
+        """Stay when `current` is within `margin` of `best` on both objectives or,
+        choosing by ASF, on the ASF score itself: two options far apart on the
+        front can score alike, and smoothed gains drifting by a few percent then
+        swapped them every few steps (the lab's 20 Mbit/s phase: 0.011@art_tree and
+        0.033@art_ring, seven switches in 40 steps)."""
+        if _within(current, best, margin):
+            return True
+        if self.config.objective != "asf" or any(r.gain is None for r in rows):
+            return False
+        cfg = self.config
+        points = [(r.t_step_s, 1.0 / max(r.gain, 1e-9)) for r in rows]
+        scores = pareto.asf_scores(points, (cfg.weight_time, cfg.weight_gain))
+        return scores[rows.index(current)] <= scores[rows.index(best)] + margin
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
         cur = self._s.current

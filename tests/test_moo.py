@@ -4,6 +4,7 @@ hysteresis, persistence, determinism and input validation."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -137,6 +138,28 @@ def test_hysteresis_keeps_an_option_within_the_margin_on_both_objectives() -> No
     assert _within(cur, best, 0.05) and not _within(cur, best, 0.03)
     worse_gain = Evaluation("ag_topk", 0.004, 0.1, 0.0, 0.100, 0.40, True)
     assert not _within(worse_gain, best, 0.05)
+
+
+def test_hysteresis_holds_between_options_the_asf_scores_alike() -> None:
+    """Far apart on both objectives (2.2x the step time, 2.9x the gain), alike by
+    ASF: a drift of 5% in one gain flips the ASF choice, but not the job; a clear
+    ASF difference still switches it."""
+    from flexcomm.policy.moo import Evaluation
+
+    policy = MooPolicy(M)
+    fast = Evaluation("art_tree", 0.011, 0.008, 0.002, 0.0100, 0.07, True)
+    rich = Evaluation("art_ring", 0.033, 0.019, 0.003, 0.0224, 0.20, True)
+    choices = set()
+    for rich_gain in (0.195, 0.205):
+        rows = [fast, replace(rich, gain=rich_gain)]
+        best = policy.choose(rows)
+        choices.add(best.collective)
+        current = rows[1] if best == rows[0] else rows[0]
+        assert policy._not_worth_switching(current, best, rows, 0.05)
+    assert choices == {"art_tree", "art_ring"}  # the ASF choice did flip
+    rows = [fast, replace(rich, gain=0.5)]
+    assert policy.choose(rows) == rows[1]
+    assert not policy._not_worth_switching(rows[0], rows[1], rows, 0.05)
 
 
 def test_a_slow_step_of_the_running_option_does_not_switch_the_job() -> None:
