@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from flexcomm.client import collectives as coll
 from flexcomm.client.compress import k_for, make_selector
+from flexcomm.lab.trainer import exit_now
 from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING
 
 TIMED_COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
@@ -190,4 +191,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
