@@ -34,7 +34,7 @@ from flexcomm.policy.costmodel import sync_time
 from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, NetworkObservation, check_cr
 from flexcomm.probe.iperf import IperfServer, run_test
 from flexcomm.probe.latency import rtt_burst
-from flexcomm.probe.shaping import LinkState
+from flexcomm.probe.shaping import LinkState, burst_bytes
 
 COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 MASTER_PORT = 29561
@@ -132,6 +132,7 @@ class Measured:
     alpha_tcp_s: float  # half the median TCP connect RTT
     load_avg: float = 0.0  # 1-minute load average when the configuration ran
     bandwidth_probe_bps: float = 0.0  # iperf3 goodput node 0 -> 1; 0: not measured (older runs)
+    burst_bytes: int = 0  # what the link passes at line rate after idle; 0: not recorded (older runs)
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -190,6 +191,8 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
         raise ValueError(f"namespaces: the calibration needs shaped links ({lab.reason_unshaped})")
     n = len(lab.nodes)
     lab.links.apply(LinkState(rate_bps))
+    segment = lab.links.cap_segments(rate_bps)  # before any connection of this configuration
+    burst = max(burst_bytes(rate_bps), segment)
     alpha_tcp = tcp_alpha(lab.nodes)
     bandwidth = probed_bandwidth(lab.nodes)
     out_dir = run_dir / "raw" / f"n{n}_{int(rate_bps)}bps"
@@ -207,7 +210,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
     say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "
         f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
-    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth)
+    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth, burst)
 
 
 def read_ranks(out_dir: Path, n: int) -> list[list[dict[str, Any]]]:
@@ -236,7 +239,7 @@ def _op_times(ranks: list[list[dict[str, Any]]], kind: str, key: Callable[[dict]
 
 
 def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_tcp: float,
-              load: float, bandwidth_probe_bps: float = 0.0) -> list[Measured]:
+              load: float, bandwidth_probe_bps: float = 0.0, burst: int = 0) -> list[Measured]:
     tiny = _op_times(ranks, "tiny", lambda r: "tiny").get("tiny")
     if not tiny:
         raise RuntimeError("tiny: no rank recorded the tiny AllReduce")
@@ -252,7 +255,7 @@ def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_
     for (size, collective, cr), samples in sorted(ops.items()):
         rows.append(Measured(rate_bps, n, size, collective, cr, statistics.median(samples), samples,
                              comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
-                             alpha_op, alpha_tcp, load, bandwidth_probe_bps))
+                             alpha_op, alpha_tcp, load, bandwidth_probe_bps, burst))
     return rows
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from flexcomm.lab import netns
 from flexcomm.probe.revert import Revert
-from flexcomm.probe.shaping import LinkState, Shaper
+from flexcomm.probe.shaping import BURST_SECONDS, LinkState, Shaper
 
 STOP_GRACE_S = 3.0
 
@@ -62,6 +62,11 @@ def can_use_namespaces() -> tuple[bool, str]:
     return True, ""
 
 
+def segment_cap(rate_bps: float) -> int:
+    """What `rate_bps` carries in the shaper's bucket time, held to 4-16 KB."""
+    return int(min(netns.GSO_MAX_BYTES, max(netns.GSO_MIN_BYTES, rate_bps / 8 * BURST_SECONDS)))
+
+
 class LinkGroup:
     """Every shaped link end of the cluster, changed together: a drop-in for one
     `Shaper` where `flexcomm.probe.emulator.Emulator` expects one."""
@@ -80,6 +85,19 @@ class LinkGroup:
             revert.record("run")
             shaper.apply(state)
         self.state = state
+
+    def cap_segments(self, rate_bps: float) -> int:
+        """Cap every link end's segments at what `rate_bps` carries in the shaper's
+        bucket time (4 to 16 KB): below 200 Mbit/s a 16 KB segment still crosses
+        inside the bucket, so AR-Topk Tree's 4-16 KB messages beat the rate. TCP
+        reads the cap when a connection starts: call it before the job connects.
+        A run that changes rate mid-job keeps the 16 KB default, because small
+        segments cost CPU at 1 Gbit/s. Returns the cap in bytes."""
+        cap = segment_cap(rate_bps)
+        for shaper in self.shapers:
+            assert shaper.netns is not None  # lab link ends always live in a namespace
+            netns.cap_segments(shaper.netns, shaper.ifname, cap)
+        return cap
 
     def restore(self) -> None:
         """Put every link end back as it was (kernel default qdisc)."""

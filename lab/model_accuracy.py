@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flexcomm.lab.calibrate import Measured
+from flexcomm.lab.cluster import segment_cap
 from flexcomm.policy.costmodel import Calibration, ModelForms, sync_time
 from flexcomm.policy.types import DENSE_RING, NetworkObservation
-from flexcomm.probe.shaping import BURST_FLOOR_BYTES
+from flexcomm.probe.shaping import burst_bytes
 
 FORMS = {"paper": ModelForms("paper", "paper"), "ring": ModelForms("ring", "pipelined")}
 ALPHAS = ("tcp", "op")
@@ -265,7 +266,8 @@ def explain(g: Regret, with_comp: bool) -> str:
     burst = _burst_message(b)
     if burst:
         return (f"the shaper's burst: {label(b)} sends {burst / 1e3:.0f} KB per message, below the "
-                f"{BURST_FLOOR_BYTES // 1024} KB HTB burst, which crosses a {b.rate_bps / 1e6:g} Mbit/s link "
+                f"{link_burst(b) / 1024:.0f} KB the link passes at line rate after idle, which crosses a "
+                f"{b.rate_bps / 1e6:g} Mbit/s link "
                 f"faster than its rate (measured {mb:.3g} s, predicted {pb:.3g} s); {label(a)} measured "
                 f"{ma:.3g} s, predicted {pa:.3g} s")
     if a.t_sync_s < BANDWIDTH_BOUND_S and b.t_sync_s < BANDWIDTH_BOUND_S:
@@ -284,7 +286,14 @@ def _burst_message(r: Measured) -> float:
     bandwidth_s = (raw_prediction(r, "paper", "tcp", "rate")
                    - raw_prediction(replace(r, rate_bps=1e15), "paper", "tcp", "rate"))
     fast = r.t_sync_s < 0.75 * bandwidth_s
-    return message if r.collective != DENSE_RING and message <= BURST_FLOOR_BYTES and fast else 0.0
+    return message if r.collective != DENSE_RING and message <= link_burst(r) and fast else 0.0
+
+
+def link_burst(r: Measured) -> int:
+    """Bytes a link of `r`'s configuration passes at line rate after idle: the HTB
+    bucket or one segment, whichever is larger (recorded since session 2; older
+    runs get today's rule)."""
+    return r.burst_bytes or max(burst_bytes(r.rate_bps), segment_cap(r.rate_bps))
 
 
 def _quartiles(r: Measured, with_comp: bool) -> tuple[float, float]:

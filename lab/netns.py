@@ -39,6 +39,8 @@ BRIDGE = "br0"
 # (smaller caps cost CPU: 8 KB measured 836 Mbit/s). Set before any connection:
 # TCP reads it when a connection starts.
 GSO_MAX_BYTES = 16384
+# The smallest cap `cap_segments` sets: a slow link's segments (see LinkGroup.cap_segments).
+GSO_MIN_BYTES = 4096
 
 
 class NetnsError(RuntimeError):
@@ -120,12 +122,14 @@ def _add_namespace(name: str) -> None:
 
 def _address(node: Node) -> None:
     ip("-n", node.ns, "addr", "add", f"{node.address}/{node.prefixlen}", "dev", node.ifname)
-    _cap_gso(node.ns, node.ifname)
+    cap_segments(node.ns, node.ifname)
     ip("-n", node.ns, "link", "set", node.ifname, "up")
 
 
-def _cap_gso(ns: str, ifname: str) -> None:
-    ip("-n", ns, "link", "set", "dev", ifname, "gso_max_size", str(GSO_MAX_BYTES))
+def cap_segments(ns: str, ifname: str, max_bytes: int = GSO_MAX_BYTES) -> None:
+    """The largest packet TCP may hand `ifname` (its gso_max_size); connections
+    made from then on use it."""
+    ip("-n", ns, "link", "set", "dev", ifname, "gso_max_size", str(max_bytes))
 
 
 @contextmanager
@@ -166,7 +170,7 @@ def cluster(prefix: str, n: int, subnet: str = "10.213.0.0/24") -> Iterator[list
             ip("-n", hub, "link", "add", node.peer_ifname, "type", "veth",
                "peer", "name", NODE_IFNAME, "netns", node.ns)
             ip("-n", hub, "link", "set", node.peer_ifname, "master", BRIDGE)
-            _cap_gso(hub, node.peer_ifname)
+            cap_segments(hub, node.peer_ifname)
             ip("-n", hub, "link", "set", node.peer_ifname, "up")
             _address(node)
             nodes.append(node)

@@ -54,12 +54,13 @@ FILTER_PRIO = 1
 LEAF_LIMIT = 1000  # packets, the kernel's default txqueuelen
 NETEM_MODULE = "sch_netem"
 # HTB's bucket: one millisecond at the rate (1 Gbit/s still measures 95% of the rate
-# both ways on veth), never under 16 KB. A packet larger than the bucket still
-# leaves at line rate after idle, so a segmentation offload of 64 KB (TSO/GSO) makes
-# the effective burst 64 KB whatever is set here; the lab caps its veths' GSO at the
-# floor (`flexcomm.lab.netns.GSO_MAX_BYTES`) so that small messages see the rate.
+# both ways on veth), never under 4 KB (two full frames). A packet larger than the
+# bucket still leaves at line rate after idle, so a segmentation offload of 64 KB
+# (TSO/GSO) makes the effective burst 64 KB whatever is set here; the lab caps its
+# veths' segments (`flexcomm.lab.netns.cap_segments`) so that small messages see
+# the rate.
 BURST_SECONDS = 0.001
-BURST_FLOOR_BYTES = 16384
+BURST_FLOOR_BYTES = 4096
 
 
 class InterfaceMissing(ValueError):
@@ -148,7 +149,8 @@ def leaf_handle(classid: int, kind: str) -> int:
     return (base + (classid & 0xFFFF)) << 16
 
 
-def _burst_bytes(rate_bps: float) -> int:
+def burst_bytes(rate_bps: float) -> int:
+    """HTB's bucket for `rate_bps`, in bytes."""
     return max(int(rate_bps / 8 * BURST_SECONDS), BURST_FLOOR_BYTES)
 
 
@@ -162,7 +164,7 @@ def _htb_root(dev: str, peers: Sequence[str]) -> TcRequest:
 
 def _htb_class(dev: str, classid: int, state: LinkState) -> TcRequest:
     rate = f"{int(state.rate_bps)}bit"
-    burst = _burst_bytes(state.rate_bps)
+    burst = burst_bytes(state.rate_bps)
     quantum = min(max(int(state.rate_bps / 8 / 10), 1600), 200_000)
     return TcRequest(
         "replace-class", "htb",

@@ -130,3 +130,14 @@ def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path
         srv.wait(10)
     wire_s = size * 8 / rate
     assert 0.7 * wire_s < float(out.stdout) < 1.5 * wire_s
+
+
+def test_slow_links_get_segments_that_fit_their_bucket(privileged: None, tmp_path) -> None:
+    from flexcomm.lab.cluster import LabCluster, segment_cap
+
+    assert [segment_cap(r) for r in (10e6, 50e6, 100e6, 1e9)] == [4096, 6250, 12500, netns.GSO_MAX_BYTES]
+    with LabCluster.open(prefix="fctns2", n=2, subnet="10.209.7.0/24", run_dir=tmp_path) as lab:
+        assert lab.links.cap_segments(10e6) == 4096
+        for node in lab.nodes:
+            assert _link_gso(node.ns, node.ifname) == 4096
+        assert _link_gso("fctns2hub", "v1") == 4096
