@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab.cluster import LabCluster, LabNode
+from flexcomm.lab.cluster import LabCluster, LabNode, burst_after_idle
 from flexcomm.policy.costmodel import sync_time
 from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, NetworkObservation, check_cr
 from flexcomm.probe.iperf import IperfServer, run_test
 from flexcomm.probe.latency import rtt_burst
-from flexcomm.probe.shaping import LinkState, burst_bytes
+from flexcomm.probe.shaping import LinkState
 
 COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 MASTER_PORT = 29561
@@ -191,8 +191,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
         raise ValueError(f"namespaces: the calibration needs shaped links ({lab.reason_unshaped})")
     n = len(lab.nodes)
     lab.links.apply(LinkState(rate_bps))
-    segment = lab.links.cap_segments(rate_bps)  # before any connection of this configuration
-    burst = max(burst_bytes(rate_bps), segment)
+    lab.links.cap_segments(rate_bps)  # before any connection of this configuration
     alpha_tcp = tcp_alpha(lab.nodes)
     bandwidth = probed_bandwidth(lab.nodes)
     out_dir = run_dir / "raw" / f"n{n}_{int(rate_bps)}bps"
@@ -210,7 +209,8 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
     say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "
         f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
-    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth, burst)
+    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth,
+                     burst_after_idle(rate_bps))
 
 
 def read_ranks(out_dir: Path, n: int) -> list[list[dict[str, Any]]]:

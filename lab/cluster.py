@@ -32,7 +32,7 @@ from typing import Any
 
 from flexcomm.lab import netns
 from flexcomm.probe.revert import Revert
-from flexcomm.probe.shaping import BURST_SECONDS, LinkState, Shaper
+from flexcomm.probe.shaping import BURST_SECONDS, LinkState, Shaper, burst_bytes
 
 STOP_GRACE_S = 3.0
 
@@ -65,6 +65,13 @@ def can_use_namespaces() -> tuple[bool, str]:
 def segment_cap(rate_bps: float) -> int:
     """What `rate_bps` carries in the shaper's bucket time, held to 4-16 KB."""
     return int(min(netns.GSO_MAX_BYTES, max(netns.GSO_MIN_BYTES, rate_bps / 8 * BURST_SECONDS)))
+
+
+def burst_after_idle(rate_bps: float) -> int:
+    """Bytes a link shaped to `rate_bps`, its segments capped for that rate
+    (`LinkGroup.cap_segments`), passes at line rate after idle: the HTB bucket or
+    one segment, whichever is larger."""
+    return max(burst_bytes(rate_bps), segment_cap(rate_bps))
 
 
 class LinkGroup:

@@ -33,10 +33,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flexcomm.lab.calibrate import Measured
-from flexcomm.lab.cluster import segment_cap
+from flexcomm.lab.cluster import burst_after_idle
 from flexcomm.policy.costmodel import Calibration, ModelForms, sync_time
 from flexcomm.policy.types import DENSE_RING, NetworkObservation
-from flexcomm.probe.shaping import burst_bytes
 
 FORMS = {"paper": ModelForms("paper", "paper"), "ring": ModelForms("ring", "pipelined")}
 ALPHAS = ("tcp", "op")
@@ -290,10 +289,9 @@ def _burst_message(r: Measured) -> float:
 
 
 def link_burst(r: Measured) -> int:
-    """Bytes a link of `r`'s configuration passes at line rate after idle: the HTB
-    bucket or one segment, whichever is larger (recorded since session 2; older
-    runs get today's rule)."""
-    return r.burst_bytes or max(burst_bytes(r.rate_bps), segment_cap(r.rate_bps))
+    """Bytes `r`'s link passed at line rate after idle (recorded since session 2;
+    older runs get today's rule)."""
+    return r.burst_bytes or burst_after_idle(r.rate_bps)
 
 
 def _quartiles(r: Measured, with_comp: bool) -> tuple[float, float]:

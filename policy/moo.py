@@ -317,14 +317,16 @@ class MooPolicy:
             raise ValueError("rows: nothing to choose from")
         if any(r.gain is None for r in rows):
             return min(rows, key=lambda r: (r.t_step_s, -r.cr, r.collective))
-        points = [(r.t_step_s, 1.0 / max(r.gain, 1e-9)) for r in rows]
+        points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
             return max((rows[i] for i in front), key=lambda r: (r.gain / r.t_step_s, r.cr))
-        cfg = self.config
-        scores = pareto.asf_scores([points[i] for i in front], (cfg.weight_time, cfg.weight_gain))
+        scores = self._asf([points[i] for i in front])
         best = min(range(len(front)), key=lambda j: (scores[j], points[front[j]][0]))
         return rows[front[best]]
+
+    def _asf(self, points: list[tuple[float, float]]) -> list[float]:
+        return pareto.asf_scores(points, (self.config.weight_time, self.config.weight_gain))
 
     def model_error(self) -> float | None:
         """The calibrated model's current relative error (worst collective)."""
@@ -520,9 +522,8 @@ class MooPolicy:
             return True
         if self.config.objective != "asf" or any(r.gain is None for r in rows):
             return False
-        cfg = self.config
-        points = [(r.t_step_s, 1.0 / max(r.gain, 1e-9)) for r in rows]
-        scores = pareto.asf_scores(points, (cfg.weight_time, cfg.weight_gain))
+        # Over every row, the ideal point is the front's, so these are choose()'s scores.
+        scores = self._asf([_objectives(r) for r in rows])
         return scores[rows.index(current)] <= scores[rows.index(best)] + margin
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -586,13 +587,19 @@ class MooPolicy:
         return f"the chosen CR's gain moved {base['gain']:.2f} -> {now:.2f}"
 
 
+def _objectives(r: Evaluation) -> tuple[float, float]:
+    """The two minimised objectives of a candidate with a known gain: (t_step, 1/gain)."""
+    assert r.gain is not None
+    return r.t_step_s, 1.0 / max(r.gain, 1e-9)
+
+
 def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:
     """True when `current` is no worse than `best` by more than `margin` on both
     objectives: then switching is not worth it."""
     time_ok = current.t_step_s <= best.t_step_s * (1 + margin)
     if current.gain is None or best.gain is None:
         return time_ok
-    return time_ok and (1 / max(current.gain, 1e-9)) <= (1 / max(best.gain, 1e-9)) * (1 + margin)
+    return time_ok and _objectives(current)[1] <= _objectives(best)[1] * (1 + margin)
 
 
 def _ewma(old: float | None, new: float, weight: float) -> float:
