@@ -76,8 +76,9 @@ def main() -> None:
         F.cross_entropy(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-        if rank == 0:
-            (workdir / "progress").write_text(str(len(times)))
+        if rank == 0:  # written whole, then renamed: the test never reads a half-written count
+            (workdir / "progress.tmp").write_text(str(len(times)))
+            os.replace(workdir / "progress.tmp", workdir / "progress")
         stop = torch.tensor([1.0 if (workdir / "stop").exists() else 0.0])
         dist.all_reduce(stop)
         if stop.item() > 0 or len(times) >= 5000:
