@@ -63,7 +63,7 @@ def can_use_namespaces() -> tuple[bool, str]:
 
 
 def segment_cap(rate_bps: float) -> int:
-    """What `rate_bps` carries in the shaper's bucket time, held to 4-16 KB."""
+    """What `rate_bps` carries in the shaper's bucket time, held to one packet to 16 KB."""
     return int(min(netns.GSO_MAX_BYTES, max(netns.GSO_MIN_BYTES, rate_bps / 8 * BURST_SECONDS)))
 
 
@@ -95,8 +95,9 @@ class LinkGroup:
 
     def cap_segments(self, rate_bps: float) -> int:
         """Cap every link end's segments at what `rate_bps` carries in the shaper's
-        bucket time (4 to 16 KB): below 200 Mbit/s a 16 KB segment still crosses
-        inside the bucket, so AR-Topk Tree's 4-16 KB messages beat the rate. TCP
+        bucket time (one packet to 16 KB): with 16 KB segments below 500 Mbit/s one
+        segment outlasts the bucket yet leaves whole after idle, so AR-Topk Tree's
+        4-16 KB messages would beat the rate. TCP
         reads the cap when a connection starts: call it before the job connects.
         A run that changes rate mid-job keeps the 16 KB default, because small
         segments cost CPU at 1 Gbit/s. Returns the cap in bytes."""

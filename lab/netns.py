@@ -40,7 +40,9 @@ BRIDGE = "br0"
 # TCP reads it when a connection starts.
 GSO_MAX_BYTES = 16384
 # The smallest cap `cap_segments` sets: a slow link's segments (see LinkGroup.cap_segments).
-GSO_MIN_BYTES = 4096
+# The smallest cap `cap_segments` sets, a slow link's segments (see
+# LinkGroup.cap_segments): one packet at the lab's MTU, no offload batching.
+GSO_MIN_BYTES = 1500
 
 
 class NetnsError(RuntimeError):

@@ -53,14 +53,16 @@ ETH_P_IP = 0x0800
 FILTER_PRIO = 1
 LEAF_LIMIT = 1000  # packets, the kernel's default txqueuelen
 NETEM_MODULE = "sch_netem"
-# HTB's bucket: one millisecond at the rate (1 Gbit/s still measures 95% of the rate
-# both ways on veth), never under 4 KB (two full frames). A packet larger than the
+# HTB's bucket: a quarter millisecond at the rate, never under one full Ethernet
+# frame. At 1 ms, 16 KB crossed a 50 Mbit/s lab link in 1.2 ms of its 2.6 ms wire
+# time; at 0.25 ms it takes 2.6 ms, and iperf3 still measures 95% of 1 Gbit/s and
+# 95.7% of 10 Mbit/s on veth (docs/BENCHMARKS.md). A packet larger than the
 # bucket still leaves at line rate after idle, so a segmentation offload of 64 KB
 # (TSO/GSO) makes the effective burst 64 KB whatever is set here; the lab caps its
 # veths' segments (`flexcomm.lab.netns.cap_segments`) so that small messages see
 # the rate.
-BURST_SECONDS = 0.001
-BURST_FLOOR_BYTES = 4096
+BURST_SECONDS = 0.00025
+BURST_FLOOR_BYTES = 1514  # MTU 1500 plus the Ethernet header
 
 
 class InterfaceMissing(ValueError):

@@ -113,6 +113,17 @@ for _ in range(5):
 """
 
 
+def _time_one_message(lab, size: int, tmp_path) -> float:
+    """Median seconds to send `size` bytes from node 0 to node 1 after idle, and get a byte back."""
+    sender, receiver = lab.nodes
+    srv = lab.spawn(1, ["python3", "-c", RECEIVE_AND_ACK, receiver.address, str(size)],
+                    log=tmp_path / "receiver.log")
+    out = subprocess.run(sender.argv(["python3", "-c", SEND_AND_TIME, receiver.address, str(size)]),
+                         capture_output=True, text=True, timeout=30, check=True)
+    srv.wait(10)
+    return float(out.stdout)
+
+
 def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path) -> None:
     """64 KB over a 10 Mbit/s cluster link is 52 ms of wire time. Before the lab capped
     its veths' segments, one 64 KB GSO packet crossed inside the HTB bucket in 0.3 ms."""
@@ -122,22 +133,33 @@ def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path
     size, rate = 65536, 10e6
     with LabCluster.open(prefix="fctnw", n=2, subnet="10.209.6.0/24", run_dir=tmp_path) as lab:
         lab.links.apply(LinkState(rate))
-        sender, receiver = lab.nodes
-        srv = lab.spawn(1, ["python3", "-c", RECEIVE_AND_ACK, receiver.address, str(size)],
-                        log=tmp_path / "receiver.log")
-        out = subprocess.run(sender.argv(["python3", "-c", SEND_AND_TIME, receiver.address, str(size)]),
-                             capture_output=True, text=True, timeout=30, check=True)
-        srv.wait(10)
+        took = _time_one_message(lab, size, tmp_path)
     wire_s = size * 8 / rate
-    assert 0.7 * wire_s < float(out.stdout) < 1.5 * wire_s
+    assert 0.7 * wire_s < took < 1.5 * wire_s
+
+
+def test_a_compressed_message_on_a_capped_link_takes_its_wire_time(privileged: None, tmp_path) -> None:
+    """16 KB (a 4 MB gradient's Top-k at 0.001, with indices) over 50 Mbit/s is 2.6 ms of
+    wire time. With a 1 ms bucket and 6 KB segments it took 1.2 ms; with the quarter
+    millisecond bucket and segments capped for the rate it takes its wire time."""
+    from flexcomm.lab.cluster import LabCluster
+    from flexcomm.probe.shaping import LinkState
+
+    size, rate = 16000, 50e6
+    with LabCluster.open(prefix="fctmsg", n=2, subnet="10.209.8.0/24", run_dir=tmp_path) as lab:
+        lab.links.apply(LinkState(rate))
+        lab.links.cap_segments(rate)
+        took = _time_one_message(lab, size, tmp_path)
+    wire_s = size * 8 / rate
+    assert 0.75 * wire_s < took < 2.0 * wire_s
 
 
 def test_slow_links_get_segments_that_fit_their_bucket(privileged: None, tmp_path) -> None:
     from flexcomm.lab.cluster import LabCluster, segment_cap
 
-    assert [segment_cap(r) for r in (10e6, 50e6, 100e6, 1e9)] == [4096, 6250, 12500, netns.GSO_MAX_BYTES]
+    assert [segment_cap(r) for r in (10e6, 50e6, 200e6, 1e9)] == [1500, 1562, 6250, netns.GSO_MAX_BYTES]
     with LabCluster.open(prefix="fctns2", n=2, subnet="10.209.7.0/24", run_dir=tmp_path) as lab:
-        assert lab.links.cap_segments(10e6) == 4096
+        assert lab.links.cap_segments(200e6) == 6250
         for node in lab.nodes:
-            assert _link_gso(node.ns, node.ifname) == 4096
-        assert _link_gso("fctns2hub", "v1") == 4096
+            assert _link_gso(node.ns, node.ifname) == 6250
+        assert _link_gso("fctns2hub", "v1") == 6250
