@@ -43,8 +43,11 @@ IPERF_PORT = 5299
 PROBE_SECONDS = 2  # the agent's default probe_test_duration_s
 LAUNCH_S = 20.0  # torch import + process group start on a loaded 2-core machine
 PER_OP_OVERHEAD_S = 0.01  # barrier + Python per timed operation
-QUICK_OP_S = 0.2  # operations expected below this get `quick_repeats` repetitions
-QUICK_REPEATS = 15
+# Repetitions by the model's estimate of an operation: (shorter than, repetitions).
+# Operations of a few ms see 3-4 ms scheduling stalls on a shared 2-core VM in
+# 5-25% of repetitions, so the median of 15 moved ~20% between halves of the
+# same run; 45 halve that for a fraction of the grid's time.
+REPEAT_TIERS = ((0.02, 45), (0.2, 15))
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,17 @@ class Grid:
         return [(s, c, cr) for s in self.sizes for c in self.collectives
                 for cr in ([1.0] if c == DENSE_RING else self.crs)]
 
-    def quick_points(self, rate_bps: float, nodes: int) -> list[tuple[int, str, float]]:
-        """The points of one configuration short enough to repeat QUICK_REPEATS times."""
+    def repeats_for(self, estimate_s: float) -> int:
+        """Repetitions of an operation the model expects to take `estimate_s`."""
+        for shorter_than, repeats in REPEAT_TIERS:
+            if estimate_s < shorter_than:
+                return max(self.repeats, repeats)
+        return self.repeats
+
+    def point_repeats(self, rate_bps: float, nodes: int) -> list[tuple[int, str, float, int]]:
+        """(size, collective, cr, repetitions) of one configuration, in run order."""
         net = NetworkObservation.from_link(1e-3, rate_bps, nodes)
-        return [p for p in self.points(nodes) if _estimate(p, net) < QUICK_OP_S]
+        return [(*p, self.repeats_for(_estimate(p, net))) for p in self.points(nodes)]
 
     def estimate_seconds(self) -> float:
         """Rough wall time of the whole grid: the paper-form model at the shaped
@@ -96,10 +106,8 @@ class Grid:
         for rate in self.rates_bps:
             for n in self.nodes:
                 net = NetworkObservation.from_link(1e-3, rate, n)
-                quick = set(self.quick_points(rate, n))
-                for p in self.points(n):
-                    reps = max(self.repeats, QUICK_REPEATS) if p in quick else self.repeats
-                    total += reps * (_estimate(p, net) + PER_OP_OVERHEAD_S)
+                for size, collective, cr, reps in self.point_repeats(rate, n):
+                    total += reps * (_estimate((size, collective, cr), net) + PER_OP_OVERHEAD_S)
                 total += LAUNCH_S
         return total
 
@@ -199,7 +207,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     plan = {"world": n, "master_addr": lab.nodes[0].address, "master_port": MASTER_PORT,
             "ifname": lab.nodes[0].ifname, "sizes": list(grid.sizes), "crs": list(grid.crs),
             "collectives": list(grid.collectives), "repeats": grid.repeats, "out_dir": str(out_dir),
-            "quick_points": grid.quick_points(rate_bps, n), "quick_repeats": QUICK_REPEATS}
+            "point_repeats": grid.point_repeats(rate_bps, n)}
     plan_path = out_dir / "plan.json"
     plan_path.write_text(json.dumps(plan), encoding="utf-8")
     load = os.getloadavg()[0]

@@ -4,8 +4,8 @@ The calibration runner (`flexcomm.lab.calibrate`) starts one of these per node,
 inside the node's namespace, for one (link rate, N) configuration. Each rank
 joins a gloo process group and times, with the client's own collective functions
 (`flexcomm.client.collectives`), every (size, collective, CR) of the plan,
-`repeats` times (`quick_repeats` times for the `quick_points`, operations short
-enough that more repetitions cost nothing and steady the median). Repetitions
+as many times as the plan's `point_repeats` says (short operations more often:
+more repetitions cost them little and steady the median). Repetitions
 are the outer loop, so a burst of load from other work on the machine hits one
 repetition of many points rather than every repetition of one point (the
 runner takes the median).
@@ -133,13 +133,13 @@ class Timer:
         self.tiny_allreduce()
         chosen = self.selection_times(grads)
         self.warm_up()
-        quick = {tuple(p) for p in plan.get("quick_points", [])}
-        for rep in range(max(plan["repeats"], plan.get("quick_repeats", 0))):
+        repeats = {(size, collective, cr): n for size, collective, cr, n in plan["point_repeats"]}
+        for rep in range(max(repeats.values())):
             for size, g in grads.items():
                 out = torch.empty_like(g)
                 for collective in plan["collectives"]:
                     for cr in ([1.0] if collective == DENSE_RING else plan["crs"]):
-                        if rep >= plan["repeats"] and (size, collective, cr) not in quick:
+                        if rep >= repeats[(size, collective, cr)]:
                             continue
                         op = self._op(collective, g, out, chosen.get((size, cr)), rep)
                         t0, t1 = op()

@@ -66,6 +66,16 @@ def test_grid_refuses_bad_values() -> None:
     assert 0 < Grid(rates_bps=(1e9,), nodes=(2,), sizes=(65536,)).estimate_seconds() < Grid().estimate_seconds()
 
 
+def test_short_operations_are_repeated_more() -> None:
+    grid = Grid(rates_bps=(10e6,), nodes=(2,), sizes=(1_000_000, 16_000_000), crs=(0.1, 0.001), repeats=3)
+    reps = {(s, c, cr): n for s, c, cr, n in grid.point_repeats(10e6, 2)}
+    assert len(reps) == len(grid.points(2))
+    assert reps[(1_000_000, "ag_topk", 0.001)] == 45  # a few ms: most repetitions
+    assert reps[(1_000_000, "ag_topk", 0.1)] == 15  # 0.16 s at 10 Mbit/s
+    assert reps[(16_000_000, "dense_ring", 1.0)] == 3  # 12.8 s: the grid's own count
+    assert Grid(repeats=60).repeats_for(0.001) == 60  # never fewer than asked
+
+
 def _namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
