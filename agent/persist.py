@@ -56,7 +56,7 @@ class Persister:
     def _write_registration(self, spec: dict, created: float, batch: Batch) -> None:
         assert self.store is not None
         self.store.add_job(spec["job_id"], spec, created=created)
-        self._write_batches([batch], set())
+        self._write_batches([batch])
 
     async def flush(self, jobs: Iterable[Job]) -> int:
         """Write every job's pending reports, decisions and changed state; return
@@ -69,26 +69,29 @@ class Persister:
                 batches.append((job, (job.job_id, reports, decisions, state)))
         if not batches:
             return 0
-        written: set[tuple[int, str]] = set()  # (batch index, "reports" | "decisions")
+        count = sum(len(b[1]) for _, b in batches)
         try:
-            await self._run(self._write_batches, [b for _, b in batches], written)
+            await self._run(self._write_batches, [b for _, b in batches])
         except Exception:
-            for i, (job, (_, reports, decisions, _state)) in enumerate(batches):
-                job.put_back([] if (i, "reports") in written else reports,
-                             [] if (i, "decisions") in written else decisions)
+            for job, (_, reports, decisions, _state) in batches:
+                job.put_back(reports, decisions)  # only what was not written is left
                 job.dirty = True
             raise
-        return sum(len(b[1]) for _, b in batches)
+        return count
 
-    def _write_batches(self, batches: list[Batch], written: set[tuple[int, str]]) -> None:
+    def _write_batches(self, batches: list[Batch]) -> None:
+        """Write each batch, removing from its lists what each committed write took,
+        so that after a failure the lists hold exactly what is still unwritten
+        (each decision is its own transaction)."""
         assert self.store is not None
-        for i, (job_id, reports, decisions, state) in enumerate(batches):
+        for job_id, reports, decisions, state in batches:
             if reports:
                 self.store.add_step_reports(job_id, reports)
-            written.add((i, "reports"))
-            for decision, ts in decisions:
+                reports.clear()
+            while decisions:
+                decision, ts = decisions[0]
                 self.store.add_decision(job_id, decision, ts=ts)
-            written.add((i, "decisions"))
+                del decisions[0]
             if state is not None:
                 self.store.save_policy_state(job_id, state)
 
