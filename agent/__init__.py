@@ -7,8 +7,7 @@ restarted agent resumes each job where it was. Nothing imports this package but
 the CLI.
 
     config.py    settings: defaults < TOML < FLEXCOMM_AGENT_* < flags
-    validate.py  every request field checked, errors named by path
-    policies.py  a job's policy from its spec (flexcomm.policy.make_policy)
+                 (requests are checked by flexcomm.proto.validate)
     jobs.py      per-job state: policy, versioned decision, counters, pending writes
     network.py   per-peer figures and a job's bottleneck
     persist.py   the store, on its own thread: registration at once, the rest batched

@@ -95,6 +95,11 @@ class Persister:
             if state is not None:
                 self.store.save_policy_state(job_id, state)
 
+    async def prune(self, retention_s: float) -> dict[str, int]:
+        """Delete rows older than `retention_s`; how many per table."""
+        assert self.store is not None
+        return await self._run(self.store.prune, retention_s)
+
     # -- reading --------------------------------------------------------------
     async def latest_measurements(self) -> list[Measurement]:
         """The newest measurement of each kind for every peer in the store."""

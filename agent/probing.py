@@ -4,7 +4,7 @@ One probe scheduler (flexcomm.probe.scheduler) runs in its own thread for the
 agent's lifetime over the union of every job's nodes; when that set changes it
 is told so (`set_peers`), never replaced, so its duty-cycle budget keeps
 counting the tests it already ran. Measurements are stored by the scheduler, smoothed by one
-Estimator that outlives the schedulers, and handed to the event loop, where the
+Estimator, and handed to the event loop, where the
 network view, the metrics and the affected jobs' policies are updated.
 
 The agent also keeps an iperf3 server on `probe_port` so that the agents of

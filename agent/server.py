@@ -199,7 +199,7 @@ class Agent:
     async def _prune_loop(self) -> None:
         while True:
             try:
-                deleted = await asyncio.to_thread(self.persister.store.prune, self.config.retention_s)
+                deleted = await self.persister.prune(self.config.retention_s)
                 if any(deleted.values()):
                     log.info("pruned old rows", extra={"fields": deleted})
             except Exception as exc:  # a full or locked disk must not stop the agent

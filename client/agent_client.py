@@ -55,8 +55,9 @@ def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str
     for name, value in (("job_id", job_id), ("policy", policy)):
         if not isinstance(value, str):
             raise ValueError(f"spec.{name}: expected a string, got {value!r}")
-    if not 0 <= world_size < 1 << 32 or not 0 <= grad_bytes < 1 << 63:
-        raise ValueError(f"spec.world_size: out of range ({world_size!r}, grad_bytes {grad_bytes!r})")
+    for name, value, bound in (("world_size", world_size, 1 << 32), ("grad_bytes", grad_bytes, 1 << 63)):
+        if not 0 <= value < bound:
+            raise ValueError(f"spec.{name}: out of range [0, {bound}), got {value!r}")
     spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes, nodes=list(nodes), policy=policy)
     try:
         spec.options.update(dict(options or {}))

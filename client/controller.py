@@ -136,7 +136,7 @@ class Controller:
         0, on the first step of each control interval (a Top-k of the largest probe
         CR per bucket is too dear for every step; the policies smooth gains anyway).
         """
-        if self.rank != 0 or self.step % self.agreement.interval != 0:
+        if self.rank != 0 or not self.agreement.due(self.step):
             return ()
         return self.decision.probe_crs
 
