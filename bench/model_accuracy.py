@@ -17,21 +17,17 @@ Needs root (network namespaces); namespaces "fcvb*", subnet 10.215.0.0/24 unless
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from flexcomm.commands.lab_calibrate import add_arguments, run
+from flexcomm.commands.lab_calibrate import add_arguments, cmd_calibrate
 
 PREFIX = "fcvb"
-SUBNET = "10.215.0.0/24"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p, prefix=PREFIX, subnet=SUBNET)
-    result = run(p.parse_args(argv), say=lambda s: print(s, flush=True))
-    print(json.dumps(result, separators=(",", ":")))
-    return 0
+    add_arguments(p, prefix=PREFIX)
+    return cmd_calibrate(p.parse_args(argv))
 
 
 if __name__ == "__main__":

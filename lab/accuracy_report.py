@@ -62,14 +62,14 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
                 name = f"{variant_name(forms, alpha, beta)}@decay{decay:g}/per_{scope}"
                 variants[name] = (v, error_summary(rows, held, v))
     probed = all(r.bandwidth_probe_bps > 0 for r in rows)
-    head = variants[f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}/per_job"][0]
-    grid_wide = variants[f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}/per_grid"][1]
+    headline = f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}"
+    head, summary = variants[f"{headline}/per_job"]
+    grid_wide = variants[f"{headline}/per_grid"][1]
     per_cr = regrets_per_cr(rows, head.calibrated)
     with_dense = regrets_with_dense(rows, head.calibrated)
     held_ids = {id(r) for r in held}
     per_cr_held = [g for g in per_cr if id(g.chosen) in held_ids]
     raw_per_cr = regrets_per_cr(rows, head.raw)
-    summary = error_summary(rows, held, head)
     result = {
         "median_abs_error_raw": summary["median_abs_error_raw"],
         "median_abs_error_calibrated": summary["median_abs_error_calibrated"],

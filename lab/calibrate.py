@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,9 @@ class Measured:
 
 
 def tcp_alpha(nodes: Sequence[LabNode]) -> float:
-    """Half the median TCP connect RTT from node 0 to node 1 (what the agent's probe reports)."""
+    """Half the median TCP connect RTT from node 0 to node 1. (The agent's probe reports
+    half the minimum, `probe.latency.latency_measurement`: tens of microseconds apart
+    here, against the milliseconds of per-call overhead the calibration absorbs.)"""
     summary = rtt_burst(nodes[1].address, CLOSED_PORT, count=20, interval_s=0.005, netns=nodes[0].ns)
     if summary.p50_s is None:
         raise RuntimeError(f"latency: no TCP answer from {nodes[1].address}: {summary.error}")
@@ -206,13 +208,12 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"world": n, "master_addr": lab.nodes[0].address, "master_port": MASTER_PORT,
             "ifname": lab.nodes[0].ifname, "sizes": list(grid.sizes), "crs": list(grid.crs),
-            "collectives": list(grid.collectives), "repeats": grid.repeats, "out_dir": str(out_dir),
+            "collectives": list(grid.collectives), "out_dir": str(out_dir),
             "point_repeats": grid.point_repeats(rate_bps, n)}
     plan_path = out_dir / "plan.json"
     plan_path.write_text(json.dumps(plan), encoding="utf-8")
     load = os.getloadavg()[0]
-    one = Grid(rates_bps=(rate_bps,), nodes=(n,), sizes=grid.sizes, crs=grid.crs,
-               repeats=grid.repeats, collectives=grid.collectives)
+    one = replace(grid, rates_bps=(rate_bps,), nodes=(n,))
     t0 = time.monotonic()
     wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
     say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "

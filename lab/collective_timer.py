@@ -43,7 +43,6 @@ from flexcomm.client.compress import k_for, make_selector
 from flexcomm.lab.trainer import exit_now
 from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING
 
-TIMED_COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 TINY_REPEATS = 15
 COMP_REPEATS = 3
 VALUE_BYTES = 4  # fp32 gradients
@@ -133,18 +132,14 @@ class Timer:
         self.tiny_allreduce()
         chosen = self.selection_times(grads)
         self.warm_up()
-        repeats = {(size, collective, cr): n for size, collective, cr, n in plan["point_repeats"]}
-        for rep in range(max(repeats.values())):
-            for size, g in grads.items():
-                out = torch.empty_like(g)
-                for collective in plan["collectives"]:
-                    for cr in ([1.0] if collective == DENSE_RING else plan["crs"]):
-                        if rep >= repeats[(size, collective, cr)]:
-                            continue
-                        op = self._op(collective, g, out, chosen.get((size, cr)), rep)
-                        t0, t1 = op()
-                        self.write(kind="op", size=size, collective=collective, cr=cr, rep=rep,
-                                   start=t0, end=t1)
+        outs = {size: torch.empty_like(g) for size, g in grads.items()}
+        points = plan["point_repeats"]
+        for rep in range(max(n for *_, n in points)):
+            for size, collective, cr, n in points:
+                if rep < n:
+                    op = self._op(collective, grads[size], outs[size], chosen.get((size, cr)), rep)
+                    t0, t1 = op()
+                    self.write(kind="op", size=size, collective=collective, cr=cr, rep=rep, start=t0, end=t1)
         dist.barrier()
 
     def warm_up(self) -> None:

@@ -214,9 +214,7 @@ def _regret(options: Sequence[Measured], predict: Callable[[Measured], float], k
     ratio = total(chosen, with_comp) / total(fastest, with_comp)
     key = {**key, "with_comp": with_comp}
     regret = Regret(key, chosen, fastest, predicted, ratio)
-    if ratio > REGRET_OK:
-        return Regret(key, chosen, fastest, predicted, ratio, explain(regret, with_comp))
-    return regret
+    return replace(regret, reason=explain(regret, with_comp)) if ratio > REGRET_OK else regret
 
 
 def regrets_per_cr(rows: Sequence[Measured], predict: Callable[[Measured], float]) -> list[Regret]:

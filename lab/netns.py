@@ -34,12 +34,11 @@ NODE_IFNAME = "eth0"
 BRIDGE = "br0"
 # The largest packet TCP may hand a lab veth. At the 64 KB default one segment
 # crosses a shaped link inside the HTB bucket, so a 15 KB message at 10 Mbit/s took
-# 0.3 ms instead of 12; at 16 KB (the shaper's burst floor) messages of 64 KB and
+# 0.3 ms instead of 12; at 16 KB messages of 64 KB and
 # more arrive within 3% of their wire time, and 1 Gbit/s still holds both ways
 # (smaller caps cost CPU: 8 KB measured 836 Mbit/s). Set before any connection:
 # TCP reads it when a connection starts.
 GSO_MAX_BYTES = 16384
-# The smallest cap `cap_segments` sets: a slow link's segments (see LinkGroup.cap_segments).
 # The smallest cap `cap_segments` sets, a slow link's segments (see
 # LinkGroup.cap_segments): one packet at the lab's MTU, no offload batching.
 GSO_MIN_BYTES = 1500
