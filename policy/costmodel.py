@@ -192,7 +192,6 @@ class _Fit:
     def line(self) -> tuple[float, float]:
         """(slope, overhead) of the fit: affine when the predictions seen spread and
         the overhead comes out >= 0, else a ratio through the origin."""
-        ratio = self.xy / self.xx
         mx, my = self.x / self.w, self.y / self.w
         var = self.xx / self.w - mx * mx
         if self.n >= 3 and var > (0.05 * mx) ** 2:
@@ -200,7 +199,7 @@ class _Fit:
             overhead = my - slope * mx
             if slope > 0 and overhead >= 0:
                 return slope, overhead
-        return ratio, 0.0
+        return self.xy / self.xx, 0.0
 
 
 class Calibration:

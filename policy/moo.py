@@ -253,11 +253,10 @@ class MooPolicy:
         gains = dict(report.gains)
         if report.collective in SPARSE_COLLECTIVES:
             gains.setdefault(report.cr, report.gain)
+            s.t_comp[repr(report.cr)] = _ewma(s.t_comp.get(repr(report.cr)), report.t_comp_s, w)
         for cr, g in sorted(gains.items()):
             key = repr(float(cr))
             s.gains[key] = _ewma(s.gains.get(key), float(g), cfg.gain_smoothing)
-        if report.collective in SPARSE_COLLECTIVES:
-            s.t_comp[repr(report.cr)] = _ewma(s.t_comp.get(repr(report.cr)), report.t_comp_s, w)
         if report.t_sync_s > 0:
             key = _key(report.collective, report.cr)
             s.sync[key] = _ewma(s.sync.get(key), report.t_sync_s, w)

@@ -28,7 +28,7 @@ ROOT_STAR = "star"
 ROOT_VAR = "var"
 ROOT_SELECTIONS: tuple[str, ...] = (ROOT_STAR, ROOT_VAR)
 MAX_PROBE_CRS = 64
-MAX_VERSION = 1 << 53
+MAX_EXACT_INT = 1 << 53  # whole numbers a double (and JSON) holds exactly: versions, steps
 
 
 def check_collective(name: str, field_name: str = "collective") -> str:
@@ -189,7 +189,7 @@ class Decision:
         check_collective(self.collective)
         check_root(self.root)
         # Ranks carry the version as a float64 in the agreement collective.
-        if not isinstance(self.version, int) or not (0 <= self.version < MAX_VERSION):
+        if not isinstance(self.version, int) or not (0 <= self.version < MAX_EXACT_INT):
             raise ValueError(f"version: must be a whole number in [0, 2^53), got {self.version!r}")
         # A bad probe CR would fail inside rank 0's backward pass and hang the others.
         if len(self.probe_crs) > MAX_PROBE_CRS:

@@ -21,7 +21,7 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from flexcomm.policy import POLICY_NAMES, make_policy
-from flexcomm.policy.types import Policy, StepReport, check_cr
+from flexcomm.policy.types import MAX_EXACT_INT, Policy, StepReport, check_cr
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import collective_from_enum
 
@@ -34,7 +34,7 @@ MAX_NODES = 4096
 MAX_OPTIONS_BYTES = 16 * 1024
 MAX_REPORTS_PER_MESSAGE = 4096
 MAX_GAINS_PER_REPORT = 64
-MAX_STEP = 1 << 53  # exactly representable in a double and in JSON
+MAX_STEP = MAX_EXACT_INT
 MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
 MAX_BYTES_PER_STEP = 1 << 44
 MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s

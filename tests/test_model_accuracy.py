@@ -17,6 +17,7 @@ import pytest
 from flexcomm.lab.accuracy_report import analyse, load_measured
 from flexcomm.lab.calibrate import Grid, Measured
 from flexcomm.lab.model_accuracy import REGRET_OK, raw_prediction, regrets_per_cr, split
+from flexcomm.lab.netns import list_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "fcv"
@@ -76,11 +77,6 @@ def test_short_operations_are_repeated_more() -> None:
     assert Grid(repeats=60).repeats_for(0.001) == 60  # never fewer than asked
 
 
-def _namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
-
-
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
@@ -97,7 +93,7 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
         assert isinstance(written[key], float) and math.isfinite(written[key]) and written[key] >= 0, key
     assert 0 <= written["regret_within_5pct_share"] <= 1
     assert (out / "predicted_vs_measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not {f"{PREFIX}hub", f"{PREFIX}0", f"{PREFIX}1"} & _namespaces()
+    assert not {f"{PREFIX}hub", f"{PREFIX}0", f"{PREFIX}1"} & set(list_namespaces())
 
     rows = load_measured(out / "measured.json")
     assert len(rows) == 1 + 3 * 2  # dense, and three Top-k collectives at two CRs
