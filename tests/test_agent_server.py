@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_process import AgentProcess, running, spec
+from agent_process import AgentProcess, running, spec, wait_for
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from flexcomm.policy.costmodel import ModelForms, sync_time
@@ -232,17 +232,16 @@ def test_status_command_shows_jobs_network_and_decisions(agent: AgentProcess) ->
     assert down.returncode == 1 and "cannot reach the agent" in down.stderr
 
 
-
 def test_rows_older_than_the_retention_are_pruned(tmp_path) -> None:
     store = Store(str(tmp_path / "agent.db"))
     store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=1e-3, ts=1000.0))
     store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=2e-3))
     store.close()
+
+    def rows() -> list[dict]:
+        with Store(str(tmp_path / "agent.db")) as s:
+            return s.history("measurements", limit=10)
+
     with running(tmp_path, "--retention", "1h"):
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            rows = Store(str(tmp_path / "agent.db")).history("measurements", limit=10)
-            if len(rows) == 1:
-                break
-            time.sleep(0.2)
-        assert [r["rtt_p50_s"] for r in rows] == [2e-3]
+        wait_for(lambda: len(rows()) == 1, what="pruning")
+        assert [r["rtt_p50_s"] for r in rows()] == [2e-3]

@@ -93,8 +93,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[st
         rows = load_measured(args.from_dir / "measured.json")
         meta["reanalysed_from"] = str(args.from_dir)
     else:
-        if os.geteuid() != 0:
-            raise ValueError("namespaces: calibrating needs root (network namespaces and shaped links)")
+        from flexcomm.lab.cluster import can_use_namespaces
+
+        usable, why = can_use_namespaces()
+        if not usable:
+            raise ValueError(f"namespaces: calibrating needs network namespaces and shaped links ({why})")
         grid = grid_from(args)
         est = grid.estimate_seconds()
         say(f"grid: {len(grid.rates_bps)} rates x {len(grid.nodes)} node counts x {len(grid.sizes)} sizes "
