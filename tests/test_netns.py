@@ -141,7 +141,8 @@ def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path
 def test_a_compressed_message_on_a_capped_link_takes_its_wire_time(privileged: None, tmp_path) -> None:
     """16 KB (a 4 MB gradient's Top-k at 0.001, with indices) over 50 Mbit/s is 2.6 ms of
     wire time. With a 1 ms bucket and 6 KB segments it took 1.2 ms; with the quarter
-    millisecond bucket and segments capped for the rate it takes its wire time."""
+    millisecond burst and segments capped for the rate it crosses at the ceil (1.2x
+    the rate, after the burst): at least 0.77 of its wire time."""
     from flexcomm.lab.cluster import LabCluster
     from flexcomm.probe.shaping import LinkState
 
