@@ -28,6 +28,7 @@ bench: bootstrap
 	$(PY) bench/store.py
 	$(PY) bench/hook_overhead.py
 	$(PY) bench/agent_load.py
+	$(PY) bench/shaper_fidelity.py
 
 clean-lab: bootstrap
 	$(VENV)/bin/flexcomm lab clean

@@ -32,7 +32,7 @@ from typing import Any
 
 from flexcomm.lab import netns
 from flexcomm.probe.revert import Revert
-from flexcomm.probe.shaping import BURST_SECONDS, LinkState, Shaper, burst_bytes
+from flexcomm.probe.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
 
 STOP_GRACE_S = 3.0
 
@@ -63,7 +63,7 @@ def can_use_namespaces() -> tuple[bool, str]:
 
 
 def segment_cap(rate_bps: float) -> int:
-    """What `rate_bps` carries in the shaper's bucket time, held to one packet to 16 KB."""
+    """What `rate_bps` carries in the shaper's burst time (BURST_SECONDS), held to one packet to 16 KB."""
     return int(min(netns.GSO_MAX_BYTES, max(netns.GSO_MIN_BYTES, rate_bps / 8 * BURST_SECONDS)))
 
 
@@ -136,8 +136,10 @@ class LabCluster:
     @classmethod
     @contextlib.contextmanager
     def open(cls, *, prefix: str, n: int, subnet: str, run_dir: Path,
-             namespaces: bool | None = None) -> Iterator[LabCluster]:
-        """The cluster; `namespaces=None` uses them when this process can."""
+             namespaces: bool | None = None,
+             ceil_over_rate: float = CEIL_OVER_RATE) -> Iterator[LabCluster]:
+        """The cluster; `namespaces=None` uses them when this process can.
+        `ceil_over_rate` goes to every link's `Shaper`."""
         usable, why = can_use_namespaces()
         if namespaces is None:
             namespaces = usable
@@ -147,7 +149,7 @@ class LabCluster:
             if namespaces:
                 found = stack.enter_context(netns.cluster(prefix, n, subnet))
                 nodes = [LabNode(i, nd.address, nd.ifname, nd.ns) for i, nd in enumerate(found)]
-                links = LinkGroup(_link_shapers(found), Path(run_dir) / "emulation-state")
+                links = LinkGroup(_link_shapers(found, ceil_over_rate), Path(run_dir) / "emulation-state")
                 stack.callback(links.restore)
                 lab = cls(nodes, links, prefix)
             else:
@@ -190,11 +192,11 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def _link_shapers(nodes: Sequence[netns.Node]) -> list[Shaper]:
+def _link_shapers(nodes: Sequence[netns.Node], ceil_over_rate: float) -> list[Shaper]:
     shapers = []
     for node in nodes:
-        shapers.append(Shaper(node.ifname, netns=node.ns))
-        shapers.append(Shaper(node.peer_ifname, netns=node.peer_ns))
+        shapers.append(Shaper(node.ifname, netns=node.ns, ceil_over_rate=ceil_over_rate))
+        shapers.append(Shaper(node.peer_ifname, netns=node.peer_ns, ceil_over_rate=ceil_over_rate))
     return shapers
 
 

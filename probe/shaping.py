@@ -178,8 +178,8 @@ def _htb_root(dev: str, peers: Sequence[str]) -> TcRequest:
     )
 
 
-def _htb_class(dev: str, classid: int, state: LinkState) -> TcRequest:
-    rate, ceil = f"{int(state.rate_bps)}bit", f"{int(state.rate_bps * CEIL_OVER_RATE)}bit"
+def _htb_class(dev: str, classid: int, state: LinkState, ceil_over_rate: float) -> TcRequest:
+    rate, ceil = f"{int(state.rate_bps)}bit", f"{int(state.rate_bps * ceil_over_rate)}bit"
     burst, cburst = rate_bucket_bytes(state.rate_bps), burst_bytes(state.rate_bps)
     quantum = min(max(int(state.rate_bps / 8 / 10), 1600), 200_000)
     return TcRequest(
@@ -230,11 +230,13 @@ def our_root(peers: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def build_requests(dev: str, state: LinkState, peers: Sequence[str] = (),
-                   root: dict[str, Any] | None = None) -> list[TcRequest]:
+                   root: dict[str, Any] | None = None,
+                   ceil_over_rate: float = CEIL_OVER_RATE) -> list[TcRequest]:
     """Every request that puts `state` on `dev`, in order. `root` describes the
     current root qdisc ({"kind", "handle", "default", "classes"}, or None): HTB has
     no change operation, so an HTB root of ours is kept and only its classes and
-    leaves are replaced; one built for other peers is deleted and rebuilt."""
+    leaves are replaced; one built for other peers is deleted and rebuilt.
+    `ceil_over_rate` 1.0 makes no stalls up: one small bucket, as a wire."""
     requests = []
     ours = root is not None and root["kind"] == "htb" and root["handle"] == ROOT_HANDLE
     same_tree = ours and root.get("default") == (0 if peers else 1) and set(
@@ -245,7 +247,7 @@ def build_requests(dev: str, state: LinkState, peers: Sequence[str] = (),
     if not same_tree:
         requests.append(_htb_root(dev, peers))
     for classid in class_ids(peers):
-        requests.append(_htb_class(dev, classid, state))
+        requests.append(_htb_class(dev, classid, state, ceil_over_rate))
         requests.append(_leaf(dev, classid, state))
     for position, peer in enumerate(peers):
         requests.append(_u32_filter(dev, position, peer, class_ids(peers)[position]))
@@ -314,13 +316,18 @@ def _default_ipr_factory(netns: str | None) -> Any:
 
 class Shaper:
     """Shapes egress of one interface `ifname` (in namespace `netns`); traffic to
-    `peers` only when peers are given. It touches no other interface."""
+    `peers` only when peers are given. It touches no other interface.
+    `ceil_over_rate` is how far over its rate a backlogged link may run to make
+    up time a stalled CPU lost (see CEIL_OVER_RATE); 1.0 makes none up."""
 
     def __init__(self, ifname: str, netns: str | None = None, peers: Iterable[str] = (),
                  allowed: Collection[str] | None = None,
-                 ipr_factory: Callable[[str | None], Any] = _default_ipr_factory) -> None:
+                 ipr_factory: Callable[[str | None], Any] = _default_ipr_factory,
+                 ceil_over_rate: float = CEIL_OVER_RATE) -> None:
         if not ifname:
             raise ValueError("dev: an interface name is required")
+        if not 1.0 <= ceil_over_rate <= 2.0:
+            raise ValueError(f"ceil_over_rate: must be between 1 and 2, got {ceil_over_rate!r}")
         if allowed is not None and ifname not in allowed:
             raise ValueError(f"dev: {ifname!r} is not in the allow-list of interfaces that may "
                              f"be shaped ({', '.join(sorted(allowed)) or 'empty'})")
@@ -328,6 +335,7 @@ class Shaper:
         self.netns = netns
         self.peers = check_peers(peers)
         self._ipr_factory = ipr_factory
+        self.ceil_over_rate = ceil_over_rate
 
     @property
     def where(self) -> str:
@@ -346,10 +354,12 @@ class Shaper:
         """The requests `apply(state)` would send now (reads the current root), or,
         with `after_apply`, once an earlier `apply` has built the tree."""
         if after_apply:
-            return build_requests(self.ifname, state, self.peers, our_root(self.peers))
+            return build_requests(self.ifname, state, self.peers, our_root(self.peers),
+                                  self.ceil_over_rate)
         ipr, index = self._open()
         try:
-            return build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index))
+            return build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index),
+                                  self.ceil_over_rate)
         finally:
             ipr.close()
 
@@ -359,7 +369,8 @@ class Shaper:
 
         ipr, index = self._open()
         try:
-            requests = build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index))
+            requests = build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index),
+                                      self.ceil_over_rate)
             for request in requests:
                 try:
                     request.send(ipr, index)

@@ -19,9 +19,6 @@ from typing import Any
 from flexcomm.lab.netns import Node, cluster, netns_pair
 
 SUBNET = "10.202.0.0/24"
-# HTB counts every byte on the wire, iperf3 only TCP payload: at MTU 1500 a full
-# frame is 1514 bytes and carries 1448 (40 bytes of IP and TCP, 12 of timestamps).
-TCP_PAYLOAD_SHARE = 1448 / 1514
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -62,12 +59,6 @@ def iperf3_goodput_bps(iperf3: str, client: Node, server: Node, seconds: float =
     finally:
         listener.kill()
         listener.wait()
-
-
-def goodput_share(goodput_bps: float, rate_bps: float) -> float:
-    """iperf3 goodput over a link shaped to `rate_bps`, as a share of the best TCP
-    can carry there at MTU 1500: 1.0 when the shaper passes exactly its rate."""
-    return goodput_bps / (rate_bps * TCP_PAYLOAD_SHARE)
 
 
 @contextmanager

@@ -8,8 +8,9 @@ import socket
 import sys
 
 import pytest
-from emulation_fixtures import goodput_share, iperf3_goodput_bps, pair, three_nodes
+from emulation_fixtures import iperf3_goodput_bps, pair, three_nodes
 
+from flexcomm.lab.fidelity import goodput_share
 from flexcomm.probe.shaping import (
     NETEM_MODULE,
     ROOT_HANDLE,
@@ -61,6 +62,10 @@ def test_rate_only_plan_is_htb_class_and_pfifo_leaf():
     assert parms["rate"] * 8 == 50e6 and parms["ceil"] * 8 == 60e6  # bytes/s on the wire
     # the kernel keeps buckets as time at their rate: 5 ms at 50 Mbit/s, 0.25 ms at 60
     assert parms["buffer"] > 4 * parms["cbuffer"] > 0
+    wire_like = build_requests("eth0", LinkState(50e6), ceil_over_rate=1.0)[1]
+    assert "rate 50000000bit ceil 50000000bit" in str(wire_like)
+    with pytest.raises(ValueError, match=r"^ceil_over_rate: must be between 1 and 2"):
+        Shaper("eth0", ceil_over_rate=0.9)
     assert klass["handle"] == ROOT_HANDLE | 1 and klass["parent"] == ROOT_HANDLE
 
 
