@@ -69,8 +69,8 @@ def segment_cap(rate_bps: float) -> int:
 
 def burst_after_idle(rate_bps: float) -> int:
     """Bytes a link shaped to `rate_bps`, its segments capped for that rate
-    (`LinkGroup.cap_segments`), passes at line rate after idle: the HTB bucket or
-    one segment, whichever is larger."""
+    (`LinkGroup.cap_segments`), passes at line rate after idle: the HTB burst
+    (`burst_bytes`, the ceil bucket) or one segment, whichever is larger."""
     return max(burst_bytes(rate_bps), segment_cap(rate_bps))
 
 
@@ -95,8 +95,8 @@ class LinkGroup:
 
     def cap_segments(self, rate_bps: float) -> int:
         """Cap every link end's segments at what `rate_bps` carries in the shaper's
-        bucket time (one packet to 16 KB): with 16 KB segments below 500 Mbit/s one
-        segment outlasts the bucket yet leaves whole after idle, so AR-Topk Tree's
+        burst time (one packet to 16 KB): with 16 KB segments below 500 Mbit/s one
+        segment outlasts the burst yet leaves whole after idle, so AR-Topk Tree's
         4-16 KB messages would beat the rate. TCP
         reads the cap when a connection starts: call it before the job connects.
         A run that changes rate mid-job keeps the 16 KB default, because small

@@ -26,7 +26,6 @@ MESSAGE_PORT = 47002
 IDLE_BEFORE_MESSAGE_S = 0.2  # longer than any bucket takes to refill
 
 
-
 class Host(Protocol):
     """An emulated host: `flexcomm.lab.netns.Node` or `flexcomm.lab.cluster.LabNode`."""
 

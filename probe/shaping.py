@@ -354,14 +354,15 @@ class Shaper:
         """The requests `apply(state)` would send now (reads the current root), or,
         with `after_apply`, once an earlier `apply` has built the tree."""
         if after_apply:
-            return build_requests(self.ifname, state, self.peers, our_root(self.peers),
-                                  self.ceil_over_rate)
+            return self._requests(state, our_root(self.peers))
         ipr, index = self._open()
         try:
-            return build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index),
-                                  self.ceil_over_rate)
+            return self._requests(state, _root_qdisc(ipr, index))
         finally:
             ipr.close()
+
+    def _requests(self, state: LinkState, root: dict[str, Any] | None) -> list[TcRequest]:
+        return build_requests(self.ifname, state, self.peers, root, self.ceil_over_rate)
 
     def apply(self, state: LinkState) -> None:
         """Put `state` on the link: the whole tree, each part with `replace`."""
@@ -369,9 +370,7 @@ class Shaper:
 
         ipr, index = self._open()
         try:
-            requests = build_requests(self.ifname, state, self.peers, _root_qdisc(ipr, index),
-                                      self.ceil_over_rate)
-            for request in requests:
+            for request in self._requests(state, _root_qdisc(ipr, index)):
                 try:
                     request.send(ipr, index)
                 except NetlinkError as exc:

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from flexcomm.lab import netns
+from flexcomm.lab.fidelity import message_seconds
 
 pytestmark = pytest.mark.privileged
 
@@ -85,13 +86,6 @@ def test_cluster_veths_cap_segments_at_the_shaper_burst(privileged: None) -> Non
         assert _link_gso(a.ns, a.ifname) == _link_gso(b.ns, b.ifname) == netns.GSO_MAX_BYTES
 
 
-def _time_one_message(lab, size: int) -> float:
-    """Median seconds to send `size` bytes from node 0 to node 1 after idle, and get a byte back."""
-    from flexcomm.lab.fidelity import message_seconds
-
-    return message_seconds(*lab.nodes, size)
-
-
 def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path) -> None:
     """64 KB over a 10 Mbit/s cluster link is 52 ms of wire time. Before the lab capped
     its veths' segments, one 64 KB GSO packet crossed inside the HTB bucket in 0.3 ms."""
@@ -101,7 +95,7 @@ def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path
     size, rate = 65536, 10e6
     with LabCluster.open(prefix="fctnw", n=2, subnet="10.209.6.0/24", run_dir=tmp_path) as lab:
         lab.links.apply(LinkState(rate))
-        took = _time_one_message(lab, size)
+        took = message_seconds(*lab.nodes, size)
     wire_s = size * 8 / rate
     assert 0.7 * wire_s < took < 1.5 * wire_s
 
@@ -122,7 +116,7 @@ def test_a_compressed_message_on_a_capped_link_takes_its_wire_time(
                          ceil_over_rate=ceil_over_rate) as lab:
         lab.links.apply(LinkState(rate))
         lab.links.cap_segments(rate)
-        took = _time_one_message(lab, size)
+        took = message_seconds(*lab.nodes, size)
     wire_s = size * 8 / rate
     assert at_least * wire_s < took < 2.0 * wire_s
 
@@ -139,8 +133,6 @@ def test_slow_links_get_segments_that_fit_their_bucket(privileged: None, tmp_pat
 
 
 def test_message_timing_refuses_an_empty_message() -> None:
-    from flexcomm.lab.fidelity import message_seconds
-
     node = netns.Node("x", "eth0", "10.0.0.1", 24, "y", "eth0")
     with pytest.raises(ValueError, match="size and repeats"):
         message_seconds(node, node, 0)
