@@ -43,10 +43,6 @@ IPERF_PORT = 5299
 PROBE_SECONDS = 2  # the agent's default probe_test_duration_s
 LAUNCH_S = 20.0  # torch import + process group start on a loaded 2-core machine
 PER_OP_OVERHEAD_S = 0.01  # barrier + Python per timed operation
-# The model is judged against links that behave like wires: no stall made up at
-# the ceil, which would carry a compressed message in 0.8 of its wire time
-# (docs/ARCHITECTURE.md). Repetitions and medians answer the stalls instead.
-WIRE_LIKE = 1.0
 # Repetitions by the model's estimate of an operation: (shorter than, repetitions).
 # Operations of a few ms see 3-4 ms scheduling stalls on a shared 2-core VM in
 # 5-25% of repetitions, so the median of 15 moved ~20% between halves of the
@@ -278,7 +274,7 @@ def run_grid(grid: Grid, prefix: str, subnet: str, run_dir: Path,
     rows: list[Measured] = []
     for n in grid.nodes:
         with LabCluster.open(prefix=prefix, n=n, subnet=subnet, run_dir=run_dir / f"n{n}",
-                             namespaces=True, ceil_over_rate=WIRE_LIKE) as lab:
+                             namespaces=True) as lab:
             for rate in grid.rates_bps:
                 rows.extend(run_config(lab, rate, grid, run_dir, say))
     return rows
