@@ -17,6 +17,12 @@ indices. AR-Topk is an index broadcast (binomial tree: a logN + Mcb logN)
 followed by an AllReduce of the values at those indices; its tree variant
 swaps the paper's tree AllReduce for the pipelined one.
 
+Every form is alpha * A + beta * B (`alpha_beta_terms`): A message latencies
+on the critical path, B the bytes of the bandwidth term. A link with a token bucket
+(`NetworkObservation.bucket`: peak rate p, burst credit b, as in RFC 2212) sends
+those bytes after idle in max(beta B / p, beta B - b) rather than beta B; a plain
+link is the paper's model exactly.
+
 Compressed options also pay t_comp(M, c): selection passes over the whole
 gradient plus packing/scatter of the selected entries. The defaults were read
 off this project's compressor on a 2-core CPU and are replaced by measured
@@ -91,36 +97,47 @@ def check_message_bytes(m: float, field_name: str = "size") -> float:
     return v
 
 
-def sync_time(collective: str, m: float, c: float, net: NetworkObservation,
-              forms: ModelForms = ModelForms()) -> float:
-    """Raw predicted seconds to synchronise an M-byte gradient at ratio c."""
+def alpha_beta_terms(collective: str, m: float, c: float, n: int,
+                     forms: ModelForms = ModelForms()) -> tuple[float, float]:
+    """(A, B) of the collective's time alpha * A + beta * B on a plain link: A
+    message latencies on its critical path, B the bytes its bandwidth term counts."""
     check_collective(collective)
     m = check_message_bytes(m)
     c = check_cr(c)
-    a, b, n = net.alpha_s, net.beta_s_per_byte, net.nodes
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"nodes: need at least 2 workers, got {n!r}")
     lg = _log2(n)
     mc = m * c
     if collective == PS:
-        return 2 * a + 2 * (n - 1) * m * b
+        return 2.0, 2 * (n - 1) * m
     if collective == DENSE_RING:
-        return 2 * (n - 1) * a + 2 * ((n - 1) / n) * m * b
+        return 2.0 * (n - 1), 2 * ((n - 1) / n) * m
     if collective == DENSE_TREE:
-        return _tree_allreduce(a, b, m, lg, forms)
+        return _tree_allreduce(m, lg, forms)
     if collective == AG_TOPK:
         if forms.ag == "ring":
-            return (n - 1) * a + (n - 1) * forms.sparse_ratio * mc * b
-        return a * lg + 2 * (n - 1) * mc * b
-    broadcast = a * lg + mc * b * lg  # the root's indices, binomial tree
+            return float(n - 1), (n - 1) * forms.sparse_ratio * mc
+        return lg, 2 * (n - 1) * mc
+    broadcast = (lg, mc * lg)  # the root's indices, binomial tree
     if collective == ART_RING:
-        return broadcast + 2 * (n - 1) * a + 2 * ((n - 1) / n) * mc * b
-    assert collective == ART_TREE
-    return broadcast + _tree_allreduce(a, b, mc, lg, forms)
+        rest = (2.0 * (n - 1), 2 * ((n - 1) / n) * mc)
+    else:
+        assert collective == ART_TREE
+        rest = _tree_allreduce(mc, lg, forms)
+    return broadcast[0] + rest[0], broadcast[1] + rest[1]
 
 
-def _tree_allreduce(a: float, b: float, m: float, lg: float, forms: ModelForms) -> float:
+def _tree_allreduce(m: float, lg: float, forms: ModelForms) -> tuple[float, float]:
     if forms.tree == "pipelined":
-        return 2 * a * lg + 2 * m * b
-    return 2 * a * lg + 2 * lg * m * b
+        return 2 * lg, 2 * m
+    return 2 * lg, 2 * lg * m
+
+
+def sync_time(collective: str, m: float, c: float, net: NetworkObservation,
+              forms: ModelForms = ModelForms()) -> float:
+    """Raw predicted seconds to synchronise an M-byte gradient at ratio c."""
+    messages, link_bytes = alpha_beta_terms(collective, m, c, net.nodes, forms)
+    return net.alpha_s * messages + net.bucket.seconds(net.beta_s_per_byte * link_bytes)
 
 
 @dataclass(frozen=True)
@@ -302,6 +319,7 @@ __all__ = [
     "CompressionCost",
     "ModelForms",
     "Prediction",
+    "alpha_beta_terms",
     "crossover_ratio",
     "predict",
     "sync_time",

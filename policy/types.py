@@ -79,23 +79,64 @@ def _finite(field_name: str, v: float, *, positive: bool = False) -> float:
     return v
 
 
+MAX_PEAK_OVER_RATE = 16.0
+MAX_BURST_S = 10.0
+
+
+@dataclass(frozen=True)
+class LinkBucket:
+    """What a token-bucket shaped or policed link sends above its sustained rate r
+    (RFC 2212's peak rate p and bucket depth b): after idle it runs at
+    `peak_over_rate` * r until `burst_s` * r bytes of credit are spent, then at r.
+    Cloud NICs and the lab's HTB links are such links. (1, 0) is a plain link.
+    """
+
+    peak_over_rate: float = 1.0
+    burst_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_range("peak_over_rate", self.peak_over_rate, 1.0, MAX_PEAK_OVER_RATE)
+        check_range("burst_s", self.burst_s, 0.0, MAX_BURST_S)
+
+    @property
+    def plain(self) -> bool:
+        return self.peak_over_rate == 1.0 or self.burst_s == 0.0
+
+    def seconds(self, at_rate_s: float) -> float:
+        """Time to send what takes `at_rate_s` at the rate, starting with a full
+        bucket: at the peak while credit lasts, at the rate after it."""
+        if self.plain:
+            return at_rate_s
+        return max(at_rate_s / self.peak_over_rate, at_rate_s - self.burst_s)
+
+
+PLAIN_LINK = LinkBucket()
+
+
 @dataclass(frozen=True)
 class NetworkObservation:
     """The network as the policy sees it: the bottleneck among the job's nodes.
 
     alpha_s: per-message latency in seconds. beta_s_per_byte: seconds per byte
-    (1 / bandwidth in bytes/s). nodes: number of workers N.
+    (1 / bandwidth in bytes/s) at the sustained rate. nodes: number of workers N.
+    bucket: the links' allowance above that rate (plain unless configured);
+    a mapping is taken as its fields (the `to_dict` form).
     """
 
     alpha_s: float
     beta_s_per_byte: float
     nodes: int
+    bucket: LinkBucket = PLAIN_LINK
 
     def __post_init__(self) -> None:
         _finite("alpha_s", self.alpha_s)
         _finite("beta_s_per_byte", self.beta_s_per_byte, positive=True)
         if not isinstance(self.nodes, int) or self.nodes < 2:
             raise ValueError(f"nodes: need at least 2 workers, got {self.nodes!r}")
+        if isinstance(self.bucket, Mapping):
+            object.__setattr__(self, "bucket", LinkBucket(**self.bucket))
+        elif not isinstance(self.bucket, LinkBucket):
+            raise ValueError(f"bucket: expected a LinkBucket, got {self.bucket!r}")
 
     @property
     def bandwidth_bps(self) -> float:
@@ -103,9 +144,11 @@ class NetworkObservation:
         return 8.0 / self.beta_s_per_byte
 
     @classmethod
-    def from_link(cls, latency_s: float, bandwidth_bps: float, nodes: int) -> NetworkObservation:
+    def from_link(cls, latency_s: float, bandwidth_bps: float, nodes: int,
+                  bucket: LinkBucket = PLAIN_LINK) -> NetworkObservation:
         bw = _finite("bandwidth", bandwidth_bps, positive=True)
-        return cls(alpha_s=_finite("latency", latency_s), beta_s_per_byte=8.0 / bw, nodes=nodes)
+        return cls(alpha_s=_finite("latency", latency_s), beta_s_per_byte=8.0 / bw, nodes=nodes,
+                   bucket=bucket)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

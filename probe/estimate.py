@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from flexcomm.policy.costmodel import ModelForms, sync_time
+from flexcomm.policy.costmodel import ModelForms, alpha_beta_terms
 from flexcomm.policy.types import NetworkObservation
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
@@ -60,10 +60,7 @@ def sync_observation(collective: str, message_bytes: float, cr: float, nodes: in
                      seconds: float, forms: ModelForms | None = None) -> SyncObservation:
     """The observation a measured sync of `collective` makes: the cost model's
     formula is linear in alpha and beta, so its two coefficients are read off it."""
-    forms = forms or ModelForms()
-    beta_bytes = sync_time(collective, message_bytes, cr, NetworkObservation(0.0, 1.0, nodes), forms)
-    alpha_coeff = sync_time(collective, message_bytes, cr, NetworkObservation(1.0, 1.0, nodes),
-                            forms) - beta_bytes
+    alpha_coeff, beta_bytes = alpha_beta_terms(collective, message_bytes, cr, nodes, forms or ModelForms())
     return SyncObservation(alpha_coeff, beta_bytes, seconds)
 
 

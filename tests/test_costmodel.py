@@ -11,11 +11,12 @@ from flexcomm.policy.costmodel import (
     Calibration,
     CompressionCost,
     ModelForms,
+    alpha_beta_terms,
     crossover_ratio,
     predict,
     sync_time,
 )
-from flexcomm.policy.types import NetworkObservation
+from flexcomm.policy.types import LinkBucket, NetworkObservation
 
 # N=4, alpha=1 ms, beta=1 ns/byte (1 GB/s), M=1e6 bytes, c=0.01 -> Mc=1e4; log2(4)=2
 NET = NetworkObservation(alpha_s=1e-3, beta_s_per_byte=1e-9, nodes=4)
@@ -54,6 +55,65 @@ def test_ag_ring_form_uses_value_and_index_widths() -> None:
     fp16 = ModelForms(ag="ring", value_bytes=2, index_bytes=4)  # s = 3
     assert fp16.sparse_ratio == 3
     assert sync_time("ag_topk", M, C, NET, fp16) == pytest.approx(3e-3 + 3 * 3 * 1e4 * 1e-9)
+
+
+@pytest.mark.parametrize(("collective", "cr", "form"), sorted(HAND))
+def test_the_terms_are_the_formula(collective: str, cr: float, form: str) -> None:
+    forms = ModelForms(ag=form if collective == "ag_topk" else "paper",
+                       tree=form if collective.endswith("tree") else "paper")
+    messages, link_bytes = alpha_beta_terms(collective, M, cr, 4, forms)
+    assert 1e-3 * messages + 1e-9 * link_bytes == pytest.approx(HAND[(collective, cr, form)], rel=1e-12)
+
+
+# 50 Mbit/s, N=2: dense ring of M bytes puts M bytes on the link, 0.16 us a byte.
+SLOW = 8 / 50e6
+BUCKET = LinkBucket(peak_over_rate=1.2, burst_s=0.005)
+
+
+@pytest.mark.parametrize(("m", "at_rate_s", "expected_s"), [
+    (1e6, 0.16, 0.16 - 0.005),  # long: the credit is spent at the peak, then the rate; saves burst_s
+    (1e4, 0.0016, 0.0016 / 1.2),  # short: all of it at the peak
+    (1.875e5, 0.03, 0.025),  # the boundary: the credit lasts exactly the 25 ms at the peak
+])
+def test_a_token_bucket_link_sends_at_the_peak_while_its_credit_lasts(m: float, at_rate_s: float,
+                                                                      expected_s: float) -> None:
+    plain = NetworkObservation(0.0, SLOW, 2)
+    shaped = NetworkObservation(0.0, SLOW, 2, BUCKET)
+    assert sync_time("dense_ring", m, 1.0, plain) == pytest.approx(at_rate_s)
+    assert sync_time("dense_ring", m, 1.0, shaped) == pytest.approx(expected_s)
+    assert sync_time("dense_ring", m, 1.0, shaped) < sync_time("dense_ring", m, 1.0, plain)
+
+
+def test_a_bucket_only_changes_the_bandwidth_term() -> None:
+    latency_only = NetworkObservation(1e-3, 1e-15, 4, BUCKET)
+    assert sync_time("art_ring", M, C, latency_only) == pytest.approx(8e-3, rel=1e-6)
+    # Either half of the bucket alone leaves the link plain.
+    for half in (LinkBucket(1.2, 0.0), LinkBucket(1.0, 0.005)):
+        assert half.plain
+        assert sync_time("dense_ring", M, 1.0, NetworkObservation(1e-3, 1e-9, 4, half)) == HAND[
+            ("dense_ring", 1.0, "paper")]
+
+
+def test_an_observation_round_trips_with_its_bucket() -> None:
+    net = NetworkObservation(1e-3, 1e-9, 4, BUCKET)
+    assert NetworkObservation(**net.to_dict()) == net
+    assert net.to_dict()["bucket"] == {"peak_over_rate": 1.2, "burst_s": 0.005}
+    # State saved before buckets existed reads as a plain link.
+    assert NetworkObservation(1e-3, 1e-9, 4).bucket.plain
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"peak_over_rate": 0.9}, "peak_over_rate"),
+    ({"peak_over_rate": float("nan")}, "peak_over_rate"),
+    ({"peak_over_rate": 20.0}, "peak_over_rate"),
+    ({"burst_s": -0.001}, "burst_s"),
+    ({"burst_s": float("inf")}, "burst_s"),
+])
+def test_bad_buckets_name_the_field(kw: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        LinkBucket(**kw)
+    with pytest.raises(ValueError, match=field):
+        NetworkObservation(1e-3, 1e-9, 4, kw)
 
 
 PAIRS = {"ring_vs_tree": ("art_ring", "art_tree"), "ring_vs_ag": ("art_ring", "ag_topk"),
