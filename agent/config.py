@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flexcomm.policy.types import LinkBucket
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
@@ -66,6 +67,12 @@ class AgentConfig:
     probe_serve: bool = True
     # Address the iperf3 server binds to ("" = every address).
     probe_serve_bind: str = ""
+    # The paths' token bucket, when they have one (a policed cloud NIC, tc shaping):
+    # after idle a link runs at link_peak_over_rate times its probed rate until
+    # link_burst_s of that rate is spent. 1.0 and 0: a plain link. Links shaped by
+    # flexcomm (emulate, the lab) have 1.2 and 5ms.
+    link_peak_over_rate: float = 1.0
+    link_burst_s: float = 0.0
     # An epoch-keyed emulation schedule (TOML) advanced by the jobs' reported epochs.
     emulation_schedule: str = ""
     emulation_interface: str = ""
@@ -92,6 +99,7 @@ class AgentConfig:
                              f"got {self.probe_test_duration_s!r}")
         if not 0 < self.probe_port < 65536:
             raise ValueError(f"probe_port: must be in 1..65535, got {self.probe_port}")
+        self.link_bucket()
         if self.max_jobs < 1:
             raise ValueError(f"max_jobs: must be >= 1, got {self.max_jobs}")
         if self.log_level not in LOG_LEVELS:
@@ -108,6 +116,14 @@ class AgentConfig:
             raise ValueError("tls_key: tls_cert and tls_key must be given together")
         if self.emulation_schedule and not self.emulation_interface:
             raise ValueError("emulation_interface: needed with emulation_schedule")
+
+
+    def link_bucket(self) -> LinkBucket:
+        """The token bucket the cost model gives every path (ValueError naming the key)."""
+        try:
+            return LinkBucket(self.link_peak_over_rate, self.link_burst_s)
+        except ValueError as exc:
+            raise ValueError(f"link_{exc}") from None
 
 
 def split_host_port(field: str, text: str) -> tuple[str, int]:
@@ -139,7 +155,7 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
             return False
         raise ValueError(f"{name}: expected true or false, got {value!r}")
     if kind is float:
-        if name.endswith("_s") and isinstance(value, str):
+        if name.lower().endswith("_s") and isinstance(value, str):  # FLEXCOMM_AGENT_..._S too
             return parse_duration(name, value)
         if isinstance(value, bool):
             raise ValueError(f"{name}: expected a number, got {value!r}")

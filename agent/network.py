@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from flexcomm.agent.jobs import Job
-from flexcomm.policy.types import NetworkObservation
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Measurement
 
@@ -44,8 +44,11 @@ class PeerEstimate:
 
 
 class NetworkView:
-    def __init__(self) -> None:
+    """`bucket`: the token bucket every path is taken to have (configured, not probed)."""
+
+    def __init__(self, bucket: LinkBucket = PLAIN_LINK) -> None:
         self.peers: dict[str, PeerEstimate] = {}
+        self.bucket = bucket
 
     def peer(self, address: str) -> PeerEstimate:
         return self.peers.setdefault(address, PeerEstimate(address))
@@ -84,7 +87,7 @@ class NetworkView:
             bandwidths.append(job.reported_network[1])
         if not bandwidths:
             return None
-        return NetworkObservation.from_link(max(alphas), min(bandwidths), job.spec.world_size)
+        return NetworkObservation.from_link(max(alphas), min(bandwidths), job.spec.world_size, self.bucket)
 
     def state(self, job: Job | None) -> pb.NetworkState:
         """Per-peer figures (the job's nodes, or every peer) and the job's bottleneck."""
@@ -101,7 +104,7 @@ class NetworkView:
             return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(nodes=job.spec.world_size))
         return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(
             alpha_s=net.alpha_s, beta_s_per_byte=net.beta_s_per_byte, bandwidth_bps=net.bandwidth_bps,
-            nodes=net.nodes, known=True))
+            nodes=net.nodes, known=True, peak_over_rate=net.bucket.peak_over_rate, burst_s=net.bucket.burst_s))
 
     def peer_or_empty(self, address: str) -> PeerEstimate:
         return self.peers.get(address) or PeerEstimate(address, source="none")

@@ -90,7 +90,7 @@ class Agent:
         self.config = config
         self.metrics = Metrics()
         self.jobs = Jobs(config.max_jobs)
-        self.network = NetworkView()
+        self.network = NetworkView(config.link_bucket())
         self.persister = Persister(config.db)
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
                                     policy_for, on_epoch=None)

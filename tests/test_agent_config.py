@@ -15,6 +15,7 @@ from agent_process import AgentProcess, free_port, spec
 
 from flexcomm.agent import sdnotify
 from flexcomm.agent.config import load_config
+from flexcomm.policy.types import LinkBucket
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 
@@ -33,6 +34,9 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
         "/tmp/flag.sock", 2.0, 7, False, "")
     assert load_config(cfg, {}, environ=env).socket == "/tmp/env.sock"
     assert load_config(cfg, {}, environ={}).socket == "/tmp/file.sock"
+    bucketed = write(tmp_path / "b.toml", '[agent]\nlink_peak_over_rate = 1.2\nlink_burst_s = "5ms"\n')
+    assert load_config(bucketed, {}, environ={}).link_bucket() == LinkBucket(1.2, 0.005)
+    assert load_config(None, {}, environ={}).link_bucket().plain
     defaults = load_config(None, {}, environ={"RUNTIME_DIRECTORY": "/run/x", "STATE_DIRECTORY": "/var/y"})
     assert (defaults.socket, defaults.db) == ("/run/x/agent.sock", "/var/y/flexcomm.db")
 
@@ -51,6 +55,10 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     ("", {}, {"log_level": "loud"}, "log_level: "),
     ("", {}, {"emulation_schedule": "/x.toml"}, "emulation_interface: needed"),
     ("", {}, {"probe_test_duration_s": "1.5s"}, "probe_test_duration_s: "),
+    ("", {}, {"link_peak_over_rate": "0.8"}, "link_peak_over_rate: must be in [1.0, 16.0]"),
+    ('[agent]\nlink_burst_s = "-5ms"\n', {}, {}, "agent.link_burst_s: "),
+    ("", {"FLEXCOMM_AGENT_LINK_BURST_S": "5"}, {}, "FLEXCOMM_AGENT_LINK_BURST_S: duration '5' needs a unit"),
+    ("", {}, {"link_burst_s": "20s"}, "link_burst_s: must be in [0.0, 10.0]"),
 ])
 def test_bad_settings_are_named(tmp_path: Path, text: str, env: dict, flags: dict, field: str) -> None:
     path = write(tmp_path / "c.toml", text) if text else None

@@ -86,6 +86,20 @@ def test_decisions_follow_the_reported_network(agent: AgentProcess) -> None:
     assert (info.spec.job_id, info.last_step, info.reports) == ("net-job", 119, 120)
 
 
+def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:
+    with running(tmp_path, "--link-peak-over-rate", "1.2", "--link-burst", "5ms") as agent:
+        agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("bucketed", policy="dense")), timeout=5)
+        simulated_steps(agent.stub, "bucketed", SLOW, 2, 0)
+        b = agent.stub.GetNetwork(pb.GetNetworkRequest(job_id="bucketed"), timeout=5).bottleneck
+        assert (b.known, b.peak_over_rate, b.burst_s) == (True, 1.2, 0.005)
+        cmd = [sys.executable, "-m", "flexcomm.cli", "status", "--socket", agent.socket]
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+        assert "token bucket 1.2x for 5 ms" in text
+    bad = AgentProcess(tmp_path, "--link-peak-over-rate", "0.5")
+    out = subprocess.run(bad.argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "link_peak_over_rate: must be in [1.0, 16.0], got 0.5" in out.stderr
+
+
 def test_watch_decisions_streams_each_change(agent: AgentProcess) -> None:
     stub = agent.stub
     stub.RegisterJob(pb.RegisterJobRequest(spec=spec("watched", grad_bytes=GRAD_BYTES)), timeout=5)

@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--probe-bandwidth-interval", dest="probe_bandwidth_interval_s",
                    help="bandwidth tests, e.g. 5min")
     p.add_argument("--probe-port", type=int, help="iperf3 port of every node (default 5201)")
+    p.add_argument("--link-peak-over-rate", dest="link_peak_over_rate",
+                   help="the paths' token bucket: peak rate over the probed rate (default 1.0, plain)")
+    p.add_argument("--link-burst", dest="link_burst_s",
+                   help="the paths' token bucket: credit at the rate, e.g. 5ms (default 0, plain)")
     p.add_argument("--emulation-schedule", help="epoch-keyed emulation schedule (TOML)")
     p.add_argument("--emulation-interface", help="interface the schedule shapes")
     p.add_argument("--emulation-netns", help="network namespace of that interface")
@@ -39,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 _FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "metrics",
           "flush_interval_s", "retention_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
-          "emulation_schedule",
+          "link_peak_over_rate", "link_burst_s", "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")
 
 
