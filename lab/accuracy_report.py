@@ -28,6 +28,7 @@ from flexcomm.lab.model_accuracy import (
     FORMS,
     FULL_WINDOW_DECAY,
     HEADLINE,
+    LINKS,
     REGRET_OK,
     SCOPES,
     Variant,
@@ -55,11 +56,11 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
     if not fit or not held:
         raise ValueError("rows: the grid is too small to split into fitted and held-out halves")
     variants = {}
-    for forms, alpha, beta in itertools.product(FORMS, ALPHAS, BETAS):
+    for combo in itertools.product(FORMS, ALPHAS, BETAS, LINKS):
         for decay in (AGENT_DECAY, FULL_WINDOW_DECAY):
             for scope in SCOPES:
-                v = build_variant(fit, forms, alpha, beta, decay, scope)
-                name = f"{variant_name(forms, alpha, beta)}@decay{decay:g}/per_{scope}"
+                v = build_variant(fit, *combo, decay, scope)
+                name = f"{variant_name(*combo)}@decay{decay:g}/per_{scope}"
                 variants[name] = (v, error_summary(rows, held, v))
     probed = all(r.bandwidth_probe_bps > 0 for r in rows)
     headline = f"{variant_name(*HEADLINE)}@decay{AGENT_DECAY:g}"
@@ -80,7 +81,8 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
         "regret_with_dense_within_5pct_share": round(share_ok(with_dense), 4),
         "median_abs_error_calibrated_one_for_the_grid": grid_wide["median_abs_error_calibrated"],
         "repetition_spread_median": repetition_spread(rows),
-        "headline": {"forms": HEADLINE[0], "alpha": HEADLINE[1], "decay": AGENT_DECAY, "scope": "job",
+        "headline": {"forms": HEADLINE[0], "alpha": HEADLINE[1], "link": HEADLINE[3],
+                     "link_bucket": _buckets(rows), "decay": AGENT_DECAY, "scope": "job",
                      "beta": "8 / iperf3 goodput between two nodes (s per byte)" if probed
                      else "8 / shaped link rate (s per byte): this run did not probe",
                      "errors": summary},
@@ -94,8 +96,13 @@ def analyse(rows: list[Measured]) -> tuple[dict[str, Any], Variant, set[int]]:
     return result, head, held_ids
 
 
+def _buckets(rows: list[Measured]) -> list[dict[str, float]]:
+    """The links' token buckets the rows were measured on."""
+    return [asdict(b) for b in sorted({r.bucket for r in rows}, key=lambda b: (b.peak_over_rate, b.burst_s))]
+
+
 def write_table(path: Path, rows: list[Measured], head: Variant, held_ids: set[int]) -> None:
-    combos = list(itertools.product(FORMS, ALPHAS, BETAS))
+    combos = list(itertools.product(FORMS, ALPHAS, BETAS, LINKS))
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["rate_mbit", "nodes", "size_bytes", "collective", "cr", "measured_s", "min_s", "max_s",

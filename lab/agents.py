@@ -5,8 +5,9 @@ directory (`agents/node<i>.db`, `agents/node<i>.log`), its socket in a short
 temporary directory. Rank 0's hook asks
 node 0's agent; the other agents serve iperf3 so that node 0's agent can probe
 the paths to them. Agents do no shaping here: the lab drives the schedule on
-every link itself. On loopback (no namespaces) only node 0's agent runs, without
-probing (every node is 127.0.0.1, and the iperf3 ports would collide).
+every link itself, and tells each agent the links' token bucket. On loopback
+(no namespaces) only node 0's agent runs, without probing (every node is
+127.0.0.1, and the iperf3 ports would collide).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexcomm.lab.cluster import LabCluster
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 from flexcomm.sockets import unix_socket_listening
 
 START_TIMEOUT_S = 60.0
@@ -30,9 +32,11 @@ class AgentHandle:
     log: Path
 
 
-def agent_command(sock: Path, db: Path, probe: bool) -> list[str]:
+def agent_command(sock: Path, db: Path, probe: bool, bucket: LinkBucket = PLAIN_LINK) -> list[str]:
+    """The agent's command line; `bucket` is the lab links' token bucket, for its cost model."""
     cmd = [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", str(sock), "--db", str(db),
-           "--metrics", "", "--log-format", "text"]
+           "--metrics", "", "--log-format", "text",
+           "--link-peak-over-rate", repr(bucket.peak_over_rate), "--link-burst", f"{bucket.burst_s!r}s"]
     if not probe:
         cmd.append("--no-probe")
     return cmd
@@ -49,7 +53,7 @@ def start_agents(lab: LabCluster, socket_dir: Path, db_dir: Path,
         handle = AgentHandle(i, socket_dir / f"node{i}.sock", db_dir / f"node{i}.db",
                              db_dir / f"node{i}.log")
         handle.socket.unlink(missing_ok=True)
-        proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped),
+        proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped, bucket=lab.bucket),
                          log=handle.log)
         handles.append((handle, proc))
     deadline = time.monotonic() + timeout_s

@@ -9,7 +9,8 @@ gloo process group of N real rank processes
 Per configuration the runner also measures what the agent's probes would
 report between two nodes: the latency a TCP connect sees (half the median
 connect RTT) and the iperf3 goodput (one stream, two seconds, the agent's
-default test), which is the rate less TCP/IP header overhead. The result is one
+default test; the median of three), which is the rate less TCP/IP header
+overhead. The links' token bucket is recorded with it. The result is one
 `Measured` row per (rate, N, size, collective, CR):
 the median over repetitions of the operation time (max over ranks of the end
 minus max over ranks of the start), and the repetitions themselves.
@@ -25,13 +26,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from flexcomm.lab.cluster import LabCluster, LabNode, burst_after_idle
 from flexcomm.policy.costmodel import sync_time
-from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, NetworkObservation, check_cr
+from flexcomm.policy.types import (
+    AG_TOPK,
+    ART_RING,
+    ART_TREE,
+    DENSE_RING,
+    PLAIN_LINK,
+    LinkBucket,
+    NetworkObservation,
+    check_cr,
+)
 from flexcomm.probe.iperf import IperfServer, run_test
 from flexcomm.probe.latency import rtt_burst
 from flexcomm.probe.shaping import LinkState
@@ -41,6 +51,9 @@ MASTER_PORT = 29561
 CLOSED_PORT = 9  # nothing listens: the RST answer is the round trip
 IPERF_PORT = 5299
 PROBE_SECONDS = 2  # the agent's default probe_test_duration_s
+# Probes per configuration, their median taken: one disturbed 2 s test read 30%
+# of a 50 Mbit/s link whose collectives then ran at its rate (docs/BENCHMARKS.md).
+PROBES = 3
 LAUNCH_S = 20.0  # torch import + process group start on a loaded 2-core machine
 PER_OP_OVERHEAD_S = 0.01  # barrier + Python per timed operation
 # Repetitions by the model's estimate of an operation: (shorter than, repetitions).
@@ -139,8 +152,16 @@ class Measured:
     alpha_op_s: float  # tiny AllReduce time / (2 (N - 1)): gloo's per-message cost
     alpha_tcp_s: float  # half the median TCP connect RTT
     load_avg: float = 0.0  # 1-minute load average when the configuration ran
-    bandwidth_probe_bps: float = 0.0  # iperf3 goodput node 0 -> 1; 0: not measured (older runs)
+    bandwidth_probe_bps: float = 0.0  # median of the iperf3 probes node 0 -> 1; 0: not measured (older runs)
     burst_bytes: int = 0  # what the link passes at line rate after idle; 0: not recorded (older runs)
+    # The links' token bucket (`LabCluster.bucket`); older runs did not record it: plain.
+    peak_over_rate: float = 1.0
+    bucket_s: float = 0.0
+    bandwidth_probes_bps: list[float] = field(default_factory=list)  # each probe (older runs: one, unrecorded)
+
+    @property
+    def bucket(self) -> LinkBucket:
+        return LinkBucket(self.peak_over_rate, self.bucket_s)
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -165,11 +186,23 @@ def tcp_alpha(nodes: Sequence[LabNode]) -> float:
     return summary.p50_s / 2
 
 
-def probed_bandwidth(nodes: Sequence[LabNode]) -> float:
-    """iperf3 goodput from node 0 to node 1, as the agent's bandwidth probe runs it."""
+def probed_bandwidth(nodes: Sequence[LabNode]) -> list[float]:
+    """iperf3 goodput from node 0 to node 1: PROBES tests, each as the agent's
+    bandwidth probe runs one."""
     with IperfServer(IPERF_PORT, bind=nodes[1].address, netns=nodes[1].ns):
-        result = run_test(nodes[1].address, port=IPERF_PORT, duration_s=PROBE_SECONDS, netns=nodes[0].ns)
-    return result.bandwidth_bps
+        return [run_test(nodes[1].address, port=IPERF_PORT, duration_s=PROBE_SECONDS,
+                         netns=nodes[0].ns).bandwidth_bps for _ in range(PROBES)]
+
+
+@dataclass(frozen=True)
+class LinkFigures:
+    """What one configuration measured of its links before timing the grid."""
+
+    alpha_tcp_s: float
+    load_avg: float
+    bandwidth_probes_bps: tuple[float, ...] = ()
+    burst_bytes: int = 0
+    bucket: LinkBucket = PLAIN_LINK
 
 
 def launch_ranks(lab: LabCluster, plan_path: Path, log_dir: Path) -> list[subprocess.Popen]:
@@ -203,7 +236,7 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     lab.links.apply(LinkState(rate_bps))
     lab.links.cap_segments(rate_bps)  # before any connection of this configuration
     alpha_tcp = tcp_alpha(lab.nodes)
-    bandwidth = probed_bandwidth(lab.nodes)
+    probes = probed_bandwidth(lab.nodes)
     out_dir = run_dir / "raw" / f"n{n}_{int(rate_bps)}bps"
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = {"world": n, "master_addr": lab.nodes[0].address, "master_port": MASTER_PORT,
@@ -218,8 +251,8 @@ def run_config(lab: LabCluster, rate_bps: float, grid: Grid, run_dir: Path,
     wait_ranks(lab, launch_ranks(lab, plan_path, out_dir), 4 * one.estimate_seconds() + 180, out_dir)
     say(f"  N={n} {rate_bps / 1e6:g} Mbit/s: {time.monotonic() - t0:.0f} s "
         f"(load {load:.1f} -> {os.getloadavg()[0]:.1f})")
-    return aggregate(read_ranks(out_dir, n), rate_bps, n, alpha_tcp, load, bandwidth,
-                     burst_after_idle(rate_bps))
+    figures = LinkFigures(alpha_tcp, load, tuple(probes), burst_after_idle(rate_bps), lab.bucket)
+    return aggregate(read_ranks(out_dir, n), rate_bps, n, figures)
 
 
 def read_ranks(out_dir: Path, n: int) -> list[list[dict[str, Any]]]:
@@ -247,8 +280,7 @@ def _op_times(ranks: list[list[dict[str, Any]]], kind: str, key: Callable[[dict]
     return times
 
 
-def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_tcp: float,
-              load: float, bandwidth_probe_bps: float = 0.0, burst: int = 0) -> list[Measured]:
+def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, link: LinkFigures) -> list[Measured]:
     tiny = _op_times(ranks, "tiny", lambda r: "tiny").get("tiny")
     if not tiny:
         raise RuntimeError("tiny: no rank recorded the tiny AllReduce")
@@ -259,12 +291,15 @@ def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, alpha_
             if r["kind"] == "comp":
                 key = (r["size"], r["cr"])
                 comp[key] = max(comp.get(key, 0.0), r["t_comp_s"])
+    probes = list(link.bandwidth_probes_bps)
     rows = []
     ops = _op_times(ranks, "op", lambda r: (r["size"], r["collective"], r["cr"]))
     for (size, collective, cr), samples in sorted(ops.items()):
         rows.append(Measured(rate_bps, n, size, collective, cr, statistics.median(samples), samples,
                              comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
-                             alpha_op, alpha_tcp, load, bandwidth_probe_bps, burst))
+                             alpha_op, link.alpha_tcp_s, link.load_avg,
+                             statistics.median(probes) if probes else 0.0, link.burst_bytes,
+                             link.bucket.peak_over_rate, link.bucket.burst_s, probes))
     return rows
 
 
@@ -280,4 +315,5 @@ def run_grid(grid: Grid, prefix: str, subnet: str, run_dir: Path,
     return rows
 
 
-__all__ = ["COLLECTIVES", "QUICK_GRID", "Grid", "Measured", "aggregate", "run_config", "run_grid", "tcp_alpha"]
+__all__ = ["COLLECTIVES", "QUICK_GRID", "Grid", "LinkFigures", "Measured", "aggregate", "run_config", "run_grid",
+           "tcp_alpha"]

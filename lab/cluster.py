@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.lab import netns
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 from flexcomm.probe.revert import Revert
 from flexcomm.probe.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
 
@@ -87,6 +88,11 @@ class LinkGroup:
     def where(self) -> str:
         return f"{len(self.shapers)} link ends"
 
+    @property
+    def bucket(self) -> LinkBucket:
+        """The links' token bucket (every end is shaped alike)."""
+        return self.shapers[0].bucket
+
     def apply(self, state: LinkState) -> None:
         for shaper, revert in zip(self.shapers, self.reverts, strict=True):
             revert.record("run")
@@ -132,6 +138,12 @@ class LabCluster:
     @property
     def shaped(self) -> bool:
         return self.links is not None
+
+    @property
+    def bucket(self) -> LinkBucket:
+        """What the cost model should take the links to be: their shaper's token
+        bucket, or a plain link on loopback."""
+        return self.links.bucket if self.links is not None else PLAIN_LINK
 
     @classmethod
     @contextlib.contextmanager

@@ -10,7 +10,9 @@ model (`flexcomm.policy.costmodel.sync_time`) is evaluated with
 
 - two bandwidths: "probe" (the iperf3 goodput between two nodes, what the
   agent's bandwidth probe reports) and "rate" (the shaped link rate, headers
-  and all).
+  and all);
+- two links: "bucket" (the links' token bucket, recorded with each row, which
+  the lab's agents are given) and "plain" (the paper's alpha-beta link).
 
 Calibration uses the very class the agent uses (`costmodel.Calibration`): it is
 fed the raw prediction and the measured time of the points of one half of the
@@ -35,12 +37,14 @@ from typing import Any
 from flexcomm.lab.calibrate import Measured
 from flexcomm.lab.cluster import burst_after_idle
 from flexcomm.policy.costmodel import Calibration, ModelForms, sync_time
-from flexcomm.policy.types import DENSE_RING, NetworkObservation
+from flexcomm.policy.types import DENSE_RING, PLAIN_LINK, NetworkObservation
 
 FORMS = {"paper": ModelForms("paper", "paper"), "ring": ModelForms("ring", "pipelined")}
 ALPHAS = ("tcp", "op")
 BETAS = ("probe", "rate")
-HEADLINE = ("paper", "tcp", "probe")  # what the agent runs with: default forms, probed latency and bandwidth
+LINKS = ("bucket", "plain")
+# What the agent runs with: default forms, probed latency and bandwidth, the links' bucket.
+HEADLINE = ("paper", "tcp", "probe", "bucket")
 SCOPES = ("job", "grid")
 AGENT_DECAY = Calibration().decay
 FULL_WINDOW_DECAY = 0.999  # the same fit, forgetting (almost) nothing
@@ -51,16 +55,17 @@ NOISE = 0.03
 BANDWIDTH_BOUND_S = 0.05
 
 
-def variant_name(forms: str, alpha: str, beta: str) -> str:
-    return f"{forms}+alpha_{alpha}+beta_{beta}"
+def variant_name(forms: str, alpha: str, beta: str, link: str) -> str:
+    return f"{forms}+alpha_{alpha}+beta_{beta}+{link}"
 
 
-def raw_prediction(row: Measured, forms: str, alpha: str, beta: str) -> float:
+def raw_prediction(row: Measured, forms: str, alpha: str, beta: str, link: str) -> float:
     """The model's prediction; beta "probe" falls back to the rate for runs that
     did not probe (older measurement files)."""
     a = row.alpha_tcp_s if alpha == "tcp" else row.alpha_op_s
     bps = row.bandwidth_probe_bps if beta == "probe" and row.bandwidth_probe_bps > 0 else row.rate_bps
-    net = NetworkObservation(alpha_s=a, beta_s_per_byte=8.0 / bps, nodes=row.nodes)
+    bucket = row.bucket if link == "bucket" else PLAIN_LINK
+    net = NetworkObservation(alpha_s=a, beta_s_per_byte=8.0 / bps, nodes=row.nodes, bucket=bucket)
     return sync_time(row.collective, row.size_bytes, row.cr, net, FORMS[forms])
 
 
@@ -82,11 +87,12 @@ def split(rows: Sequence[Measured]) -> tuple[list[Measured], list[Measured]]:
     return fit, held
 
 
-def fit_calibration(rows: Iterable[Measured], forms: str, alpha: str, beta: str, decay: float) -> Calibration:
+def fit_calibration(rows: Iterable[Measured], forms: str, alpha: str, beta: str, link: str,
+                    decay: float) -> Calibration:
     """The agent's Calibration fed (raw, measured) in grid order."""
     cal = Calibration(decay)
     for r in sorted(rows, key=lambda r: (r.nodes, -r.rate_bps, r.size_bytes, r.collective, -r.cr)):
-        cal.observe(r.collective, raw_prediction(r, forms, alpha, beta), r.t_sync_s)
+        cal.observe(r.collective, raw_prediction(r, forms, alpha, beta, link), r.t_sync_s)
     return cal
 
 
@@ -97,7 +103,7 @@ def job_of(r: Measured) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Variant:
-    """One (forms, alpha, beta, decay, scope) choice and its fitted calibrations.
+    """One (forms, alpha, beta, link, decay, scope) choice and its fitted calibrations.
 
     scope "job": one Calibration per job (N, gradient size), as at run time, where
     each job's MooPolicy holds its own; scope "grid": one Calibration for the
@@ -107,6 +113,7 @@ class Variant:
     forms: str
     alpha: str
     beta: str
+    link: str
     decay: float
     scope: str
     calibrations: dict[Any, Calibration]
@@ -115,7 +122,7 @@ class Variant:
         return job_of(r) if self.scope == "job" else None
 
     def raw(self, r: Measured) -> float:
-        return raw_prediction(r, self.forms, self.alpha, self.beta)
+        return raw_prediction(r, self.forms, self.alpha, self.beta, self.link)
 
     def calibrated(self, r: Measured) -> float:
         cal = self.calibrations.get(self._key(r))
@@ -127,15 +134,15 @@ class Variant:
         return statistics.median(c.error() for c in self.calibrations.values())
 
 
-def build_variant(fit_rows: Sequence[Measured], forms: str, alpha: str, beta: str, decay: float,
+def build_variant(fit_rows: Sequence[Measured], forms: str, alpha: str, beta: str, link: str, decay: float,
                   scope: str = "job") -> Variant:
     if scope not in SCOPES:
         raise ValueError(f"scope: unknown calibration scope {scope!r} (one of job, grid)")
     groups: dict[Any, list[Measured]] = {}
     for r in fit_rows:
         groups.setdefault(job_of(r) if scope == "job" else None, []).append(r)
-    cals = {key: fit_calibration(rows, forms, alpha, beta, decay) for key, rows in groups.items()}
-    return Variant(forms, alpha, beta, decay, scope, cals)
+    cals = {key: fit_calibration(rows, forms, alpha, beta, link, decay) for key, rows in groups.items()}
+    return Variant(forms, alpha, beta, link, decay, scope, cals)
 
 
 def median_error(rows: Iterable[Measured], predict: Callable[[Measured], float]) -> float:
@@ -280,8 +287,8 @@ def _burst_message(r: Measured) -> float:
     """The bytes per message when `r` ran faster than its link allows because its
     messages fit the HTB burst, else 0."""
     message = r.size_bytes * r.cr
-    bandwidth_s = (raw_prediction(r, "paper", "tcp", "rate")
-                   - raw_prediction(replace(r, rate_bps=1e15), "paper", "tcp", "rate"))
+    bandwidth_s = (raw_prediction(r, "paper", "tcp", "rate", "plain")
+                   - raw_prediction(replace(r, rate_bps=1e15), "paper", "tcp", "rate", "plain"))
     fast = r.t_sync_s < 0.75 * bandwidth_s
     return message if r.collective != DENSE_RING and message <= link_burst(r) and fast else 0.0
 
@@ -314,6 +321,7 @@ __all__ = [
     "BETAS",
     "FORMS",
     "HEADLINE",
+    "LINKS",
     "Regret",
     "Variant",
     "build_variant",

@@ -44,6 +44,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flexcomm.policy.types import LinkBucket
 from flexcomm.units import format_rate, format_seconds, require_finite_positive
 
 ROOT_HANDLE = 0x10000  # 1:
@@ -336,6 +337,12 @@ class Shaper:
         self.peers = check_peers(peers)
         self._ipr_factory = ipr_factory
         self.ceil_over_rate = ceil_over_rate
+
+    @property
+    def bucket(self) -> LinkBucket:
+        """The token bucket the shaped link has, as the cost model takes it: the
+        ceil over the rate, and the rate bucket as the credit it may spend there."""
+        return LinkBucket(self.ceil_over_rate, RATE_BUCKET_SECONDS)
 
     @property
     def where(self) -> str:

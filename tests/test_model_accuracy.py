@@ -18,6 +18,8 @@ from flexcomm.lab.accuracy_report import analyse, load_measured
 from flexcomm.lab.calibrate import Grid, Measured
 from flexcomm.lab.model_accuracy import REGRET_OK, raw_prediction, regrets_per_cr, split
 from flexcomm.lab.netns import list_namespaces
+from flexcomm.policy.types import LinkBucket
+from flexcomm.probe.shaping import CEIL_OVER_RATE, RATE_BUCKET_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "fcv"
@@ -100,15 +102,21 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
     assert all(r.t_sync_s > 0 and len(r.samples_s) >= 3 and r.alpha_op_s > 0 for r in rows)
     # The agent's bandwidth probe saw the shaped 50 Mbit/s, less TCP/IP headers.
     assert all(0.85 * 50e6 < r.bandwidth_probe_bps < 1.0 * 50e6 for r in rows)
+    assert all(len(r.bandwidth_probes_bps) == 3 and r.bandwidth_probe_bps == statistics.median(r.bandwidth_probes_bps)
+               for r in rows)
     # 256 KB dense over 50 Mbit/s with 2 nodes is 41 ms of wire time (38 ms after the
     # shaper's 16 KB burst); unshaped veths take a few ms: the measurement must see the link.
     dense = next(r for r in rows if r.collective == "dense_ring")
     assert dense.t_sync_s > 0.6 * 0.041
+    # Every row carries the token bucket the lab's shaper gave the links; the headline model uses it.
+    assert {r.bucket for r in rows} == {LinkBucket(CEIL_OVER_RATE, RATE_BUCKET_SECONDS)}
+    assert written["headline"]["link_bucket"] == [{"peak_over_rate": CEIL_OVER_RATE,
+                                                   "burst_s": RATE_BUCKET_SECONDS}]
 
     # The raw error, recomputed by hand from the table's columns, is what the JSON says.
     with (out / "table.csv").open() as f:
         table = list(csv.DictReader(f))
-    errs = [abs(float(t["raw_paper+alpha_tcp+beta_probe_s"]) - float(t["measured_s"])) / float(t["measured_s"])
+    errs = [abs(float(t["raw_paper+alpha_tcp+beta_probe+bucket_s"]) - float(t["measured_s"])) / float(t["measured_s"])
             for t in table]
     assert written["median_abs_error_raw"] == pytest.approx(statistics.median(errs), abs=1e-3)
     # Each figure follows the measurements: change them and the figures change.
@@ -140,10 +148,10 @@ def test_calibrate_command_reanalyses_a_run_without_measuring(tmp_path: Path, ca
         for cr in (0.1, 0.01):
             for coll in ("ag_topk", "art_ring", "art_tree"):
                 r = row(coll, cr, 1.0, rate=rate)
-                rows.append(replace(r, t_sync_s=raw_prediction(r, "paper", "tcp", "probe") + 0.002,
-                                    samples_s=[raw_prediction(r, "paper", "tcp", "probe") + 0.002] * 3))
+                rows.append(replace(r, t_sync_s=raw_prediction(r, "paper", "tcp", "probe", "bucket") + 0.002,
+                                    samples_s=[raw_prediction(r, "paper", "tcp", "probe", "bucket") + 0.002] * 3))
         dense = row("dense_ring", 1.0, 1.0, rate=rate)
-        rows.append(replace(dense, t_sync_s=raw_prediction(dense, "paper", "tcp", "probe") * 1.2 + 0.002))
+        rows.append(replace(dense, t_sync_s=raw_prediction(dense, "paper", "tcp", "probe", "bucket") * 1.2 + 0.002))
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "measured.json").write_text(json.dumps([asdict(r) for r in rows]))

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import asdict, replace
 from typing import Any
 
 from flexcomm.policy.costmodel import AG_FORMS, TREE_FORMS, predict
 from flexcomm.policy.moo import MooConfig, MooPolicy
-from flexcomm.policy.types import COLLECTIVES, DENSE_COLLECTIVES, NetworkObservation, check_cr
+from flexcomm.policy.types import COLLECTIVES, DENSE_COLLECTIVES, LinkBucket, NetworkObservation, check_cr
 from flexcomm.units import (
     format_bytes,
     format_rate,
@@ -32,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", required=True, help="dense gradient size, e.g. 100MB, 25MiB")
     p.add_argument("--latency", required=True, help="per-message latency alpha, e.g. 1ms, 50us")
     p.add_argument("--bandwidth", required=True, help="link bandwidth, e.g. 10Gbit, 200Mbit")
+    p.add_argument("--link-peak-over-rate", default="1.0",
+                   help="token-bucket link: peak rate over the bandwidth (default 1.0, a plain link)")
+    p.add_argument("--link-burst", default="0s",
+                   help="token-bucket link: credit at the bandwidth, e.g. 5ms (default 0s, a plain link)")
     p.add_argument("--cr", help="consider only this compression ratio (0 < cr < 1)")
     p.add_argument("--t-comp", help="compression time of a Top-k option (default: the model's estimate)")
     p.add_argument("--t-compute", default="0s", help="forward+backward time per step (default 0s)")
@@ -106,13 +111,27 @@ def table(config: MooConfig, size: float, net: NetworkObservation) -> list[dict[
     return rows
 
 
-def sweep(config: MooConfig, size: float, latency: float, nodes: int, t_compute: float,
+def _bucket(args: argparse.Namespace) -> LinkBucket:
+    try:
+        peak = float(args.link_peak_over_rate)
+    except ValueError:
+        raise ValueError(f"link-peak-over-rate: expected a number, got {args.link_peak_over_rate!r}") from None
+    burst = parse_duration("link-burst", args.link_burst)
+    try:
+        return LinkBucket(peak, burst)
+    except ValueError as exc:
+        field, _, why = str(exc).partition(": ")
+        flag = {"burst_s": "link-burst", "peak_over_rate": "link-peak-over-rate"}[field]
+        raise ValueError(f"{flag}: {why}") from None
+
+
+def sweep(config: MooConfig, size: float, net: NetworkObservation, t_compute: float,
           gains: dict[float, float]) -> list[dict[str, Any]]:
     """Decisions at 4 bandwidths per decade from 1 Mbit/s to 100 Gbit/s."""
     points = []
     for i in range(0, 21):
         bw = 1e6 * 10 ** (i / 4)
-        d = decide(config, size, NetworkObservation.from_link(latency, bw, nodes), t_compute, gains)
+        d = decide(config, size, replace(net, beta_s_per_byte=8.0 / bw), t_compute, gains)
         points.append({"bandwidth_bps": bw, "cr": d["cr"], "collective": d["collective"], "seconds": d["seconds"]})
     return points
 
@@ -122,18 +141,19 @@ def run(args: argparse.Namespace) -> int:
     latency = parse_duration("latency", args.latency)
     bandwidth = parse_rate("bandwidth", args.bandwidth)
     t_compute = parse_duration("t-compute", args.t_compute)
-    net = NetworkObservation.from_link(latency, bandwidth, args.nodes)
+    bucket = _bucket(args)
+    net = NetworkObservation.from_link(latency, bandwidth, args.nodes, bucket)
     config = _config(args, size)
     gains = _gains(args.gains)
     out: dict[str, Any] = {
         "inputs": {"nodes": args.nodes, "size_bytes": size, "latency_s": latency, "bandwidth_bps": bandwidth,
-                   "ag_form": args.ag_form, "tree_form": args.tree_form,
+                   "link_bucket": asdict(bucket), "ag_form": args.ag_form, "tree_form": args.tree_form,
                    "t_comp_model": "fixed" if args.t_comp else "estimated"},
         "decision": decide(config, size, net, t_compute, gains),
         "table": table(config, size, net),
     }
     if args.sweep:
-        out["sweep"] = sweep(config, size, latency, args.nodes, t_compute, gains)
+        out["sweep"] = sweep(config, size, net, t_compute, gains)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -145,6 +165,10 @@ def _print(out: dict[str, Any]) -> None:
     i = out["inputs"]
     print(f"N={i['nodes']}  M={format_bytes(i['size_bytes'])}  alpha={format_seconds(i['latency_s'])}  "
           f"bandwidth={format_rate(i['bandwidth_bps'])}  forms: ag={i['ag_form']} tree={i['tree_form']}")
+    b = i["link_bucket"]
+    if b["peak_over_rate"] > 1 and b["burst_s"] > 0:
+        print(f"link: token bucket, {b['peak_over_rate']:g}x the bandwidth for {format_seconds(b['burst_s'])} "
+              "of credit after idle")
     print(f"{'collective':<12}{'cr':>8}{'sync':>12}{'comp':>12}{'total':>12}")
     for r in out["table"]:
         print(f"{r['collective']:<12}{r['cr']:>8g}{format_seconds(r['sync_s']):>12}"
