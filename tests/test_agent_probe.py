@@ -30,7 +30,7 @@ def test_probes_feed_the_network_view_metrics_and_store(tmp_path: Path, iperf3_b
     argv = agent.argv
     agent.argv = lambda: [a for a in argv() if a != "--no-probe"]
     agent.env["FLEXCOMM_AGENT_PROBE_SERVE_BIND"] = "127.0.0.1"
-    agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1"
+    agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1s"
     agent.start()
     try:
         stub = agent.stub
