@@ -167,3 +167,53 @@ def test_calibrate_command_reanalyses_a_run_without_measuring(tmp_path: Path, ca
     bad = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--nodes", "two"])
     with pytest.raises(ValueError, match="nodes"):
         grid_from(bad)
+
+
+def test_a_run_that_did_not_record_its_links_bucket_can_be_given_it(tmp_path: Path, capsys) -> None:
+    import argparse
+    from dataclasses import asdict
+
+    from flexcomm.commands.lab_calibrate import add_parser
+
+    bucket = LinkBucket(1.2, 0.005)
+    rows = []  # taken on token-bucket links that the (older) run did not record: stored as plain
+    for rate in (1e9, 100e6, 10e6):
+        for cr in (0.1, 0.01):
+            for coll in ("ag_topk", "art_ring", "art_tree"):
+                r = row(coll, cr, 1.0, rate=rate)
+                t = raw_prediction(replace(r, peak_over_rate=1.2, bucket_s=0.005), "paper", "tcp", "probe", "bucket")
+                rows.append(replace(r, t_sync_s=t, samples_s=[t] * 3))
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "measured.json").write_text(json.dumps([asdict(r) for r in rows]))
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="cmd"))
+
+    def analysed(*extra: str) -> dict:
+        args = parser.parse_args(["calibrate", "--out", str(tmp_path / "again"), "--from", str(earlier), *extra])
+        assert args.func(args) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert analysed()["median_abs_error_raw"] > 0.01  # read as plain links, the model is off
+    given = analysed("--link-bucket", "1.2,5ms")
+    assert given["median_abs_error_raw"] < 1e-9 and given["link_bucket_given"] == "1.2,5ms"
+    assert given["headline"]["link_bucket"] == [asdict(bucket)]
+
+    for bad, message in ((["--link-bucket", "1.2"], "expected PEAK,BURST"),
+                         (["--link-bucket", "0.5,5ms"], "peak_over_rate: must be in"),
+                         (["--link-bucket", "1.2,5"], "needs a unit")):
+        args = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--from", str(earlier), *bad])
+        with pytest.raises(ValueError, match=message):
+            args.func(args)
+    args = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--link-bucket", "1.2,5ms"])
+    with pytest.raises(ValueError, match="only with --from"):
+        args.func(args)
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    (recorded / "measured.json").write_text(json.dumps(
+        [asdict(replace(r, peak_over_rate=1.5, bucket_s=0.002)) for r in rows]))
+    args = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--from", str(recorded),
+                              "--link-bucket", "1.2,5ms"])
+    with pytest.raises(ValueError, match="recorded its links' bucket"):
+        args.func(args)
+    assert not (tmp_path / "bad").exists()

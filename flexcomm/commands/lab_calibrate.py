@@ -22,10 +22,12 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flexcomm.units import parse_bytes, parse_rate
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket
+from flexcomm.units import parse_bytes, parse_duration, parse_rate
 
 PREFIX = "flexcal"
 SUBNET = "10.215.0.0/24"
@@ -42,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = PREFIX, subnet: str 
     p.add_argument("--prefix", default=prefix, help=f"namespace name prefix (default {prefix})")
     p.add_argument("--subnet", default=subnet, help=f"the nodes' subnet (default {subnet})")
     p.add_argument("--from", dest="from_dir", type=Path, help="re-analyse DIR/measured.json, measure nothing")
+    p.add_argument("--link-bucket", metavar="PEAK,BURST",
+                   help="with --from: the links' token bucket for a run that did not record it, e.g. 1.2,5ms "
+                        "(runs before the bucket was recorded were all taken as plain links)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -82,6 +87,26 @@ def grid_from(args: argparse.Namespace) -> Any:
     )
 
 
+def parse_bucket(text: str) -> LinkBucket:
+    """'1.2,5ms' -> LinkBucket(1.2, 0.005)."""
+    peak, sep, burst = text.partition(",")
+    if not sep:
+        raise ValueError(f"link-bucket: expected PEAK,BURST such as 1.2,5ms, got {text!r}")
+    try:
+        return LinkBucket(_number("link-bucket", float)(peak.strip()), parse_duration("link-bucket", burst.strip()))
+    except ValueError as exc:
+        raise ValueError(f"link-bucket: {exc}") from None
+
+
+def with_bucket(rows: list[Any], bucket: LinkBucket) -> list[Any]:
+    """The rows taken on links with `bucket`; refused where a row recorded another."""
+    recorded = {r.bucket for r in rows} - {PLAIN_LINK, bucket}
+    if recorded:
+        raise ValueError(f"link-bucket: the run recorded its links' bucket ({sorted(recorded)[0]}); "
+                         "leave --link-bucket out")
+    return [replace(r, peak_over_rate=bucket.peak_over_rate, bucket_s=bucket.burst_s) for r in rows]
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure (or reload) and write the report; returns model_accuracy.json's object."""
     from flexcomm.lab.accuracy_report import load_measured, write_report
@@ -89,9 +114,14 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[st
 
     meta: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(),
                             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if args.link_bucket and not args.from_dir:
+        raise ValueError("link-bucket: only with --from (a new run records its links' bucket itself)")
     if args.from_dir:
         rows = load_measured(args.from_dir / "measured.json")
         meta["reanalysed_from"] = str(args.from_dir)
+        if args.link_bucket:
+            rows = with_bucket(rows, parse_bucket(args.link_bucket))
+            meta["link_bucket_given"] = args.link_bucket
     else:
         from flexcomm.lab.cluster import can_use_namespaces
 
