@@ -120,10 +120,8 @@ class AgentConfig:
 
     def link_bucket(self) -> LinkBucket:
         """The token bucket the cost model gives every path (ValueError naming the key)."""
-        try:
-            return LinkBucket(self.link_peak_over_rate, self.link_burst_s)
-        except ValueError as exc:
-            raise ValueError(f"link_{exc}") from None
+        return LinkBucket.checked(self.link_peak_over_rate, self.link_burst_s,
+                                  ("link_peak_over_rate", "link_burst_s"))
 
 
 def split_host_port(field: str, text: str) -> tuple[str, int]:

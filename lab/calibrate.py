@@ -291,15 +291,18 @@ def aggregate(ranks: list[list[dict[str, Any]]], rate_bps: float, n: int, link: 
             if r["kind"] == "comp":
                 key = (r["size"], r["cr"])
                 comp[key] = max(comp.get(key, 0.0), r["t_comp_s"])
-    probes = list(link.bandwidth_probes_bps)
+    probes = link.bandwidth_probes_bps
     rows = []
     ops = _op_times(ranks, "op", lambda r: (r["size"], r["collective"], r["cr"]))
     for (size, collective, cr), samples in sorted(ops.items()):
-        rows.append(Measured(rate_bps, n, size, collective, cr, statistics.median(samples), samples,
-                             comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
-                             alpha_op, link.alpha_tcp_s, link.load_avg,
-                             statistics.median(probes) if probes else 0.0, link.burst_bytes,
-                             link.bucket.peak_over_rate, link.bucket.burst_s, probes))
+        rows.append(Measured(
+            rate_bps=rate_bps, nodes=n, size_bytes=size, collective=collective, cr=cr,
+            t_sync_s=statistics.median(samples), samples_s=samples,
+            t_comp_s=comp.get((size, cr), 0.0) if collective != DENSE_RING else 0.0,
+            alpha_op_s=alpha_op, alpha_tcp_s=link.alpha_tcp_s, load_avg=link.load_avg,
+            bandwidth_probe_bps=statistics.median(probes) if probes else 0.0, burst_bytes=link.burst_bytes,
+            peak_over_rate=link.bucket.peak_over_rate, bucket_s=link.bucket.burst_s,
+            bandwidth_probes_bps=list(probes)))
     return rows
 
 

@@ -98,6 +98,21 @@ class LinkBucket:
         check_range("peak_over_rate", self.peak_over_rate, 1.0, MAX_PEAK_OVER_RATE)
         check_range("burst_s", self.burst_s, 0.0, MAX_BURST_S)
 
+    @classmethod
+    def checked(cls, peak_over_rate: float, burst_s: float,
+                names: tuple[str, str] = ("peak_over_rate", "burst_s")) -> LinkBucket:
+        """A bucket from a user's settings, each error naming the setting (`names`).
+        Half a bucket (a peak without credit, or credit without a peak) is refused:
+        it would model a plain link, which is not what whoever set one half meant."""
+        peak_name, burst_name = names
+        check_range(peak_name, peak_over_rate, 1.0, MAX_PEAK_OVER_RATE)
+        check_range(burst_name, burst_s, 0.0, MAX_BURST_S)
+        if (peak_over_rate > 1.0) != (burst_s > 0.0):
+            missing, given = (burst_name, peak_name) if peak_over_rate > 1.0 else (peak_name, burst_name)
+            raise ValueError(f"{missing}: needed with {given} (a token bucket has both; "
+                             "leave both out for a plain link)")
+        return cls(peak_over_rate, burst_s)
+
     @property
     def plain(self) -> bool:
         return self.peak_over_rate == 1.0 or self.burst_s == 0.0

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexcomm.policy.types import LinkBucket
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 from flexcomm.units import format_rate, format_seconds, require_finite_positive
 
 ROOT_HANDLE = 0x10000  # 1:
@@ -341,7 +341,10 @@ class Shaper:
     @property
     def bucket(self) -> LinkBucket:
         """The token bucket the shaped link has, as the cost model takes it: the
-        ceil over the rate, and the rate bucket as the credit it may spend there."""
+        ceil over the rate, and the rate bucket as the credit it may spend there
+        (a plain link when the ceil is the rate)."""
+        if self.ceil_over_rate == 1.0:
+            return PLAIN_LINK
         return LinkBucket(self.ceil_over_rate, RATE_BUCKET_SECONDS)
 
     @property

@@ -59,6 +59,7 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     ('[agent]\nlink_burst_s = "-5ms"\n', {}, {}, "agent.link_burst_s: "),
     ("", {"FLEXCOMM_AGENT_LINK_BURST_S": "5"}, {}, "FLEXCOMM_AGENT_LINK_BURST_S: duration '5' needs a unit"),
     ("", {}, {"link_burst_s": "20s"}, "link_burst_s: must be in [0.0, 10.0]"),
+    ("", {}, {"link_peak_over_rate": "1.2"}, "link_burst_s: needed with link_peak_over_rate"),
 ])
 def test_bad_settings_are_named(tmp_path: Path, text: str, env: dict, flags: dict, field: str) -> None:
     path = write(tmp_path / "c.toml", text) if text else None
@@ -113,3 +114,19 @@ def test_tcp_with_tls(tmp_path: Path) -> None:
             pb_grpc.AgentStub(channel).GetDecision(pb.JobRef(job_id="tls-job"), timeout=3)
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("ceil_over_rate", [1.2, 1.0])
+def test_the_lab_tells_its_agents_the_shapers_bucket(tmp_path: Path, ceil_over_rate: float) -> None:
+    from flexcomm.cli import build_parser
+    from flexcomm.commands.agent import _FLAGS
+    from flexcomm.lab.agents import agent_command
+    from flexcomm.probe.shaping import RATE_BUCKET_SECONDS, Shaper
+
+    bucket = Shaper("eth0", ceil_over_rate=ceil_over_rate).bucket
+    expected = LinkBucket(1.2, RATE_BUCKET_SECONDS) if ceil_over_rate > 1 else LinkBucket()
+    assert bucket == expected
+    argv = agent_command(tmp_path / "s.sock", tmp_path / "d.db", probe=False, bucket=bucket)
+    args = build_parser().parse_args(argv[argv.index("agent"):])
+    config = load_config(None, {name: getattr(args, name) for name in _FLAGS}, environ={})
+    assert config.link_bucket() == expected

@@ -10,7 +10,7 @@ import pytest
 
 from flexcomm.cli import main
 from flexcomm.policy.costmodel import sync_time
-from flexcomm.policy.types import NetworkObservation
+from flexcomm.policy.types import LinkBucket, NetworkObservation
 
 BASE = ["model", "--nodes", "4", "--size", "100MB", "--latency", "1ms"]
 
@@ -57,7 +57,30 @@ def test_sweep_shows_the_choice_changing(capsys) -> None:
     assert "where the choice changes" in capsys.readouterr().out
 
 
+def test_a_token_bucket_link_is_modelled_and_shown(capsys) -> None:
+    bucket = LinkBucket(1.2, 0.005)
+    out = run_json(capsys, "--bandwidth", "50Mbit", "--link-peak-over-rate", "1.2", "--link-burst", "5ms",
+                   "--sweep")
+    assert out["inputs"]["link_bucket"] == {"peak_over_rate": 1.2, "burst_s": 0.005}
+    net = NetworkObservation.from_link(1e-3, 50e6, 4, bucket)
+    for row in out["table"]:
+        assert row["sync_s"] == pytest.approx(sync_time(row["collective"], 100e6, row["cr"], net))
+    plain = run_json(capsys, "--bandwidth", "50Mbit", "--sweep")
+    tree = [next(r["sync_s"] for r in t["table"] if r["collective"] == "art_tree" and r["cr"] == 0.001)
+            for t in (out, plain)]
+    assert tree[0] < tree[1]  # the bucket's credit shortens it
+    # The sweep keeps the bucket: at 1 Mbit/s the same sync time as a model with it.
+    assert out["sweep"][0]["seconds"] != plain["sweep"][0]["seconds"]
+    assert main([*BASE, "--bandwidth", "50Mbit", "--link-peak-over-rate", "1.2", "--link-burst", "5ms"]) == 0
+    assert "token bucket, 1.2x the bandwidth for 5 ms" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("flags", "field"), [
+    (["--link-peak-over-rate", "0.5", "--link-burst", "5ms"], "link-peak-over-rate: must be in"),
+    (["--link-peak-over-rate", "x"], "link-peak-over-rate: expected a number"),
+    (["--link-peak-over-rate", "1.2"], "link-burst: needed with link-peak-over-rate"),
+    (["--link-burst", "5ms"], "link-peak-over-rate: needed with link-burst"),
+    (["--link-peak-over-rate", "1.2", "--link-burst", "5"], "link-burst: duration '5' needs a unit"),
     (["--nodes", "1"], "nodes"), (["--size", "0MB"], "size"), (["--size", "10XB"], "size"),
     (["--latency", "-1ms"], "latency"), (["--latency", "5"], "latency"), (["--bandwidth", "nanGbit"], "bandwidth"),
     (["--bandwidth", "100"], "bandwidth"), (["--cr", "1.5"], "cr"), (["--cr", "1"], "cr"),

@@ -3,6 +3,7 @@ inequalities on both sides of each boundary, and calibration."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -63,6 +64,8 @@ def test_the_terms_are_the_formula(collective: str, cr: float, form: str) -> Non
                        tree=form if collective.endswith("tree") else "paper")
     messages, link_bytes = alpha_beta_terms(collective, M, cr, 4, forms)
     assert 1e-3 * messages + 1e-9 * link_bytes == pytest.approx(HAND[(collective, cr, form)], rel=1e-12)
+    # What the passive estimator fits: with alpha 0 only the bytes remain.
+    assert sync_time(collective, M, cr, NetworkObservation(0.0, 1.0, 4), forms) == pytest.approx(link_bytes)
 
 
 # 50 Mbit/s, N=2: dense ring of M bytes puts M bytes on the link, 0.16 us a byte.
@@ -90,16 +93,39 @@ def test_a_bucket_only_changes_the_bandwidth_term() -> None:
     # Either half of the bucket alone leaves the link plain.
     for half in (LinkBucket(1.2, 0.0), LinkBucket(1.0, 0.005)):
         assert half.plain
-        assert sync_time("dense_ring", M, 1.0, NetworkObservation(1e-3, 1e-9, 4, half)) == HAND[
-            ("dense_ring", 1.0, "paper")]
+        assert sync_time("dense_ring", M, 1.0, NetworkObservation(1e-3, 1e-9, 4, half)) == pytest.approx(
+            HAND[("dense_ring", 1.0, "paper")], rel=1e-12)
 
 
 def test_an_observation_round_trips_with_its_bucket() -> None:
     net = NetworkObservation(1e-3, 1e-9, 4, BUCKET)
-    assert NetworkObservation(**net.to_dict()) == net
+    assert NetworkObservation(**json.loads(json.dumps(net.to_dict()))) == net
     assert net.to_dict()["bucket"] == {"peak_over_rate": 1.2, "burst_s": 0.005}
-    # State saved before buckets existed reads as a plain link.
-    assert NetworkObservation(1e-3, 1e-9, 4).bucket.plain
+    # State saved before buckets existed (no "bucket" key) reads as a plain link.
+    old = json.loads('{"alpha_s": 0.001, "beta_s_per_byte": 1e-09, "nodes": 4}')
+    assert NetworkObservation(**old).bucket == LinkBucket()
+
+
+def test_a_policy_restores_its_network_with_the_bucket() -> None:
+    from flexcomm.policy.moo import MooPolicy
+
+    policy = MooPolicy(grad_bytes=M)
+    policy.observe_network(NetworkObservation(1e-3, 1e-9, 4, BUCKET))
+    again = MooPolicy(grad_bytes=M)
+    again.load_state_dict(json.loads(json.dumps(policy.state_dict())))
+    assert again.network == NetworkObservation(1e-3, 1e-9, 4, BUCKET)
+
+
+def test_settings_name_themselves_and_refuse_half_a_bucket() -> None:
+    names = ("peak_setting", "burst_setting")
+    assert LinkBucket.checked(1.2, 0.005, names) == BUCKET
+    assert LinkBucket.checked(1.0, 0.0, names) == LinkBucket()
+    with pytest.raises(ValueError, match="burst_setting: needed with peak_setting"):
+        LinkBucket.checked(1.2, 0.0, names)
+    with pytest.raises(ValueError, match="peak_setting: needed with burst_setting"):
+        LinkBucket.checked(1.0, 0.005, names)
+    with pytest.raises(ValueError, match=r"peak_setting: must be in \[1.0, 16.0\]"):
+        LinkBucket.checked(0.5, 0.005, names)
 
 
 @pytest.mark.parametrize(("kw", "field"), [

@@ -200,8 +200,10 @@ def test_a_run_that_did_not_record_its_links_bucket_can_be_given_it(tmp_path: Pa
     assert given["headline"]["link_bucket"] == [asdict(bucket)]
 
     for bad, message in ((["--link-bucket", "1.2"], "expected PEAK,BURST"),
-                         (["--link-bucket", "0.5,5ms"], "peak_over_rate: must be in"),
-                         (["--link-bucket", "1.2,5"], "needs a unit")):
+                         (["--link-bucket", "0.5,5ms"], "link-bucket PEAK: must be in"),
+                         (["--link-bucket", "1.2,0s"], "link-bucket BURST: needed with link-bucket PEAK"),
+                         (["--link-bucket", "x,5ms"], "link-bucket PEAK: expected a number"),
+                         (["--link-bucket", "1.2,5"], "link-bucket BURST: duration '5' needs a unit")):
         args = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--from", str(earlier), *bad])
         with pytest.raises(ValueError, match=message):
             args.func(args)
@@ -210,10 +212,10 @@ def test_a_run_that_did_not_record_its_links_bucket_can_be_given_it(tmp_path: Pa
         args.func(args)
     recorded = tmp_path / "recorded"
     recorded.mkdir()
-    (recorded / "measured.json").write_text(json.dumps(
-        [asdict(replace(r, peak_over_rate=1.5, bucket_s=0.002)) for r in rows]))
+    (recorded / "measured.json").write_text(json.dumps(  # two configurations, two other buckets
+        [asdict(replace(r, peak_over_rate=1.5 if r.rate_bps > 50e6 else 1.3, bucket_s=0.002)) for r in rows]))
     args = parser.parse_args(["calibrate", "--out", str(tmp_path / "bad"), "--from", str(recorded),
                               "--link-bucket", "1.2,5ms"])
-    with pytest.raises(ValueError, match="recorded its links' bucket"):
+    with pytest.raises(ValueError, match=r"recorded its links' bucket \(LinkBucket\(peak_over_rate=1.3"):
         args.func(args)
     assert not (tmp_path / "bad").exists()

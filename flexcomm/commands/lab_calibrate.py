@@ -22,7 +22,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,17 +92,16 @@ def parse_bucket(text: str) -> LinkBucket:
     peak, sep, burst = text.partition(",")
     if not sep:
         raise ValueError(f"link-bucket: expected PEAK,BURST such as 1.2,5ms, got {text!r}")
-    try:
-        return LinkBucket(_number("link-bucket", float)(peak.strip()), parse_duration("link-bucket", burst.strip()))
-    except ValueError as exc:
-        raise ValueError(f"link-bucket: {exc}") from None
+    names = ("link-bucket PEAK", "link-bucket BURST")
+    return LinkBucket.checked(_number(names[0], float)(peak.strip()), parse_duration(names[1], burst.strip()),
+                              names)
 
 
 def with_bucket(rows: list[Any], bucket: LinkBucket) -> list[Any]:
     """The rows taken on links with `bucket`; refused where a row recorded another."""
     recorded = {r.bucket for r in rows} - {PLAIN_LINK, bucket}
     if recorded:
-        raise ValueError(f"link-bucket: the run recorded its links' bucket ({sorted(recorded)[0]}); "
+        raise ValueError(f"link-bucket: the run recorded its links' bucket ({min(recorded, key=astuple)}); "
                          "leave --link-bucket out")
     return [replace(r, peak_over_rate=bucket.peak_over_rate, bucket_s=bucket.burst_s) for r in rows]
 

@@ -117,12 +117,7 @@ def _bucket(args: argparse.Namespace) -> LinkBucket:
     except ValueError:
         raise ValueError(f"link-peak-over-rate: expected a number, got {args.link_peak_over_rate!r}") from None
     burst = parse_duration("link-burst", args.link_burst)
-    try:
-        return LinkBucket(peak, burst)
-    except ValueError as exc:
-        field, _, why = str(exc).partition(": ")
-        flag = {"burst_s": "link-burst", "peak_over_rate": "link-peak-over-rate"}[field]
-        raise ValueError(f"{flag}: {why}") from None
+    return LinkBucket.checked(peak, burst, ("link-peak-over-rate", "link-burst"))
 
 
 def sweep(config: MooConfig, size: float, net: NetworkObservation, t_compute: float,
@@ -166,7 +161,7 @@ def _print(out: dict[str, Any]) -> None:
     print(f"N={i['nodes']}  M={format_bytes(i['size_bytes'])}  alpha={format_seconds(i['latency_s'])}  "
           f"bandwidth={format_rate(i['bandwidth_bps'])}  forms: ag={i['ag_form']} tree={i['tree_form']}")
     b = i["link_bucket"]
-    if b["peak_over_rate"] > 1 and b["burst_s"] > 0:
+    if not LinkBucket(**b).plain:
         print(f"link: token bucket, {b['peak_over_rate']:g}x the bandwidth for {format_seconds(b['burst_s'])} "
               "of credit after idle")
     print(f"{'collective':<12}{'cr':>8}{'sync':>12}{'comp':>12}{'total':>12}")
