@@ -117,7 +117,6 @@ class AgentConfig:
         if self.emulation_schedule and not self.emulation_interface:
             raise ValueError("emulation_interface: needed with emulation_schedule")
 
-
     def link_bucket(self) -> LinkBucket:
         """The token bucket the cost model gives every path (ValueError naming the key)."""
         return LinkBucket.checked(self.link_peak_over_rate, self.link_burst_s,

@@ -36,7 +36,7 @@ from typing import Any
 
 from flexcomm.lab.calibrate import Measured
 from flexcomm.lab.cluster import burst_after_idle
-from flexcomm.policy.costmodel import Calibration, ModelForms, sync_time
+from flexcomm.policy.costmodel import Calibration, ModelForms, alpha_beta_terms, sync_time
 from flexcomm.policy.types import DENSE_RING, PLAIN_LINK, NetworkObservation
 
 FORMS = {"paper": ModelForms("paper", "paper"), "ring": ModelForms("ring", "pipelined")}
@@ -287,9 +287,8 @@ def _burst_message(r: Measured) -> float:
     """The bytes per message when `r` ran faster than its link allows because its
     messages fit the HTB burst, else 0."""
     message = r.size_bytes * r.cr
-    bandwidth_s = (raw_prediction(r, "paper", "tcp", "rate", "plain")
-                   - raw_prediction(replace(r, rate_bps=1e15), "paper", "tcp", "rate", "plain"))
-    fast = r.t_sync_s < 0.75 * bandwidth_s
+    link_bytes = alpha_beta_terms(r.collective, r.size_bytes, r.cr, r.nodes, FORMS["paper"])[1]
+    fast = r.t_sync_s < 0.75 * link_bytes * 8 / r.rate_bps  # the plain link's bandwidth term
     return message if r.collective != DENSE_RING and message <= link_burst(r) and fast else 0.0
 
 
