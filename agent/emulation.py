@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from flexcomm.agent.config import AgentConfig
 from flexcomm.agent.jobs import Job
-from flexcomm.probe.emulator import AppliedStep, Emulator
-from flexcomm.probe.revert import Revert
-from flexcomm.probe.schedule import load_schedule
-from flexcomm.probe.shaping import Shaper
+from flexcomm.emulation.emulator import AppliedStep, Emulator
+from flexcomm.emulation.revert import Revert
+from flexcomm.emulation.schedule import load_schedule
+from flexcomm.emulation.shaping import Shaper
 from flexcomm.store import EmulationStep
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 For each rate, two namespaces joined by a veth, segments capped as the lab caps
 them (`flexcomm.lab.cluster.segment_cap`), the sender's end shaped by
-`flexcomm.probe.shaping.Shaper`:
+`flexcomm.emulation.shaping.Shaper`:
 
 - goodput share: iperf3 goodput over the best TCP carries at MTU 1500 (1.0 is the
   rate exactly; above 1 the shaper passed more than its rate), median of 3 tests;
@@ -29,11 +29,11 @@ import subprocess
 import sys
 import time
 
+from flexcomm.emulation.shaping import CEIL_OVER_RATE, RATE_BUCKET_SECONDS, LinkState, Shaper
 from flexcomm.lab.cluster import segment_cap
 from flexcomm.lab.fidelity import goodput_share, message_seconds
 from flexcomm.lab.netns import cap_segments, netns_pair
 from flexcomm.probe.iperf import IperfServer, run_test
-from flexcomm.probe.shaping import CEIL_OVER_RATE, RATE_BUCKET_SECONDS, LinkState, Shaper
 
 PREFIX, SUBNET, PORT = "fcbsf", "10.241.0.0/24", 5299
 MESSAGE_BYTES = 16384

@@ -1,6 +1,6 @@
 """docs/CLI.md, generated from the argument parsers so it cannot drift.
 
-`python -m flexcomm.clidoc > docs/CLI.md` rewrites it; tests/test_clidoc.py
+`python -m flexcomm.clidoc > docs/CLI.md` rewrites it; tests/cli/test_clidoc.py
 fails when the committed file differs from what the parsers say.
 """
 

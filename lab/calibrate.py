@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flexcomm.emulation.shaping import LinkState
 from flexcomm.lab.cluster import LabCluster, LabNode, burst_after_idle
 from flexcomm.policy.costmodel import sync_time
 from flexcomm.policy.types import (
@@ -44,7 +45,6 @@ from flexcomm.policy.types import (
 )
 from flexcomm.probe.iperf import IperfServer, run_test
 from flexcomm.probe.latency import rtt_burst
-from flexcomm.probe.shaping import LinkState
 
 COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 MASTER_PORT = 29561

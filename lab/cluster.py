@@ -9,8 +9,8 @@ processes started on them, all removed however the run ends.
 
 With root it is a `flexcomm.lab.netns.cluster` (namespaces on a bridge); each
 node's link is shaped in both directions (its eth0, and its peer on the hub's
-bridge) through `flexcomm.probe.shaping`, the original qdiscs recorded with
-`flexcomm.probe.revert` in the run directory. Without root it is "loopback": every
+bridge) through `flexcomm.emulation.shaping`, the original qdiscs recorded with
+`flexcomm.emulation.revert` in the run directory. Without root it is "loopback": every
 node is 127.0.0.1 in this namespace and nothing is shaped (`shaped` is False).
 
 The cost-model sweep (`flexcomm lab calibrate`) reuses it: one cluster, many
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flexcomm.emulation.revert import Revert
+from flexcomm.emulation.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
 from flexcomm.lab import netns
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket
-from flexcomm.probe.revert import Revert
-from flexcomm.probe.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
 
 STOP_GRACE_S = 3.0
 
@@ -77,7 +77,7 @@ def burst_after_idle(rate_bps: float) -> int:
 
 class LinkGroup:
     """Every shaped link end of the cluster, changed together: a drop-in for one
-    `Shaper` where `flexcomm.probe.emulator.Emulator` expects one."""
+    `Shaper` where `flexcomm.emulation.emulator.Emulator` expects one."""
 
     def __init__(self, shapers: Sequence[Shaper], state_dir: Path) -> None:
         self.shapers = list(shapers)

@@ -17,7 +17,7 @@ remove stale ones with the same names before they start (a crashed run).
 `destroy_prefix` removes every namespace whose name starts with a prefix.
 
 Namespaces are created with the `ip` command (argument lists, no shell); traffic
-shaping is not done here but in `flexcomm.probe.shaping`, through pyroute2.
+shaping is not done here but in `flexcomm.emulation.shaping`, through pyroute2.
 """
 
 from __future__ import annotations

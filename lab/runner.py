@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexcomm.emulation.emulator import AppliedStep, Emulator
+from flexcomm.emulation.schedule import Schedule, parse_schedule
 from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
@@ -44,8 +46,6 @@ from flexcomm.lab.plan import (
 )
 from flexcomm.lab.trainer import TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset
-from flexcomm.probe.emulator import AppliedStep, Emulator
-from flexcomm.probe.schedule import Schedule, parse_schedule
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")

@@ -12,14 +12,7 @@ import shutil
 
 import pytest
 
-REQUIRE_PRIVILEGED = os.environ.get("FLEXCOMM_REQUIRE_PRIVILEGED") == "1"
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip with `reason`, or fail if the environment demands privileged tests run."""
-    if REQUIRE_PRIVILEGED:
-        pytest.fail(f"FLEXCOMM_REQUIRE_PRIVILEGED=1 but: {reason}")
-    pytest.skip(reason)
+from support.privilege import skip_or_fail
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DAEMON_SIDE = ("policy", "probe", "store", "agent", "proto")
+DAEMON_SIDE = ("policy", "probe", "emulation", "store", "agent", "proto")
 # Modules whose use would make the policy impure (I/O, clocks, randomness, torch).
 IMPURE = {"os", "sys", "io", "time", "datetime", "random", "socket", "subprocess", "sqlite3", "pathlib",
           "threading", "asyncio", "torch", "numpy", "grpc", "logging", "shutil", "tempfile"}
@@ -41,7 +41,7 @@ def test_policy_is_pure(path: Path) -> None:
 
 
 def test_only_the_cli_imports_the_agent() -> None:
-    for folder in ("policy", "probe", "store", "client", "proto", "lab"):
+    for folder in ("policy", "probe", "emulation", "store", "client", "proto", "lab"):
         for path in py_files(folder):
             bad = [n for n in imports_of(path) if n.startswith("flexcomm.agent")]
             assert not bad, f"{path} imports {bad}"

@@ -78,7 +78,7 @@ def _change_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _shaper(args: argparse.Namespace) -> Any:
-    from flexcomm.probe.shaping import Shaper
+    from flexcomm.emulation.shaping import Shaper
 
     return Shaper(args.dev, netns=args.netns, peers=getattr(args, "peer", ()))
 
@@ -121,9 +121,9 @@ def _netem_failed(shaper: Any, exc: Exception) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from flexcomm.probe.emulator import AppliedStep
-    from flexcomm.probe.revert import Revert
-    from flexcomm.probe.shaping import LinkState, NetemUnavailable
+    from flexcomm.emulation.emulator import AppliedStep
+    from flexcomm.emulation.revert import Revert
+    from flexcomm.emulation.shaping import LinkState, NetemUnavailable
 
     state = LinkState(parse_rate("rate", args.rate), parse_duration("delay", args.delay),
                       parse_duration("jitter", args.jitter), parse_fraction("loss", args.loss))
@@ -154,10 +154,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flexcomm.probe.emulator import Emulator
-    from flexcomm.probe.revert import session
-    from flexcomm.probe.schedule import load_schedule
-    from flexcomm.probe.shaping import NetemUnavailable
+    from flexcomm.emulation.emulator import Emulator
+    from flexcomm.emulation.revert import session
+    from flexcomm.emulation.schedule import load_schedule
+    from flexcomm.emulation.shaping import NetemUnavailable
 
     schedule = load_schedule(args.schedule)
     if schedule.by_epoch and not args.epochs_from_stdin and not args.dry_run:
@@ -185,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_schedule_plan(schedule: Any, shaper: Any) -> None:
-    from flexcomm.probe.revert import Revert
+    from flexcomm.emulation.revert import Revert
 
     rounds = "forever" if schedule.repeat is None else f"{schedule.repeat} round(s)"
     print(f"{schedule.path}: {len(schedule.steps)} step(s), {rounds}, on {shaper.where}")
@@ -233,7 +233,7 @@ def _follow_epochs(emulator: Any, stream: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from flexcomm.probe.revert import Revert
+    from flexcomm.emulation.revert import Revert
 
     shaper = _shaper(args)
     shown = shaper.show()
@@ -258,7 +258,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from flexcomm.probe.revert import Revert
+    from flexcomm.emulation.revert import Revert
 
     shaper = _shaper(args)
     revert = Revert(shaper)
@@ -279,7 +279,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from flexcomm.probe.schedule import ScheduleError, load_schedule
+    from flexcomm.emulation.schedule import ScheduleError, load_schedule
 
     errors = []
     for path in args.schedules:

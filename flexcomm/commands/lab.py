@@ -104,10 +104,10 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from flexcomm.emulation.revert import terminate_as_exception
     from flexcomm.lab.cluster import can_use_namespaces
     from flexcomm.lab.report import format_table
     from flexcomm.lab.runner import LabError, run_lab
-    from flexcomm.probe.revert import terminate_as_exception
 
     cfg = build_config(args)
     usable, why = can_use_namespaces()

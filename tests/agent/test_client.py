@@ -1,0 +1,140 @@
+"""The training side's agent client against a real agent process: it registers,
+delivers reports, follows decisions, never blocks its caller, keeps the last
+decision while the agent is away (saying so once) and comes back by itself."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flexcomm.client.agent_client import AgentClient, channel_target
+from flexcomm.client.decisions import DecisionSource
+from flexcomm.policy.types import StepReport
+from flexcomm.proto import agent_pb2 as pb
+from support.agent_process import AgentProcess, running, wait_for
+
+GRAD_BYTES = 4_000_000
+
+
+def reports_of(agent: AgentProcess, job_id: str) -> int:
+    jobs = agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
+    return next((j.reports for j in jobs if j.spec.job_id == job_id), -1)
+
+
+def step(i: int, cr: float = 1.0, collective: str = "dense_ring") -> StepReport:
+    return StepReport(step=i, cr=cr, collective=collective, t_comp_s=0.0, t_sync_s=0.05, gain=1.0,
+                      t_compute_s=0.1)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    with running(tmp_path) as proc:
+        yield proc
+
+
+def client_for(agent: AgentProcess, job_id: str, **kw) -> AgentClient:
+    return AgentClient(agent.socket, job_id=job_id, world_size=2, grad_bytes=GRAD_BYTES,
+                       nodes=["127.0.0.1"], policy=kw.pop("policy", "moo"), timeout_s=1.0,
+                       poll_interval_s=0.1, retry_max_s=0.3, **kw)
+
+
+def test_it_is_a_decision_source_that_registers_and_delivers_reports(agent: AgentProcess) -> None:
+    client = client_for(agent, "client-job")
+    try:
+        assert isinstance(client, DecisionSource)
+        wait_for(lambda: client.latest() is not None, what="the first decision")
+        assert client.latest().collective == "dense_ring"  # the MOO warms up dense
+        for i in range(3000):
+            client.report(step(i))
+        wait_for(lambda: reports_of(agent, "client-job") == 3000, what="3000 reports")
+        client.report_network(1e-3, 100e6)
+        wait_for(lambda: agent.stub.GetNetwork(pb.GetNetworkRequest(job_id="client-job"), timeout=5)
+                 .bottleneck.bandwidth_bps == 100e6, what="the job's network estimate")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"job_id": "moo:c_low=0.01"}, "spec.job_id"),
+    ({"job_id": "job\n"}, "spec.job_id"),
+    ({"options": {"c_low": 7}}, "spec.options.c_low"),
+    ({"options": {"bogus": 1}}, "spec.options.bogus"),
+    ({"world_size": 1}, "spec.world_size"),
+    ({"policy": "fastest"}, "spec.policy"),
+    ({"nodes": ["10.0.0.1", "10.0.0.1"]}, "spec.nodes"),
+    ({"nodes": "10.0.0.1"}, "spec.nodes"),
+    ({"world_size": -1}, "spec.world_size"),
+    ({"world_size": "4"}, "spec.world_size"),
+    ({"options": {"x": object()}}, "spec.options"),
+    ({"timeout_s": float("nan")}, "timeout_s"),
+    ({"poll_interval_s": 0}, "poll_interval_s"),
+])
+def test_a_spec_the_agent_would_refuse_fails_at_construction(tmp_path: Path, kw: dict, field: str) -> None:
+    args = {"job_id": "job", "world_size": 2, "grad_bytes": 4096, "policy": "moo", **kw}
+    with pytest.raises(ValueError, match=field):
+        AgentClient(f"unix://{tmp_path}/none.sock", **args)
+
+
+def test_outage_keeps_the_last_decision_never_blocks_and_recovers(
+        agent: AgentProcess, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="flexcomm.client.agent")
+    client = client_for(agent, "outage-job", policy="static", options={"cr": 0.01, "collective": "ag_topk"})
+    try:
+        wait_for(lambda: client.latest() is not None, what="the first decision")
+        before = client.latest()
+        for i in range(10):
+            client.report(step(i, 0.01, "ag_topk"))
+        wait_for(lambda: reports_of(agent, "outage-job") == 10, what="reports before the outage")
+        time.sleep(0.5)  # let the agent flush them to its store
+        agent.kill9()
+
+        slowest = 0.0
+        deadline = time.monotonic() + 2.0
+        i = 10
+        while time.monotonic() < deadline:  # a training loop during the outage
+            t0 = time.perf_counter()
+            decision = client.latest()
+            client.report(step(i, 0.01, "ag_topk"))
+            slowest = max(slowest, time.perf_counter() - t0)
+            assert decision == before
+            i += 1
+            time.sleep(0.002)
+        assert slowest < 0.05, f"a call from the training loop took {slowest * 1e3:.1f} ms"
+        assert client.reachable is False
+        unreachable = [r for r in caplog.records if "agent unreachable" in r.getMessage()]
+        assert len(unreachable) == 1, "the outage is logged once, not per retry"
+
+        agent.start()
+        wait_for(lambda: client.reachable, what="reconnection")
+        wait_for(lambda: reports_of(agent, "outage-job") >= i - 1, what="the queued reports")
+        assert client.latest() == before  # the restarted agent resumed the job's state
+        assert any("agent reachable again" in r.getMessage() for r in caplog.records)
+    finally:
+        client.close()
+
+
+def test_agent_absent_at_start(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path)
+    client = client_for(agent, "late-agent", policy="dense")
+    try:
+        t0 = time.perf_counter()
+        for i in range(10_000):
+            client.report(step(i))
+        assert time.perf_counter() - t0 < 2.0
+        assert client.latest() is None
+        agent.start()
+        wait_for(lambda: client.latest() is not None, what="the first decision")
+        wait_for(lambda: reports_of(agent, "late-agent") == 10_000, what="the queued reports")
+    finally:
+        client.close()
+        agent.stop()
+
+
+def test_channel_targets() -> None:
+    assert channel_target("/run/flexcomm/agent.sock") == "unix:/run/flexcomm/agent.sock"
+    assert channel_target("unix:/x") == "unix:/x"
+    assert channel_target("10.0.0.1:7070") == "10.0.0.1:7070"

@@ -1,0 +1,261 @@
+"""The agent as a real process (`flexcomm agent` on a temp Unix socket and a
+temp store): registration, reports, decisions that follow the reported network,
+restarts (kill -9 and SIGTERM), the operations surface (health, reflection,
+metrics, sd_notify, socket permissions) and `flexcomm status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from flexcomm.policy.costmodel import ModelForms, sync_time
+from flexcomm.policy.types import NetworkObservation
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.proto.convert import collective_from_enum
+from flexcomm.store import Measurement, Store
+from support.agent_process import AgentProcess, running, spec, wait_for
+
+GRAD_BYTES = 40_000_000
+FAST = (5e-5, 10e9)  # alpha_s, bandwidth_bps
+SLOW = (1e-3, 100e6)
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    with running(tmp_path) as proc:
+        yield proc
+
+
+def simulated_steps(stub, job_id: str, network: tuple[float, float], steps: int, first_step: int,
+                    ) -> list[pb.Decision]:
+    """A job whose sync times follow the alpha-beta model of `network`, reporting
+    one step per message with its own estimate of the network, as rank 0 would."""
+    net = NetworkObservation.from_link(network[0], network[1], 2)
+    decisions = [stub.GetDecision(pb.JobRef(job_id=job_id), timeout=5)]
+    for step in range(first_step, first_step + steps):
+        d = decisions[-1]
+        collective = collective_from_enum(d.collective)
+        gains = {c: min(1.0, c ** 0.15) for c in d.probe_crs}
+        report = pb.StepReport(
+            step=step, epoch=step // 10, cr=d.cr, collective=d.collective,
+            t_comp_s=0.0 if d.cr == 1 else 0.01, t_compute_s=0.1,
+            t_sync_s=sync_time(collective, GRAD_BYTES, d.cr, net, ModelForms()),
+            gain=1.0 if d.cr == 1 else gains.get(d.cr, 0.5), bytes_sent=int(GRAD_BYTES * d.cr),
+            gains=[pb.GainAt(cr=c, gain=g) for c, g in gains.items()])
+        request = pb.ReportStepsRequest(job_id=job_id, reports=[report],
+                                        network=pb.NetworkEstimate(alpha_s=network[0],
+                                                                   bandwidth_bps=network[1]))
+        decisions.append(stub.ReportSteps(iter([request]), timeout=5).decision)
+    return decisions
+
+
+def choice(d: pb.Decision) -> tuple[str, float]:
+    return collective_from_enum(d.collective), d.cr
+
+
+def test_decisions_follow_the_reported_network(agent: AgentProcess) -> None:
+    stub = agent.stub
+    reply = stub.RegisterJob(pb.RegisterJobRequest(spec=spec("net-job", grad_bytes=GRAD_BYTES)), timeout=5)
+    assert not reply.resumed and reply.decision.version == 1
+
+    fast = simulated_steps(stub, "net-job", FAST, 40, 0)
+    assert choice(fast[-1]) == ("dense_ring", 1.0)  # compression does not pay at 10 Gbit/s
+    slow = simulated_steps(stub, "net-job", SLOW, 40, 40)
+    assert choice(slow[-1])[1] < 1.0, "at 100 Mbit/s the policy should compress"
+    assert slow[-1].version > fast[-1].version
+    back = simulated_steps(stub, "net-job", FAST, 40, 80)
+    assert back[-1].version > slow[-1].version
+    assert choice(back[-1])[1] > choice(slow[-1])[1], "a fast network again: less compression"
+
+    net = stub.GetNetwork(pb.GetNetworkRequest(job_id="net-job"), timeout=5)
+    assert net.bottleneck.known and net.bottleneck.bandwidth_bps == FAST[1]
+    info = stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs[0]
+    assert (info.spec.job_id, info.last_step, info.reports) == ("net-job", 119, 120)
+
+
+def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:
+    with running(tmp_path, "--link-peak-over-rate", "1.2", "--link-burst", "5ms") as agent:
+        agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("bucketed", policy="dense")), timeout=5)
+        simulated_steps(agent.stub, "bucketed", SLOW, 2, 0)
+        b = agent.stub.GetNetwork(pb.GetNetworkRequest(job_id="bucketed"), timeout=5).bottleneck
+        assert (b.known, b.peak_over_rate, b.burst_s) == (True, 1.2, 0.005)
+        cmd = [sys.executable, "-m", "flexcomm.cli", "status", "--socket", agent.socket]
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+        assert "token bucket 1.2x for 5 ms" in text
+    bad = AgentProcess(tmp_path, "--link-peak-over-rate", "0.5")
+    out = subprocess.run(bad.argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "link_peak_over_rate: must be in [1.0, 16.0], got 0.5" in out.stderr
+
+
+def test_watch_decisions_streams_each_change(agent: AgentProcess) -> None:
+    stub = agent.stub
+    stub.RegisterJob(pb.RegisterJobRequest(spec=spec("watched", grad_bytes=GRAD_BYTES)), timeout=5)
+    seen: list[pb.Decision] = []
+    stream = stub.WatchDecisions(pb.WatchDecisionsRequest(job_id="watched"), timeout=60)
+
+    def read() -> None:
+        try:
+            seen.extend(stream)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sent = simulated_steps(stub, "watched", SLOW, 30, 0)
+    deadline = time.monotonic() + 10
+    while (not seen or seen[-1].version < sent[-1].version) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stream.cancel()
+    versions = [d.version for d in seen]
+    assert versions == sorted(set(versions)), "versions arrive once each, in order"
+    assert versions[0] == 1 and versions[-1] == sent[-1].version
+    assert {choice(d) for d in seen} == {choice(d) for d in sent}
+
+
+def test_kill_9_and_restart_resumes_every_job(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path).start()
+    try:
+        stub = agent.stub
+        stub.RegisterJob(pb.RegisterJobRequest(spec=spec("survivor", grad_bytes=GRAD_BYTES)), timeout=5)
+        stub.RegisterJob(pb.RegisterJobRequest(spec=spec("static-one", policy="static")), timeout=5)
+        before = simulated_steps(stub, "survivor", SLOW, 30, 0)[-1]
+        time.sleep(0.8)  # > flush interval (200 ms): the reports are in the store
+        info_before = {j.spec.job_id: j for j in stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+        agent.kill9()
+        with Store(agent.db) as store:  # the store is intact and holds the job's state
+            state = store.load_policy_state("survivor")
+            assert state["decision"]["version"] == before.version
+            assert {j.job_id for j in store.jobs()} == {"survivor", "static-one"}
+        agent.start()
+        stub = agent.stub
+        after = stub.GetDecision(pb.JobRef(job_id="survivor"), timeout=5)
+        assert (after.version, choice(after)) == (before.version, choice(before))
+        info_after = {j.spec.job_id: j for j in stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+        for job_id in ("survivor", "static-one"):
+            a, b = info_after[job_id], info_before[job_id]
+            assert (a.last_step, a.reports, a.spec) == (b.last_step, b.reports, b.spec)
+        # The policy resumed where it was: same network, same choice, no new exploration.
+        again = simulated_steps(stub, "survivor", SLOW, 10, 30)
+        assert {d.version for d in again} == {before.version}
+        resumed = stub.RegisterJob(pb.RegisterJobRequest(spec=spec("survivor", grad_bytes=GRAD_BYTES)),
+                                   timeout=5)
+        assert resumed.resumed and resumed.decision.version == before.version
+    finally:
+        agent.stop()
+
+
+def test_sigterm_is_graceful_and_sd_notify_is_spoken(tmp_path: Path) -> None:
+    notify_path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(notify_path)
+        listener.settimeout(20)
+        env = {"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"}
+        agent = AgentProcess(tmp_path, env=env).start()
+        try:
+            messages = [listener.recv(4096).decode()]
+            assert messages[0].startswith("READY=1")
+            while not any("WATCHDOG=1" in m for m in messages):
+                messages.append(listener.recv(4096).decode())
+            agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("graceful", policy="dense")), timeout=5)
+            assert agent.terminate() == 0
+            while "STOPPING=1" not in messages[-1]:
+                messages.append(listener.recv(4096).decode())
+        finally:
+            agent.stop()
+    assert not os.path.exists(agent.socket), "the socket file is removed on shutdown"
+    events = [json.loads(line) for line in agent.log.read_text().splitlines() if line.startswith("{")]
+    messages = [e["msg"] for e in events]
+    assert messages.index("agent ready") < messages.index("job registered") < messages.index("agent stopped")
+    registered = events[messages.index("job registered")]
+    assert registered["job"] == "graceful" and registered["level"] == "info" and registered["ts"] > 0
+    with Store(agent.db) as store:
+        assert store.job("graceful") is not None
+
+
+def test_operations_surface(agent: AgentProcess) -> None:
+    mode = stat.S_IMODE(os.stat(agent.socket).st_mode)
+    assert mode == 0o600, f"socket mode {oct(mode)}"
+    assert agent.health(f"{pb.DESCRIPTOR.package}.Agent") == 1  # SERVING
+
+    reflection = reflection_pb2_grpc.ServerReflectionStub(agent.channel)
+    answer = next(reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    names = {s.name for s in answer.list_services_response.service}
+    assert {"flexcomm.v1.Agent", "grpc.health.v1.Health"} <= names
+
+    agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("metered", grad_bytes=GRAD_BYTES)), timeout=5)
+    simulated_steps(agent.stub, "metered", SLOW, 5, 0)
+    with pytest.raises(grpc.RpcError):
+        agent.stub.GetDecision(pb.JobRef(job_id="nobody"), timeout=5)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=5).read().decode()
+    assert 'flexcomm_agent_rpcs_total{code="OK",method="ReportSteps"} 5.0' in body
+    assert 'flexcomm_agent_rpcs_total{code="NOT_FOUND",method="GetDecision"} 1.0' in body
+    assert 'flexcomm_agent_step_reports_total{job="metered"} 5.0' in body
+    assert 'flexcomm_agent_decision_version{job="metered"}' in body
+    assert 'flexcomm_agent_model_error{job="metered"}' in body  # the MOO's Calibration.error()
+    assert "flexcomm_agent_rpc_latency_seconds_bucket" in body
+    assert "flexcomm_agent_jobs 1.0" in body
+
+
+def test_socket_group_gives_0660(tmp_path: Path) -> None:
+    with running(tmp_path, "--socket-group", "root") as agent:
+        st = os.stat(agent.socket)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, 0)
+    bad = AgentProcess(tmp_path, "--socket-group", "no-such-group-fca")
+    out = subprocess.run(bad.argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "socket_group: no group 'no-such-group-fca'" in out.stderr
+
+
+def test_a_second_agent_on_the_same_socket_is_refused(agent: AgentProcess, tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    other = AgentProcess(tmp_path / "other")
+    other.socket = agent.socket
+    out = subprocess.run(other.argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "socket: another agent is serving on" in out.stderr
+    assert agent.health() == 1  # and the first one is untouched
+
+
+def test_status_command_shows_jobs_network_and_decisions(agent: AgentProcess) -> None:
+    agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("shown", policy="dense")), timeout=5)
+    simulated_steps(agent.stub, "shown", SLOW, 3, 0)
+    cmd = [sys.executable, "-m", "flexcomm.cli", "status", "--socket", agent.socket]
+    data = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60,
+                                     check=True).stdout)
+    job = data["jobs"][0]
+    assert job["job_id"] == "shown" and job["decision"]["collective"] == "dense_ring"
+    assert job["network"]["bottleneck"]["bandwidth_bps"] == SLOW[1]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "shown" in text and "dense_ring" in text and "100 Mbit/s" in text
+
+    down = subprocess.run([*cmd[:-1], str(Path(agent.socket).with_name("none.sock"))],
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode == 1 and "cannot reach the agent" in down.stderr
+
+
+def test_rows_older_than_the_retention_are_pruned(tmp_path) -> None:
+    store = Store(str(tmp_path / "agent.db"))
+    store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=1e-3, ts=1000.0))
+    store.add_measurement(Measurement(peer="10.0.0.9", kind="latency", rtt_p50_s=2e-3))
+    store.close()
+
+    def rows() -> list[dict]:
+        with Store(str(tmp_path / "agent.db")) as s:
+            return s.history("measurements", limit=10)
+
+    with running(tmp_path, "--retention", "1h"):
+        wait_for(lambda: len(rows()) == 1, what="pruning")
+        assert [r["rtt_p50_s"] for r in rows()] == [2e-3]

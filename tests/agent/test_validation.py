@@ -1,0 +1,277 @@
+"""Every RPC validates its input against a real agent process: each kind of bad
+field gets INVALID_ARGUMENT (or NOT_FOUND for an unknown job) naming the field,
+refused requests change nothing, and thousands of random requests leave the
+agent healthy with its store intact."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flexcomm.proto import agent_pb2 as pb
+from flexcomm.store import Store
+from support.agent_process import AgentProcess, spec
+
+OK_REPORT = {"step": 1, "cr": 1.0, "collective": pb.COLLECTIVE_DENSE_RING, "t_sync_s": 0.1, "gain": 1.0}
+ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+           grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED}
+FIELD_PATH = re.compile(r"^(spec|job_id|reports|network)[\w\[\].]*: ")
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    proc = AgentProcess(tmp_path_factory.mktemp("agent"))
+    try:
+        proc.start()
+        proc.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("canary", policy="moo")), timeout=5)
+        proc.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("fz-moo", policy="moo")), timeout=5)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def code_and_details(call) -> tuple[grpc.StatusCode, str]:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def register(agent: AgentProcess, **fields: object):
+    return lambda: agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec(**fields)), timeout=5)
+
+
+def report(agent: AgentProcess, *messages: pb.ReportStepsRequest):
+    return lambda: agent.stub.ReportSteps(iter(messages), timeout=5)
+
+
+def steps(job_id: str = "canary", network: dict | None = None, **fields: object) -> pb.ReportStepsRequest:
+    msg = pb.ReportStepsRequest(job_id=job_id, reports=[pb.StepReport(**{**OK_REPORT, **fields})])
+    if network is not None:
+        msg.network.CopyFrom(pb.NetworkEstimate(**network))
+    return msg
+
+
+BAD_REGISTRATIONS = [
+    ({"job_id": ""}, "spec.job_id"),
+    ({"job_id": "has space"}, "spec.job_id"),
+    ({"job_id": "x" * 129}, "spec.job_id"),
+    ({"world_size": 1}, "spec.world_size"),
+    ({"world_size": 2**32 - 1}, "spec.world_size"),
+    ({"grad_bytes": 0}, "spec.grad_bytes"),
+    ({"grad_bytes": 2**60}, "spec.grad_bytes"),
+    ({"nodes": ["10.0.0.1", "not a host!"]}, "spec.nodes[1]"),
+    ({"nodes": ["10.0.0.1", "10.0.0.1"]}, "spec.nodes"),
+    ({"nodes": [f"10.0.{i // 250}.{i % 250}" for i in range(5000)]}, "spec.nodes"),
+    ({"policy": "fastest"}, "spec.policy"),
+    ({"policy": ""}, "spec.policy"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field"), BAD_REGISTRATIONS)
+def test_bad_registration_names_the_field(agent: AgentProcess, fields: dict, field: str) -> None:
+    code, details = code_and_details(register(agent, **{"job_id": "new-job", **fields}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith(f"{field}: "), details
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"c_low": float("nan")}, "spec.options.c_low"),
+    ({"no_such_option": 1}, "spec.options.no_such_option"),
+    ({"c_low": 5}, "spec.options.c_low"),
+    ({"weight_time": -1}, "spec.options.weight_time"),
+    ({"padding": "x" * 20_000}, "spec.options"),
+])
+def test_bad_policy_options_name_the_option(agent: AgentProcess, options: dict, field: str) -> None:
+    request = pb.RegisterJobRequest(spec=spec("opt-job"))
+    request.spec.options.update(options)
+    code, details = code_and_details(lambda: agent.stub.RegisterJob(request, timeout=5))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith(f"{field}: ") or details.startswith(f"{field}."), details
+
+
+def test_missing_spec_and_conflicting_spec(agent: AgentProcess) -> None:
+    code, details = code_and_details(lambda: agent.stub.RegisterJob(pb.RegisterJobRequest(), timeout=5))
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "spec: missing")
+    code, details = code_and_details(register(agent, job_id="canary", world_size=4))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and details.startswith("spec.world_size: ")
+
+
+BAD_REPORTS = [
+    ({"t_sync_s": math.nan}, "reports[0].t_sync_s"),
+    ({"t_sync_s": math.inf}, "reports[0].t_sync_s"),
+    ({"t_comp_s": -0.5}, "reports[0].t_comp_s"),
+    ({"t_compute_s": 1e9}, "reports[0].t_compute_s"),
+    ({"cr": 0.0}, "reports[0].cr"),
+    ({"cr": 1.5}, "reports[0].cr"),
+    ({"cr": math.nan}, "reports[0].cr"),
+    ({"collective": pb.COLLECTIVE_UNSPECIFIED}, "reports[0].collective"),
+    ({"collective": 42}, "reports[0].collective"),
+    ({"gain": 1.5}, "reports[0].gain"),
+    ({"gain": -math.inf}, "reports[0].gain"),
+    ({"step": 2**60}, "reports[0].step"),
+    ({"epoch": 2**63}, "reports[0].epoch"),
+    ({"bytes_sent": 2**62}, "reports[0].bytes_sent"),
+    ({"gains": [pb.GainAt(cr=2.0, gain=0.5)]}, "reports[0].gains[0].cr"),
+    ({"gains": [pb.GainAt(cr=0.1, gain=math.nan)]}, "reports[0].gains[0].gain"),
+    ({"gains": [pb.GainAt(cr=0.5, gain=0.5)] * 65}, "reports[0].gains"),
+    ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 0.0}}, "network.bandwidth_bps"),
+    ({"network": {"alpha_s": math.nan, "bandwidth_bps": 1e9}}, "network.alpha_s"),
+    ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 1e30}}, "network.bandwidth_bps"),
+    ({"job_id": "bad id"}, "job_id"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field"), BAD_REPORTS)
+def test_bad_report_names_the_field_and_changes_nothing(agent: AgentProcess, fields: dict,
+                                                        field: str) -> None:
+    before = agent.stub.GetDecision(pb.JobRef(job_id="canary"), timeout=5)
+    code, details = code_and_details(report(agent, steps(**fields)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith(f"{field}: "), details
+    jobs = {j.spec.job_id: j for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+    assert jobs["canary"].reports == 0 and jobs["canary"].decision == before
+
+
+def test_a_bad_report_in_a_batch_refuses_the_whole_batch(agent: AgentProcess) -> None:
+    msg = steps(job_id="canary")
+    msg.reports.append(pb.StepReport(**{**OK_REPORT, "t_sync_s": -1.0}))
+    code, details = code_and_details(report(agent, msg))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("reports[1].t_sync_s: ")
+    assert agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs[0].reports == 0
+
+
+def test_too_many_reports_in_one_message(agent: AgentProcess) -> None:
+    msg = pb.ReportStepsRequest(job_id="canary", reports=[pb.StepReport(**OK_REPORT)] * 5000)
+    code, details = code_and_details(report(agent, msg))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("reports: ")
+
+
+def test_oversized_message_is_refused_by_the_transport(agent: AgentProcess) -> None:
+    request = pb.RegisterJobRequest(spec=spec("huge"))
+    request.spec.options.update({"blob": "x" * (5 * 1024 * 1024)})
+    code, _ = code_and_details(lambda: agent.stub.RegisterJob(request, timeout=10))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert agent.health() == 1
+
+
+def test_unknown_jobs_are_not_found(agent: AgentProcess) -> None:
+    stub = agent.stub
+    calls = [
+        lambda: stub.GetDecision(pb.JobRef(job_id="ghost"), timeout=5),
+        lambda: stub.GetNetwork(pb.GetNetworkRequest(job_id="ghost"), timeout=5),
+        lambda: next(stub.WatchDecisions(pb.WatchDecisionsRequest(job_id="ghost"), timeout=5)),
+        report(agent, steps(job_id="ghost")),
+    ]
+    for call in calls:
+        code, details = code_and_details(call)
+        assert (code, details) == (grpc.StatusCode.NOT_FOUND, "job_id: no job 'ghost' is registered")
+    code, details = code_and_details(lambda: stub.GetDecision(pb.JobRef(job_id=""), timeout=5))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("job_id: ")
+    code, details = code_and_details(report(agent))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("job_id: ")
+
+
+# -- random requests ----------------------------------------------------------------
+floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0, 0.5]))
+u64 = st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 10))
+u32 = st.one_of(st.integers(0, 2**32 - 1), st.integers(0, 8))
+enums = st.integers(-3, 12)
+job_ids = st.one_of(st.sampled_from(["fz-1", "fz-2", "ghost", ""]), st.text(max_size=140)).filter(
+    lambda s: s != "canary")
+option_values = st.one_of(floats, st.text(max_size=20), st.booleans(),
+                          st.lists(st.sampled_from(["ag_topk", "art_ring", "bogus"]), max_size=3))
+options = st.dictionaries(st.sampled_from(["c_low", "c_high", "factor", "weight_time", "objective",
+                                           "collectives", "cr", "collective", "root", "epsilon",
+                                           "whatever"]), option_values, max_size=3)
+
+registrations = st.builds(
+    lambda job_id, world, grad, nodes, policy, opts: pb.RegisterJobRequest(spec=_spec(
+        job_id, world, grad, nodes, policy, opts)),
+    job_ids, u32, u64, st.lists(st.sampled_from(["10.0.0.1", "10.0.0.2", "h!", ""]), max_size=3),
+    st.sampled_from(["dense", "static", "moo", "gravac", "x"]), options)
+
+
+def _spec(job_id, world, grad, nodes, policy, opts) -> pb.JobSpec:
+    msg = pb.JobSpec(job_id=job_id, world_size=world, grad_bytes=grad, nodes=nodes, policy=policy)
+    msg.options.update(opts)
+    return msg
+
+
+step_reports = st.builds(
+    pb.StepReport, step=u64, epoch=u64, cr=floats, collective=enums, t_comp_s=floats, t_sync_s=floats,
+    t_compute_s=floats, gain=floats, bytes_sent=u64,
+    gains=st.lists(st.builds(pb.GainAt, cr=floats, gain=floats), max_size=3))
+# Valid but odd reports: they reach the policy (a dense collective at cr 0.3, ...).
+unit = st.floats(0, 1)
+plausible_reports = st.builds(
+    pb.StepReport, step=st.integers(0, 10**6), epoch=st.integers(0, 100),
+    cr=st.floats(1e-6, 1), collective=st.integers(1, 6), t_comp_s=st.floats(0, 5),
+    t_sync_s=st.floats(0, 5), t_compute_s=st.floats(0, 5), gain=unit, bytes_sent=st.integers(0, 10**9),
+    gains=st.lists(st.builds(pb.GainAt, cr=st.floats(1e-6, 1), gain=unit), max_size=3))
+report_messages = st.builds(
+    lambda job_id, reports, net: _report_message(job_id, reports, net),
+    st.one_of(job_ids, st.just("fz-1"), st.just("fz-moo")),
+    st.lists(st.one_of(step_reports, plausible_reports), max_size=4),
+    st.none() | st.builds(pb.NetworkEstimate, alpha_s=floats, bandwidth_bps=floats)
+    | st.builds(pb.NetworkEstimate, alpha_s=st.floats(0, 1), bandwidth_bps=st.floats(1, 1e12)))
+
+
+def _report_message(job_id, reports, net) -> pb.ReportStepsRequest:
+    msg = pb.ReportStepsRequest(job_id=job_id, reports=reports)
+    if net is not None:
+        msg.network.CopyFrom(net)
+    return msg
+
+
+requests = st.one_of(
+    registrations.map(lambda r: ("RegisterJob", r)),
+    st.lists(report_messages, min_size=1, max_size=3).map(lambda r: ("ReportSteps", r)),
+    job_ids.map(lambda j: ("GetDecision", pb.JobRef(job_id=j))),
+    job_ids.map(lambda j: ("GetNetwork", pb.GetNetworkRequest(job_id=j))),
+)
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          derandomize=True)
+@given(request=requests)
+def test_random_requests_never_break_the_agent(agent: AgentProcess, request) -> None:
+    method, message = request
+    stub = agent.stub
+    call = {
+        "RegisterJob": lambda: stub.RegisterJob(message, timeout=10),
+        "ReportSteps": lambda: stub.ReportSteps(iter(message), timeout=10),
+        "GetDecision": lambda: stub.GetDecision(message, timeout=10),
+        "GetNetwork": lambda: stub.GetNetwork(message, timeout=10),
+    }[method]
+    code, details = code_and_details(call)
+    assert code in ALLOWED, f"{method} -> {code.name}: {details}"
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.ALREADY_EXISTS):
+        assert FIELD_PATH.match(details), f"{method}: {details!r} does not start with a field"
+
+
+def test_after_the_storm_the_agent_is_healthy_and_its_store_intact(agent: AgentProcess) -> None:
+    # Runs after the random requests (pytest keeps file order).
+    assert agent.health() == 1
+    canary = agent.stub.GetDecision(pb.JobRef(job_id="canary"), timeout=5)
+    assert canary.version == 1
+    fed = {j.spec.job_id: j for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+    assert fed["fz-moo"].reports > 0, "some random reports were valid and reached the policy"
+    stored_jobs = {j.spec.job_id for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+    agent.terminate()
+    with Store(Path(agent.db)) as store:
+        assert "canary" in {j.job_id for j in store.jobs()}
+        assert {j.job_id for j in store.jobs()} == stored_jobs
+        assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert store.load_policy_state("canary")["decision"]["version"] == 1
+    agent.start()
+    assert agent.stub.GetDecision(pb.JobRef(job_id="canary"), timeout=5).version == 1

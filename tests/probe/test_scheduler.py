@@ -1,0 +1,310 @@
+"""The probe scheduler: its logic under a fake clock (fake probes that advance
+that clock, named as such), then for real with iperf3 between namespaces: a busy
+server (back off, then success) and a peer that does not answer (recorded as a
+failure while probing goes on)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+from flexcomm.emulation.shaping import LinkState, Shaper
+from flexcomm.lab.netns import netns_pair
+from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer
+from flexcomm.probe.scheduler import DutyBudget, ProbeConfig, ProbeScheduler, TargetLocks
+from flexcomm.store import Measurement, Store
+from support.privilege import skip_or_fail
+
+PREFIX = "fcps"
+SUBNET = "10.201.0.64/26"
+PORT = 5201
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeProbes:
+    """Stand-ins for iperf3 and TCP connects that take fake time."""
+
+    def __init__(self, clock: FakeClock, test_s: float = 2.0) -> None:
+        self.clock = clock
+        self.test_s = test_s
+        self.bandwidth_calls: list[tuple[str, float]] = []
+        self.latency_calls: list[tuple[str, float]] = []
+        self.busy_left = 0
+        self.fail_peers: set[str] = set()
+
+    def bandwidth(self, peer: str) -> Measurement:
+        self.bandwidth_calls.append((peer, self.clock.now))
+        if self.busy_left:
+            self.busy_left -= 1
+            self.clock.now += 0.01
+            raise IperfBusy("the server is busy running a test. try again later")
+        self.clock.now += self.test_s
+        if peer in self.fail_peers:
+            raise IperfError(f"iperf3 to {peer}:5201: unable to connect to server")
+        return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1e8, beta_s_per_byte=8e-8)
+
+    def latency(self, peer: str) -> Measurement:
+        self.latency_calls.append((peer, self.clock.now))
+        self.clock.now += 0.005
+        return Measurement(peer=peer, kind="latency", rtt_min_s=1e-4, rtt_p50_s=2e-4,
+                           rtt_p99_s=3e-4, loss=0.0, alpha_s=1e-4)
+
+
+def run_for(sched: ProbeScheduler, clock: FakeClock, seconds: float) -> None:
+    end = clock.now + seconds
+    while clock.now < end:
+        delay = sched.tick()  # the probes advanced the clock meanwhile
+        clock.now += delay
+
+
+def make(peers, clock, probes, **config) -> ProbeScheduler:
+    recorded: list[Measurement] = []
+    sched = ProbeScheduler(peers, ProbeConfig(**config), bandwidth_probe=probes.bandwidth,
+                           latency_probe=probes.latency, clock=clock, rng=random.Random(1),
+                           on_measurement=recorded.append, locks=TargetLocks())
+    sched.recorded = recorded
+    return sched
+
+
+def test_duty_cycle_holds_in_every_window_over_two_hours():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    peers = [f"10.0.0.{i}" for i in range(1, 9)]
+    sched = make(peers, clock, probes, bandwidth_interval_s=60.0)  # asks for far more than 1%
+    start = clock.now
+    run_for(sched, clock, 7200)
+    starts = [t for _, t in probes.bandwidth_calls]
+    assert len(starts) > 20
+    for t0 in starts:  # any 600 s window starting at a test: at most 6 s of testing
+        assert sum(probes.test_s for t in starts if t0 <= t < t0 + 600) <= 6.0 + 1e-9
+    assert len(starts) * probes.test_s <= 0.01 * (clock.now - start) + 6.0
+    # tests never overlap (the fake clock runs one at a time; check their spacing)
+    assert all(b - a >= probes.test_s - 1e-9 for a, b in itertools.pairwise(starts))
+    # every peer gets its turn
+    assert {p for p, _ in probes.bandwidth_calls} == set(peers)
+
+
+def test_latency_probes_are_frequent_and_jittered():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    sched = make(["p"], clock, probes, latency_interval_s=10.0, jitter=0.1)
+    run_for(sched, clock, 600)
+    times = [t for _, t in probes.latency_calls]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert 50 <= len(times) <= 70
+    assert all(8.9 <= g <= 13.5 for g in gaps)  # 10 s +-10%, plus a bandwidth test now and then
+    assert len({round(g, 3) for g in gaps}) > 10  # not lockstep
+
+
+def test_busy_target_backs_off_doubling_then_succeeds():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    probes.busy_left = 3
+    sched = make(["p"], clock, probes, backoff_s=2.0, jitter=0.0, latency_interval_s=1000.0)
+    run_for(sched, clock, 30)
+    attempts = [t for _, t in probes.bandwidth_calls]
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(attempts)]
+    assert gaps[:3] == [2.01, 4.01, 8.01]  # 2, 4, 8 s backoff (+ the fake 10 ms busy answer)
+    assert sched.busy_count == 3
+    bw = [m for m in sched.recorded if m.kind == "bandwidth"]
+    assert len(bw) == 1 and bw[0].ok  # busy answers are not measurements
+    assert sched.schedule["p"].busy_attempts == 0
+
+
+def test_failed_peer_is_recorded_and_the_rest_goes_on(tmp_path):
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    probes.fail_peers = {"dead"}
+    est = Estimator()
+    with Store(tmp_path / "s.db") as store:
+        sched = ProbeScheduler(["dead", "live"], ProbeConfig(bandwidth_interval_s=300.0),
+                               store=store, estimator=est, bandwidth_probe=probes.bandwidth,
+                               latency_probe=probes.latency, clock=clock, rng=random.Random(2),
+                               locks=TargetLocks())
+        run_for(sched, clock, 1200)
+        dead = store.measurements(peer="dead", kind="bandwidth")
+        live = store.measurements(peer="live", kind="bandwidth")
+        assert dead and not any(m.ok for m in dead) and "unable to connect" in dead[0].error
+        assert len(live) >= 2 and all(m.ok for m in live)
+        assert len(store.measurements(peer="live", kind="latency", limit=10**6)) > 50
+    assert est.peer("live").beta_s_per_byte == 8e-8 and est.peer("dead").beta_s_per_byte is None
+
+
+def test_exceptions_from_a_probe_become_failed_measurements():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+
+    def broken(peer: str) -> Measurement:
+        raise ValueError(f"peer: cannot resolve {peer!r}")
+
+    sched = ProbeScheduler(["nowhere"], bandwidth_probe=probes.bandwidth, latency_probe=broken,
+                           clock=clock, rng=random.Random(3), locks=TargetLocks())
+    recorded = []
+    sched.on_measurement = recorded.append
+    run_for(sched, clock, 5)
+    lat = [m for m in recorded if m.kind == "latency"]
+    assert lat and not lat[0].ok and "cannot resolve" in lat[0].error
+
+
+def test_target_lock_refuses_a_second_test_to_the_same_target():
+    locks = TargetLocks()
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(peer: str) -> Measurement:
+        started.set()
+        release.wait(5)
+        return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1e8)
+
+    a = ProbeScheduler(["t"], bandwidth_probe=slow, latency_probe=slow, locks=locks)
+    b = ProbeScheduler(["t", "u"], bandwidth_probe=slow, latency_probe=slow, locks=locks)
+    first = threading.Thread(target=a.measure_bandwidth, args=("t",))
+    first.start()
+    try:
+        assert started.wait(5)
+        with pytest.raises(IperfBusy, match="already running"):
+            b.measure_bandwidth("t")
+        release.set()
+        assert b.measure_bandwidth("u").ok  # another target is free
+    finally:
+        release.set()
+        first.join()
+    assert b.measure_bandwidth("t").ok  # free again once the first finished
+
+
+def test_peers_can_change_while_running():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    sched = make([], clock, probes, latency_interval_s=10.0)
+    assert sched.tick() == 10.0 and not probes.latency_calls  # nothing to probe yet
+    sched.set_peers(["a", "b"])
+    run_for(sched, clock, 30)
+    assert {p for p, _ in probes.latency_calls} == {"a", "b"}
+    kept = sched.schedule["b"]
+    sched.set_peers(["b", "c"])
+    assert sched.schedule["b"] is kept and "a" not in sched.schedule
+    probes.latency_calls.clear()
+    run_for(sched, clock, 30)
+    assert {p for p, _ in probes.latency_calls} == {"b", "c"}
+
+
+def test_thread_wakes_for_new_peers_and_stops():
+    seen = threading.Event()
+
+    def latency(peer: str) -> Measurement:
+        seen.set()
+        return Measurement(peer=peer, kind="latency", rtt_min_s=1e-4, alpha_s=1e-4)
+
+    sched = ProbeScheduler([], ProbeConfig(latency_interval_s=60.0), latency_probe=latency,
+                           bandwidth_probe=latency, locks=TargetLocks()).start()
+    try:
+        time.sleep(0.1)  # the loop is now asleep for 60 s
+        sched.set_peers(["p"])
+        assert seen.wait(5), "set_peers did not wake the loop"
+    finally:
+        sched.stop(timeout=5)
+    assert not sched._thread.is_alive()
+
+
+def test_duty_budget_wait():
+    budget = DutyBudget(budget_s=6.0, window_s=600.0)
+    assert budget.wait_for(2.0, now=0.0) == 0.0
+    budget.charge(0.0, 2.0)
+    budget.charge(100.0, 3.0)
+    assert budget.wait_for(1.0, now=200.0) == 0.0
+    assert budget.wait_for(2.0, now=200.0) == pytest.approx(400.0)  # the first test must leave
+    assert budget.used_s(now=650.0) == 3.0
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"^duty_cycle:.*less than one 2 s bandwidth test"):
+        ProbeConfig(duty_cycle=0.001, budget_window_s=600)
+    with pytest.raises(ValueError, match=r"^jitter:"):
+        ProbeConfig(jitter=1.5)
+    with pytest.raises(ValueError, match=r"^test_duration_s:"):
+        ProbeConfig(test_duration_s=1.5)
+    with pytest.raises(ValueError, match=r"^peers:"):
+        ProbeScheduler(["10.0.0.1", ""])
+
+
+# -- for real: iperf3 between namespaces --------------------------------------------
+
+REAL = {"test_duration_s": 1.0, "latency_interval_s": 0.3, "bandwidth_interval_s": 60.0,
+        "duty_cycle": 0.5, "budget_window_s": 10.0, "backoff_s": 0.5, "latency_count": 3,
+        "latency_timeout_s": 0.3, "connect_timeout_s": 0.5}
+
+
+@pytest.fixture(scope="module")
+def served_pair():
+    if os.geteuid() != 0:  # module-scoped, so it runs before the `privileged` fixture could
+        skip_or_fail("needs root to create network namespaces")
+    with netns_pair(PREFIX, SUBNET) as (a, b):
+        Shaper(a.ifname, netns=a.ns).apply(LinkState(100e6))  # keeps the CPU cost of a test small
+        with IperfServer(PORT, netns=b.ns) as server:
+            yield a, b, server
+
+
+def wait_until(predicate, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.privileged
+def test_real_busy_server_backs_off_then_succeeds(privileged, iperf3_binary, served_pair, tmp_path):
+    a, b, _ = served_pair
+    hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "2"],
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)  # let the hog's test start
+        with Store(tmp_path / "s.db") as store:
+            sched = ProbeScheduler([b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
+                                   locks=TargetLocks())
+            sched.schedule[b.address].next_bandwidth = 0.0  # due now, while the hog runs
+            deadline = time.monotonic() + 20
+            while not store.measurements(kind="bandwidth") and time.monotonic() < deadline:
+                time.sleep(min(sched.tick(), 0.5))
+            (m,) = store.measurements(kind="bandwidth")
+    finally:
+        hog.kill()
+        hog.wait()
+    assert sched.busy_count >= 1, "the server was never busy: the test did not test backoff"
+    assert m.ok and 80e6 < m.bandwidth_bps < 105e6
+
+
+@pytest.mark.privileged
+def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binary, served_pair, tmp_path):
+    a, b, _ = served_pair
+    dead = "10.201.0.120"  # in the pair's subnet, nobody there
+    with Store(tmp_path / "s.db") as store:
+        sched = ProbeScheduler([dead, b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
+                               estimator=Estimator(), locks=TargetLocks())
+        sched.start()
+        try:
+            wait_until(lambda: len(store.measurements(kind="bandwidth")) >= 2
+                       and len(store.measurements(peer=b.address, kind="latency")) >= 3)
+        finally:
+            sched.stop()
+        (failed,) = store.measurements(peer=dead, kind="bandwidth")
+        (ok,) = store.measurements(peer=b.address, kind="bandwidth")
+        lat = store.measurements(peer=dead, kind="latency")
+    assert not failed.ok and "unable to connect" in failed.error
+    assert ok.ok and ok.bandwidth_bps > 50e6
+    assert lat and not lat[0].ok and lat[0].loss == 1.0
+    net = sched.estimator.bottleneck([b.address])
+    assert net is not None and net.bandwidth_bps == pytest.approx(ok.bandwidth_bps)

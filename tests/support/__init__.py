@@ -1,0 +1,1 @@
+"""Helpers the tests share: agent processes, gloo ranks, namespaces, simulated jobs."""
