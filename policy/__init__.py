@@ -8,15 +8,22 @@ from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
     ART_TREE,
+    BF16,
     COLLECTIVES,
+    DENSE,
     DENSE_RING,
     DENSE_TREE,
+    FAMILIES,
+    POWERSGD,
     PS,
     ROOT_SELECTIONS,
     ROOT_STAR,
     ROOT_VAR,
     RUNNABLE_COLLECTIVES,
+    TOPK,
+    Compression,
     Decision,
+    GradientLayout,
     LinkBucket,
     NetworkObservation,
     Policy,
@@ -27,15 +34,22 @@ __all__ = [
     "AG_TOPK",
     "ART_RING",
     "ART_TREE",
+    "BF16",
     "COLLECTIVES",
+    "DENSE",
     "DENSE_RING",
     "DENSE_TREE",
+    "FAMILIES",
+    "POWERSGD",
     "PS",
     "ROOT_SELECTIONS",
     "ROOT_STAR",
     "ROOT_VAR",
     "RUNNABLE_COLLECTIVES",
+    "TOPK",
+    "Compression",
     "Decision",
+    "GradientLayout",
     "LinkBucket",
     "NetworkObservation",
     "Policy",
@@ -46,12 +60,15 @@ __all__ = [
 POLICY_NAMES = ("dense", "static", "moo", "gravac")
 
 
-def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | None = None) -> Policy:
+def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | None = None,
+                layout: GradientLayout | None = None) -> Policy:
     """Build a policy by name ("dense", "static", "moo", "gravac").
 
     options are plain values (from the CLI, a TOML file or an RPC); an unknown
-    option or a bad value raises ValueError naming it. static takes cr,
-    collective and root; moo takes MooConfig's fields; gravac GravacConfig's.
+    option or a bad value raises ValueError naming it. static takes compression
+    (text such as "topk:0.01"), collective and root; moo takes MooConfig's
+    fields; gravac GravacConfig's. layout (the gradient's matrices, for
+    PowerSGD's cost) defaults to one flat vector of grad_bytes.
     """
     from flexcomm.policy.gravac import GravacConfig, GravacPolicy
     from flexcomm.policy.moo import MooConfig, MooPolicy
@@ -65,12 +82,12 @@ def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | Non
             raise ValueError(f"{sorted(opts)[0]}: the dense policy takes no options")
         return dense_policy()
     if name == "static":
-        unknown = sorted(set(opts) - {"cr", "collective", "root"})
+        unknown = sorted(set(opts) - {"compression", "collective", "root"})
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown static option (known: collective, cr, root)")
+            raise ValueError(f"{unknown[0]}: unknown static option (known: collective, compression, root)")
         return StaticPolicy(**opts)
     if name == "moo":
-        return MooPolicy(grad_bytes, MooConfig.from_options(opts))
+        return MooPolicy(grad_bytes, MooConfig.from_options(opts), layout)
     if name == "gravac":
         return GravacPolicy(GravacConfig.from_options(opts))
     raise ValueError(f"policy: unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
@@ -87,7 +104,7 @@ def policy_from_state(state: dict) -> Policy:
     elif kind == "moo":
         from flexcomm.policy.moo import MooPolicy
 
-        policy = MooPolicy(float(state["grad_bytes"]))
+        policy = MooPolicy(float(state["grad_bytes"]))  # load_state_dict restores its layout
     elif kind == "gravac":
         from flexcomm.policy.gravac import GravacPolicy
 
