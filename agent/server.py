@@ -126,7 +126,7 @@ class Agent:
             self.service.publish(job)
             log.info("job resumed", extra={"fields": {
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
-                "cr": job.decision.cr, "collective": job.decision.collective}})
+                "compression": job.decision.compression.name, "collective": job.decision.collective}})
         self.metrics.jobs.set(len(self.jobs))
         peers = {node for job in self.jobs for node in job.spec.nodes}
         for m in await self.persister.latest_measurements():

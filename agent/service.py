@@ -136,7 +136,7 @@ class AgentService(pb_grpc.AgentServicer):
     # -- helpers used by the server too ----------------------------------------
     def publish(self, job: Job) -> None:
         """The job's current decision into the metrics."""
-        self.metrics.decision_cr.labels(job.job_id).set(job.decision.cr)
+        self.metrics.decision_cr.labels(job.job_id).set(job.decision.compression.cr)
         self.metrics.decision_version.labels(job.job_id).set(job.version)
 
     def decision_changed(self, job: Job) -> None:

@@ -74,7 +74,18 @@ def _v1_to_v2(db: sqlite_utils.Database) -> None:
         db[name].create_index(["ts"], if_not_exists=True)
 
 
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2)
+def _v2_to_v3(db: sqlite_utils.Database) -> None:
+    # A step runs a compressor family and its parameter, not just a Top-k CR:
+    # older rows ran Top-k below cr 1 and dense at 1.
+    for name in ("decisions", "step_reports"):
+        db.execute(f"ALTER TABLE {name} ADD COLUMN family TEXT NOT NULL DEFAULT 'dense'")
+        db.execute(f"ALTER TABLE {name} ADD COLUMN param FLOAT NOT NULL DEFAULT 0")
+        db.execute(f"UPDATE {name} SET family = 'topk', param = cr WHERE cr < 1")
+        db.execute(f"ALTER TABLE {name} DROP COLUMN cr")
+    db.execute("ALTER TABLE decisions ADD COLUMN exploring INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
 LATEST_VERSION = len(MIGRATIONS)
 
 

@@ -159,8 +159,8 @@ class Store:
         rec = DecisionRecord(job_id=job_id, decision=decision, ts=self._ts(ts))
         d = decision.to_dict()
         row = {"ts": rec.ts, "job_id": job_id, **{k: d[k] for k in (
-            "version", "cr", "collective", "root", "reason", "predicted_sync_s",
-            "predicted_comp_s", "model_forms")}}
+            "version", "family", "param", "collective", "root", "reason", "predicted_sync_s",
+            "predicted_comp_s", "model_forms", "exploring")}}
         with self._write() as db:
             row_id = db["decisions"].insert(row).last_pk
         return dataclasses.replace(rec, id=row_id)
@@ -169,16 +169,17 @@ class Store:
         """The job's decisions, newest first."""
         out = []
         for r in self.history("decisions", job_id=job_id, limit=limit):
-            fields = {k: r[k] for k in ("version", "cr", "collective", "root", "predicted_sync_s",
+            fields = {k: r[k] for k in ("version", "family", "param", "collective", "root", "predicted_sync_s",
                                         "predicted_comp_s")}
-            decision = Decision(**fields, reason=r["reason"] or "", model_forms=r["model_forms"] or "")
+            decision = Decision(**fields, reason=r["reason"] or "", model_forms=r["model_forms"] or "",
+                                exploring=bool(r["exploring"]))
             out.append(DecisionRecord(job_id=r["job_id"], decision=decision, ts=r["ts"], id=r["id"]))
         return out
 
     # -- step reports (aggregated) ---------------------------------------------
     def add_step_reports(self, job_id: str, reports: Iterable[StepReport],
                          ts: float | None = None) -> list[StepAggregate]:
-        """Aggregate a batch of step reports (one row per epoch, CR, collective)
+        """Aggregate a batch of step reports (one row per epoch, compression and collective)
         and store the rows in one transaction; return them."""
         return self.add_step_aggregates(aggregate_steps(job_id, reports), ts)
 

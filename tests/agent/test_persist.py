@@ -26,7 +26,8 @@ def test_a_failed_flush_keeps_reports_and_decisions_for_the_next(tmp_path: Path,
         await persister.open()
         job = _job()
         await persister.save_registration(job)
-        job.ingest([StepReport(step=i, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.01, gain=1.0)
+        job.ingest([StepReport(step=i, family="dense", param=0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.01,
+                               gain=1.0)
                     for i in range(5)], on_policy_error=lambda _: None)
         job.pending_decisions += [(job.decision, 123.0), (job.decision, 124.0)]
         real = persister.store.add_decision
