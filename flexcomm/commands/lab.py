@@ -208,9 +208,8 @@ class TerminalProgress:
     def _status(self) -> None:
         s = self.state
         link = "unshaped" if not s.get("link") else format_rate(s["link"])
-        cr = s.get("cr")
-        choice = (f"{s.get('collective')}" if cr in (None, 1.0)
-                  else f"cr {cr:.3g} {s.get('collective')}")
+        choice = (f"{s['compression']}@{s.get('collective')}" if s.get("compression")
+                  else f"{s.get('collective')}")
         acc = f"{100 * s['accuracy']:.1f}%" if "accuracy" in s else "-"
         line = (f"  step {s.get('step', 0) + 1}/{self.steps} epoch {s.get('epoch', 0)} "
                 f"link {link} | {choice} | acc {acc} | {s.get('t', 0):.1f} s")
