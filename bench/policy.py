@@ -17,9 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from policy_sim import Job
-
 from flexcomm.policy.moo import MooPolicy
+from support.policy_sim import Job
 
 
 def main() -> None:
