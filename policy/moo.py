@@ -43,6 +43,7 @@ from flexcomm.policy.types import (
     ART_TREE,
     DENSE_COLLECTIVES,
     DENSE_RING,
+    MAX_PROBE_CRS,
     ROOT_STAR,
     SPARSE_COLLECTIVES,
     Decision,
@@ -50,7 +51,7 @@ from flexcomm.policy.types import (
     StepReport,
     check_collective,
     check_cr,
-    check_known_options,
+    check_options,
     check_range,
     check_root,
 )
@@ -68,7 +69,11 @@ def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ..
         raise ValueError(f"c_low: must be <= c_high ({c_high}), got {c_low}")
     if not (factor > 1.0 and math.isfinite(factor)):
         raise ValueError(f"factor: must be a finite number > 1, got {factor!r}")
-    steps = max(0, round(math.log(c_high / c_low) / math.log(factor)))
+    # Counted before anything is built: a factor near 1 asks for millions.
+    steps = max(0, round((math.log(c_high) - math.log(c_low)) / math.log(factor)))
+    if steps + 1 > MAX_PROBE_CRS:
+        raise ValueError(f"factor: c_high {c_high:g} to c_low {c_low:g} by {factor!r} makes {steps + 1} "
+                         f"ratios, at most {MAX_PROBE_CRS}")
     decimals = max(0, -math.floor(math.log10(c_low)))
     crs = [round(c_high / factor**i, decimals) for i in range(steps)] + [c_low]
     out: list[float] = []
@@ -110,14 +115,15 @@ class MooConfig:
 
     def __post_init__(self) -> None:
         candidate_crs(self.c_low, self.c_high, self.factor)
-        for c in self.collectives:
-            check_collective(c, "collectives")
-            if c not in SPARSE_COLLECTIVES:
-                raise ValueError(f"collectives: {c!r} is not a Top-k collective")
-        for c in self.dense_collectives:
-            check_collective(c, "dense_collectives")
-            if c not in DENSE_COLLECTIVES:
-                raise ValueError(f"dense_collectives: {c!r} is not a dense collective")
+        for name, kinds, what in (("collectives", SPARSE_COLLECTIVES, "Top-k"),
+                                  ("dense_collectives", DENSE_COLLECTIVES, "dense")):
+            listed = getattr(self, name)
+            for c in listed:
+                check_collective(c, name)
+                if c not in kinds:
+                    raise ValueError(f"{name}: {c!r} is not a {what} collective")
+            if len(set(listed)) != len(listed):  # each one more candidate per CR
+                raise ValueError(f"{name}: a collective is listed twice")
         if not self.collectives and not self.dense_collectives:
             raise ValueError("collectives: at least one collective is needed")
         if self.objective not in OBJECTIVES:
@@ -148,6 +154,10 @@ class MooConfig:
         return candidate_crs(self.c_low, self.c_high, self.factor)
 
     @cached_property
+    def cr_set(self) -> frozenset[float]:
+        return frozenset(self.crs)
+
+    @cached_property
     def forms(self) -> ModelForms:
         return ModelForms(self.ag_form, self.tree_form, self.value_bytes, self.index_bytes)
 
@@ -157,14 +167,9 @@ class MooConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MooConfig:
-        """Build from plain options (CLI, TOML, RPC); unknown keys are refused."""
-        check_known_options(options, cls, "MOO")
-        kw = dict(options)
-        for key in ("collectives", "dense_collectives"):
-            if key in kw:
-                v = kw[key]
-                kw[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
-        return cls(**kw)
+        """Build from plain options (CLI, TOML, RPC); unknown keys and values of
+        the wrong type are refused, naming the option."""
+        return cls(**check_options(options, cls, "MOO"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -250,8 +255,11 @@ class MooPolicy:
             s.t_compute = _ewma(s.t_compute, report.t_compute_s, w)
         # Gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
         # one CR on a small model, so it is smoothed far more than times are.
-        gains = dict(report.gains)
-        if report.collective in SPARSE_COLLECTIVES:
+        # Only candidates' figures are kept: a report may name any CR, and what no
+        # candidate reads would grow the state without bound.
+        candidate = self._is_candidate(report.collective, report.cr)
+        gains = {cr: g for cr, g in report.gains.items() if cr in cfg.cr_set}
+        if report.collective in SPARSE_COLLECTIVES and candidate:
             gains.setdefault(report.cr, report.gain)
             s.t_comp[repr(report.cr)] = _ewma(s.t_comp.get(repr(report.cr)), report.t_comp_s, w)
         for cr, g in sorted(gains.items()):
@@ -259,7 +267,8 @@ class MooPolicy:
             s.gains[key] = _ewma(s.gains.get(key), float(g), cfg.gain_smoothing)
         if report.t_sync_s > 0:
             key = _key(report.collective, report.cr)
-            s.sync[key] = _ewma(s.sync.get(key), report.t_sync_s, w)
+            if candidate:
+                s.sync[key] = _ewma(s.sync.get(key), report.t_sync_s, w)
             net = self._net()
             if net is not None:
                 raw = sync_time(report.collective, self.grad_bytes, report.cr, net, cfg.forms)
@@ -370,6 +379,11 @@ class MooPolicy:
     def _options(self) -> list[tuple[str, float]]:
         dense = [(c, 1.0) for c in self.config.dense_collectives]
         return dense + [(c, cr) for cr in self.config.crs for c in self.config.collectives]
+
+    def _is_candidate(self, collective: str, cr: float) -> bool:
+        if cr == 1.0:
+            return collective in self.config.dense_collectives
+        return collective in self.config.collectives and cr in self.config.cr_set
 
     def _comp_scale(self) -> float:
         """Measured over modelled t_comp, averaged over the CRs that ran."""

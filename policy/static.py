@@ -7,6 +7,7 @@ user pins when they do not want adaptation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flexcomm.policy.types import (
@@ -16,13 +17,31 @@ from flexcomm.policy.types import (
     Decision,
     NetworkObservation,
     StepReport,
+    check_options,
 )
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    """The options of the static policy (its decision checks their ranges)."""
+
+    cr: float = 1.0
+    collective: str = DENSE_RING
+    root: str = ROOT_STAR
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> StaticConfig:
+        return cls(**check_options(options, cls, "static"))
 
 
 class StaticPolicy:
     """Always the same (cr, collective, root). Dense collectives need cr = 1."""
 
     name = "static"
+
+    @classmethod
+    def from_config(cls, config: StaticConfig) -> StaticPolicy:
+        return cls(config.cr, config.collective, config.root)
 
     def __init__(self, cr: float = 1.0, collective: str = DENSE_RING, root: str = ROOT_STAR) -> None:
         if collective in DENSE_COLLECTIVES and cr == 1.0:
