@@ -16,8 +16,8 @@ from support.store_damage import filled_store, overwrite_in_place, overwrite_tab
 
 
 def start_agent(tmp_path: Path, *flags: str) -> object:
-    return flexcomm("agent", "--no-probe", "--metrics", "", "--socket", str(tmp_path / "agent.sock"),
-                    "--db", str(tmp_path / "agent.db"), *flags)
+    return flexcomm(["agent", "--no-probe", "--metrics", "", "--socket", str(tmp_path / "agent.sock"),
+                     "--db", str(tmp_path / "agent.db"), *flags])
 
 
 def log_lines(agent: AgentProcess) -> list[dict]:

@@ -3,14 +3,19 @@ exit status 2 and one line, `flexcomm <command>: error: <setting or file>: <what
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-def flexcomm(*argv: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flexcomm.cli", *argv], capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, **(env or {})})
+def flexcomm(args: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+    """Run the real CLI in a child process (`env`: its whole environment, default ours)."""
+    return subprocess.run([sys.executable, "-m", "flexcomm.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=REPO, **kwargs)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, command: str, starts: str) -> str:
