@@ -38,6 +38,8 @@ MAX_STEP = MAX_EXACT_INT
 MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
 MAX_BYTES_PER_STEP = 1 << 44
 MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
+# 1 kbit/s: a slower estimate is a broken one, and a subnormal one made beta infinite.
+MIN_BANDWIDTH_BPS = 1e3
 MAX_ALPHA_S = 60.0
 
 
@@ -168,6 +170,8 @@ def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
     alpha = _bounded_float("network.alpha_s", msg.alpha_s, MAX_ALPHA_S)
     bandwidth = _bounded_float("network.bandwidth_bps", msg.bandwidth_bps, MAX_BANDWIDTH_BPS,
                                positive=True)
+    if bandwidth < MIN_BANDWIDTH_BPS:
+        raise ValueError(f"network.bandwidth_bps: must be >= {MIN_BANDWIDTH_BPS:g}, got {bandwidth!r}")
     return alpha, bandwidth
 
 
