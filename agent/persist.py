@@ -33,6 +33,9 @@ from flexcomm.store import Measurement, Store, StoreDamaged
 from flexcomm.store.damage import move_aside, what_it_held
 
 log = logging.getLogger("flexcomm.agent.persist")
+T = TypeVar("T")
+
+Batch = tuple[str, list[StepReport], list[tuple[Decision, float]], dict[str, Any] | None]
 
 
 def _checked_store(path: str) -> Store:
@@ -43,10 +46,6 @@ def _checked_store(path: str) -> Store:
         store.close()
         raise
     return store
-
-T = TypeVar("T")
-
-Batch = tuple[str, list[StepReport], list[tuple[Decision, float]], dict[str, Any] | None]
 
 
 class Persister:

@@ -9,10 +9,11 @@ is open to others); TCP with TLS if configured; health and reflection; metrics.
 While serving, the event loop writes step reports and state to the store every
 `flush_interval_s`, after a decision changes and before a report stream is
 acknowledged (one group commit, agent/commit.py), and pings the systemd
-watchdog, so a stuck loop gets the agent restarted. SIGTERM or SIGINT: STOPPING=1, health NOT_SERVING, streams get
-a short grace, a last flush, the socket file is removed. A start that fails
-(a setting, a file, a port, a damaged store) raises ValueError naming it: the
-CLI prints that one line and exits 2.
+watchdog, so a stuck loop gets the agent restarted. SIGTERM or SIGINT:
+STOPPING=1, health NOT_SERVING, streams get a short grace, a last flush, the
+socket file is removed. A start that fails (a setting, a file, a port, a
+damaged store) raises ValueError naming it: the CLI prints that one line and
+exits 2.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Agent:
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    policy_for, on_epoch=None, commit=self.commits.commit)
+                                    policy_for, self.commits.commit)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()

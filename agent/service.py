@@ -140,12 +140,12 @@ def server_stream(fn: Callable) -> Callable:
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, jobs: Jobs, network: NetworkView, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy],
+                 commit: Callable[[], Awaitable[None]],
                  on_epoch: Callable[[Job, int], None] | None = None,
-                 on_registered: Callable[[], Awaitable[None]] | None = None,
-                 commit: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_registered: Callable[[], Awaitable[None]] | None = None) -> None:
         self.jobs = jobs
         # Awaited before a report stream is acknowledged: what it carried is on disk.
-        self.commit = commit or (lambda: persister.flush(list(jobs)))
+        self.commit = commit
         self.network = network
         self.persister = persister
         self.metrics = metrics

@@ -96,6 +96,10 @@ def _as_kind(name: str, kind: Any, value: Any) -> Any:
         key_kind, value_kind = args or (Any, Any)
         return {_as_kind(f"{name} (key)", key_kind, k): _as_kind(f"{name}.{k}", value_kind, v)
                 for k, v in value.items()}
+    return _as_scalar(name, kind, value)
+
+
+def _as_scalar(name: str, kind: Any, value: Any) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
             raise ValueError(f"{name}: expected true or false, got {value!r:.80}")
