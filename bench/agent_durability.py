@@ -37,10 +37,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=16)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fca-durable-") as tmp:
+        run(args, Path(tmp))
+
+
+def run(args: argparse.Namespace, workdir: Path) -> None:
 
     rng = random.Random(args.seed)
     jobs = [f"durable-{i}" for i in range(args.jobs)]
-    agent = AgentProcess(Path(tempfile.mkdtemp(prefix="fca-durable-")), "--flush-interval", "60s",
+    agent = AgentProcess(workdir, "--flush-interval", "60s",
                          "--log-level", "warning")
     baseline = dict.fromkeys(jobs, 0)  # what the store held before the round
     rounds = []

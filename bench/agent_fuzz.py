@@ -193,8 +193,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=16)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fca-fuzz-") as tmp:
+        run(args, Path(tmp))
 
-    agent = AgentProcess(Path(tempfile.mkdtemp(prefix="fca-fuzz-")), "--log-level", "error")
+
+def run(args: argparse.Namespace, workdir: Path) -> None:
+
+    agent = AgentProcess(workdir, "--log-level", "error")
     agent.start()
     load_before = os.getloadavg()
     outcomes: collections.Counter[str] = collections.Counter()
