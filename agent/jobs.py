@@ -199,9 +199,13 @@ class Jobs:
     def find(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
 
-    def add(self, job: Job) -> None:
-        if job.job_id not in self._jobs and len(self._jobs) >= self.max_jobs:
+    def check_room(self, job_id: str) -> None:
+        """OverflowError when `job_id` is new and the agent is full."""
+        if job_id not in self._jobs and len(self._jobs) >= self.max_jobs:
             raise OverflowError(f"job_id: the agent already holds max_jobs={self.max_jobs} jobs")
+
+    def add(self, job: Job) -> None:
+        self.check_room(job.job_id)
         old = self._jobs.get(job.job_id)
         if old is not None:
             old.close()

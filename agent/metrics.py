@@ -49,5 +49,8 @@ class Metrics:
     def serve(self, listen: str) -> tuple[object, int]:
         """Start the /metrics HTTP server (a daemon thread); return it and its port."""
         host, port = split_host_port("metrics", listen)
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ValueError(f"metrics: cannot listen on {listen}: {exc.strerror or exc}") from None
         return server, server.server_port

@@ -43,10 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import grpc
-from agent_process import AgentProcess, spec
 
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from support.agent_process import AgentProcess, spec
 
 GENERATORS = 2
 GRAD_BYTES = 100_000_000

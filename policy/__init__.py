@@ -65,14 +65,15 @@ def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | Non
     """Build a policy by name ("dense", "static", "moo", "gravac").
 
     options are plain values (from the CLI, a TOML file or an RPC); an unknown
-    option or a bad value raises ValueError naming it. static takes compression
-    (text such as "topk:0.01"), collective and root; moo takes MooConfig's
-    fields; gravac GravacConfig's. layout (the gradient's matrices, for
+    option or a value of the wrong type or range raises ValueError naming it
+    (each config's fields give the types). static takes StaticConfig's fields
+    (compression as text such as "topk:0.01", collective, root); moo
+    MooConfig's; gravac GravacConfig's. layout (the gradient's matrices, for
     PowerSGD's cost) defaults to one flat vector of grad_bytes.
     """
     from flexcomm.policy.gravac import GravacConfig, GravacPolicy
     from flexcomm.policy.moo import MooConfig, MooPolicy
-    from flexcomm.policy.static import StaticPolicy, dense_policy
+    from flexcomm.policy.static import StaticConfig, StaticPolicy, dense_policy
 
     if not isinstance(nodes, int) or nodes < 2:
         raise ValueError(f"nodes: need at least 2 workers, got {nodes!r}")
@@ -82,10 +83,7 @@ def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | Non
             raise ValueError(f"{sorted(opts)[0]}: the dense policy takes no options")
         return dense_policy()
     if name == "static":
-        unknown = sorted(set(opts) - {"compression", "collective", "root"})
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown static option (known: collective, compression, root)")
-        return StaticPolicy(**opts)
+        return StaticPolicy.from_config(StaticConfig.from_options(opts))
     if name == "moo":
         return MooPolicy(grad_bytes, MooConfig.from_options(opts), layout)
     if name == "gravac":

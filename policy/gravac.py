@@ -29,7 +29,7 @@ from flexcomm.policy.types import (
     NetworkObservation,
     StepReport,
     check_collective,
-    check_known_options,
+    check_options,
     check_range,
     check_root,
 )
@@ -68,8 +68,7 @@ class GravacConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> GravacConfig:
-        check_known_options(options, cls, "GraVAC")
-        return cls(**options)
+        return cls(**check_options(options, cls, "GraVAC"))
 
 
 @dataclass

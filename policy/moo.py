@@ -73,7 +73,7 @@ from flexcomm.policy.types import (
     StepReport,
     check_cr,
     check_family,
-    check_known_options,
+    check_options,
     check_pairing,
     check_range,
     check_root,
@@ -100,7 +100,9 @@ def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ..
         raise ValueError(f"c_low: must be <= c_high ({c_high}), got {c_low}")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (factor > 1.0 and math.isfinite(factor)):
         raise ValueError(f"factor: must be a finite number > 1, got {factor!r}")
-    steps = max(0, round(math.log(c_high / c_low) / math.log(factor)))
+    # Counted before anything is built: a factor near 1 asks for millions (and the
+    # logs' difference, unlike the log of the ratio, holds for a subnormal c_low).
+    steps = max(0, round((math.log(c_high) - math.log(c_low)) / math.log(factor)))
     if steps + 1 > MAX_CANDIDATE_CRS:
         raise ValueError(f"factor: {factor!r} from c_high {c_high} down to c_low {c_low} makes {steps + 1} CRs, "
                          f"at most {MAX_CANDIDATE_CRS}")
@@ -178,6 +180,10 @@ class MooConfig:
             check_pairing(TOPK, c, "collectives")
         for c in self.dense_collectives:
             check_pairing(DENSE, c, "dense_collectives")
+        for name in ("families", "ranks", "collectives", "dense_collectives"):
+            listed = getattr(self, name)
+            if len(set(listed)) != len(listed):  # each would be one more candidate, or none
+                raise ValueError(f"{name}: {sorted(listed, key=str)} lists one twice")
         if not self.options:
             raise ValueError("families: no option is left (check collectives, dense_collectives and ranks)")
         if self.objective not in OBJECTIVES:
@@ -231,32 +237,15 @@ class MooConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MooConfig:
-        """Build from plain options (CLI, TOML, RPC); unknown keys are refused."""
-        check_known_options(options, cls, "MOO")
-        kw = dict(options)
-        for key in ("families", "collectives", "dense_collectives", "ranks"):
-            if key in kw:
-                v = kw[key]
-                kw[key] = tuple(p.strip() for p in v.split(",")) if isinstance(v, str) else tuple(v)
-        if isinstance(kw.get("ranks"), tuple):
-            kw["ranks"] = tuple(_whole_number(r) for r in kw["ranks"])
-        return cls(**kw)
+        """Build from plain options (CLI, TOML, RPC); unknown keys and values of
+        the wrong type are refused, naming the option."""
+        return cls(**check_options(options, cls, "MOO"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("families", "collectives", "dense_collectives", "ranks"):
             d[key] = list(getattr(self, key))
         return d
-
-
-def _whole_number(v: Any) -> Any:
-    """A rank written as text ("2") or as a whole float (2.0, as JSON numbers
-    arrive) is that whole number; anything else is left for the check to refuse."""
-    if isinstance(v, str) and v.strip().isdigit():
-        return int(v)
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
 
 
 @dataclass(frozen=True)
@@ -344,6 +333,10 @@ class MooPolicy:
                      or powersgd_split(self.layout, o.compression.rank).p_values > 0)
 
     @cached_property
+    def _labels(self) -> frozenset[str]:
+        return frozenset(o.label for o in self.options)
+
+    @cached_property
     def probes(self) -> tuple[str, ...]:
         names = [o.compression.name for o in self.options if o.compression.lossy]
         return tuple(dict.fromkeys(names))
@@ -370,11 +363,14 @@ class MooPolicy:
         if report.t_compute_s > 0:
             s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
         self._observe_gains(report)
-        name = report.compression.name
-        if report.family != DENSE:
+        # Only candidates' figures are kept: a report may name any option, and what
+        # no candidate reads would grow the state without bound.
+        label = option_label(report.compression, report.collective)
+        candidate = label in self._labels
+        if candidate and report.family != DENSE:
+            name = report.compression.name
             s.t_comp[name] = _ewma(s.t_comp.get(name), report.t_comp_s, cfg.smoothing)
-        if report.t_sync_s > 0:
-            label = option_label(report.compression, report.collective)
+        if report.t_sync_s > 0 and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
         if self._runs_current(report):
@@ -413,8 +409,8 @@ class MooPolicy:
     def _observe_gains(self, report: StepReport) -> None:
         # A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x
         # at one CR on a small model, so it is smoothed far more than times are.
-        gains = dict(report.gains)
-        if report.compression.lossy:
+        gains = {name: g for name, g in report.gains.items() if name in self.probes}
+        if report.compression.name in self.probes:
             gains.setdefault(report.compression.name, report.gain)
         for name, g in sorted(gains.items()):
             self._s.gains[name] = _ewma(self._s.gains.get(name), float(g), self.config.gain_smoothing)
@@ -520,7 +516,7 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes"):
+        for cached in ("forms", "options", "probes", "_labels"):
             self.__dict__.pop(cached, None)
         self._decision = None
         if state.get("format") != STATE_FORMAT:

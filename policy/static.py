@@ -7,6 +7,7 @@ user pins when they do not want adaptation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flexcomm.policy.types import (
@@ -18,6 +19,7 @@ from flexcomm.policy.types import (
     Decision,
     NetworkObservation,
     StepReport,
+    check_options,
 )
 
 
@@ -27,10 +29,27 @@ def default_collective(compression: Compression) -> str:
     return AG_TOPK if compression.family == TOPK else DENSE_RING
 
 
+@dataclass(frozen=True)
+class StaticConfig:
+    """The options of the static policy (its decision checks their values)."""
+
+    compression: str = "dense"
+    collective: str | None = None
+    root: str = ROOT_STAR
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> StaticConfig:
+        return cls(**check_options(options, cls, "static"))
+
+
 class StaticPolicy:
     """Always the same compression over the same collective."""
 
     name = "static"
+
+    @classmethod
+    def from_config(cls, config: StaticConfig) -> StaticPolicy:
+        return cls(config.compression, config.collective, config.root)
 
     def __init__(self, compression: str | Compression = "dense", collective: str | None = None,
                  root: str = ROOT_STAR) -> None:

@@ -22,6 +22,8 @@ reads `topk:0.01@ag_topk`.
 from __future__ import annotations
 
 import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -258,6 +260,95 @@ def check_known_options(options: Mapping[str, Any], config: type, what: str) -> 
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown {what} option (known: {', '.join(sorted(known))})")
+
+
+def check_options(options: Mapping[str, Any], config: type, what: str) -> dict[str, Any]:
+    """Plain option values (from an RPC, the CLI or TOML) checked against the
+    fields of the dataclass `config` by their annotated types, each error naming
+    the option: unknown names are refused, a bool is not a number, a string is
+    not a number, a tuple takes a list (or, of strings, "a,b"). Returns the values
+    as the fields hold them (lists as tuples, whole numbers as floats where a
+    float is wanted); ranges are the dataclass's own to check."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"options: expected a table of {what} options, got {options!r:.80}")
+    check_known_options(options, config, what)
+    kinds = typing.get_type_hints(config)
+    return {name: _as_kind(name, kinds[name], value) for name, value in options.items()}
+
+
+def _as_kind(name: str, kind: Any, value: Any) -> Any:
+    if kind is Any:
+        return value
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return _as_union(name, args, value)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{name}: must be one of {', '.join(map(repr, args))}, got {value!r:.80}")
+        return value
+    if origin in (tuple, list):
+        return _as_sequence(name, origin, args, value)
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name}: expected a table, got {value!r:.80}")
+        key_kind, value_kind = args or (Any, Any)
+        return {_as_kind(f"{name} (key)", key_kind, k): _as_kind(f"{name}.{k}", value_kind, v)
+                for k, v in value.items()}
+    return _as_scalar(name, kind, value)
+
+
+def _as_scalar(name: str, kind: Any, value: Any) -> Any:
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: expected true or false, got {value!r:.80}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: expected a whole number, got {value!r:.80}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: expected a number, got {value!r:.80}")
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError(f"{name}: a whole number of {len(str(value))} digits is out of range") from None
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name}: expected a string, got {value!r:.80}")
+        return value
+    if isinstance(kind, type) and not isinstance(value, kind):
+        raise ValueError(f"{name}: expected {kind.__name__}, got {value!r:.80}")
+    return value
+
+
+def _as_union(name: str, arms: tuple[Any, ...], value: Any) -> Any:
+    if value is None and type(None) in arms:
+        return None
+    errors = []
+    for arm in arms:
+        if arm is type(None):
+            continue
+        try:
+            return _as_kind(name, arm, value)
+        except ValueError as exc:
+            errors.append(str(exc))
+    raise ValueError(errors[0] if len(errors) == 1 else f"{name}: unexpected value {value!r:.80}")
+
+
+def _as_sequence(name: str, origin: type, args: tuple[Any, ...], value: Any) -> Any:
+    """tuple[X, ...] and list[X] take any length; tuple[X, Y] exactly two."""
+    homogeneous = origin is list or not args or (len(args) == 2 and args[1] is Ellipsis)
+    if isinstance(value, str) and args and args[0] is str and homogeneous:
+        value = [part.strip() for part in value.split(",")] if value else []
+    elif homogeneous and args and args[0] in (int, float) and isinstance(value, (int, float)):
+        value = [value]  # one number where a list of them goes (a lab spec's moo:ranks=4)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}: expected a list, got {value!r:.80}")
+    if not homogeneous and len(value) != len(args):
+        raise ValueError(f"{name}: expected {len(args)} values, got {len(value)}")
+    kinds = [args[0] if args else Any] * len(value) if homogeneous else list(args)
+    return origin(_as_kind(f"{name}[{i}]", kind, v) for i, (kind, v) in enumerate(zip(kinds, value, strict=True)))
 
 
 def check_range(name: str, v: float, lo: float, hi: float, *, open_low: bool = False) -> float:

@@ -38,7 +38,8 @@ MAX_STEP = MAX_EXACT_INT
 MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
 MAX_BYTES_PER_STEP = 1 << 44
 MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
-MIN_BANDWIDTH_BPS = 1.0  # below a bit per second, 8 / bandwidth is no link's figure
+# 1 kbit/s: a slower estimate is a broken one, and a subnormal one made beta infinite.
+MIN_BANDWIDTH_BPS = 1e3
 MAX_ALPHA_S = 60.0
 
 

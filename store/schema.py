@@ -12,6 +12,8 @@ A database from a newer flexcomm is refused (`SchemaVersionError`), never touche
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 from collections.abc import Callable
 
 import sqlite_utils
@@ -130,3 +132,15 @@ def migrate(db: sqlite_utils.Database, where: str, target: int = LATEST_VERSION)
             db.conn.execute("ROLLBACK")
         raise
     return found
+
+
+@functools.cache
+def expected_columns() -> dict[str, frozenset[str]]:
+    """Every table of the latest schema and its columns, read off a new in-memory
+    database that the migrations built (so they cannot disagree)."""
+    db = sqlite_utils.Database(sqlite3.connect(":memory:"))
+    try:
+        migrate(db, ":memory:")
+        return {name: frozenset(db[name].columns_dict) for name in db.table_names()}
+    finally:
+        db.close()

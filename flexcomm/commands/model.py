@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace, size: float) -> MooConfig:
     kw: dict[str, Any] = {"ag_form": args.ag_form, "tree_form": args.tree_form, "warmup_steps": 0,
-                          "families": args.families, "ranks": args.ranks.split(",")}
+                          "families": args.families, "ranks": _ranks(args.ranks)}
     if args.cr is not None:
         cr = check_cr(args.cr, "cr")
         if cr == 1.0:
@@ -93,6 +93,13 @@ def _config(args: argparse.Namespace, size: float) -> MooConfig:
         return MooConfig.from_options(kw)
     except ValueError as exc:
         raise ValueError(str(exc).replace("dense_collectives", "collectives", 1)) from None
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"ranks: expected whole numbers such as 1,2,4, got {text!r}") from None
 
 
 def _layout(text: str | None, size: float, value_bytes: int) -> GradientLayout:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import grpc
@@ -15,6 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flexcomm.policy.gravac import GravacConfig
+from flexcomm.policy.moo import MooConfig
+from flexcomm.policy.static import StaticConfig
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, spec
@@ -133,6 +138,7 @@ BAD_REPORTS = [
     ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 0.0}}, "network.bandwidth_bps"),
     ({"network": {"alpha_s": math.nan, "bandwidth_bps": 1e9}}, "network.alpha_s"),
     ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 1e30}}, "network.bandwidth_bps"),
+    ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 5e-324}}, "network.bandwidth_bps"),
     ({"job_id": "bad id"}, "job_id"),
 ]
 
@@ -194,11 +200,17 @@ u32 = st.one_of(st.integers(0, 2**32 - 1), st.integers(0, 8))
 enums = st.integers(-3, 12)
 job_ids = st.one_of(st.sampled_from(["fz-1", "fz-2", "ghost", ""]), st.text(max_size=140)).filter(
     lambda s: s != "canary")
-option_values = st.one_of(floats, st.text(max_size=20), st.booleans(),
-                          st.lists(st.sampled_from(["ag_topk", "art_ring", "bogus"]), max_size=3))
-options = st.dictionaries(st.sampled_from(["c_low", "c_high", "factor", "weight_time", "objective",
-                                           "collectives", "compression", "collective", "root", "epsilon",
-                                           "families", "ranks", "whatever"]), option_values, max_size=3)
+# Every option of every policy, with values of every kind: wrong types, numbers
+# at the edges (a factor near 1 once asked for a 46-million-ratio grid), lists
+# with repeats.
+OPTION_NAMES = sorted({f.name for config in (MooConfig, GravacConfig, StaticConfig) for f in fields(config)}
+                      | {"whatever"})
+edge_numbers = st.sampled_from([1.0000001, 1.001, 1e-300, 5e-324, 1e308, -0.0, 0.5, 3, 0, -1, 2**53])
+option_values = st.one_of(floats, edge_numbers, st.integers(-10, 10**6), st.text(max_size=20), st.booleans(),
+                          st.sampled_from(["0.5", "ag_topk,ag_topk", "asf", "star", "paper"]),
+                          st.lists(st.sampled_from(["ag_topk", "art_ring", "dense_ring", "bogus"]), max_size=4),
+                          st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+options = st.dictionaries(st.sampled_from(OPTION_NAMES), option_values, max_size=4)
 
 registrations = st.builds(
     lambda job_id, world, grad, nodes, policy, opts: pb.RegisterJobRequest(spec=_spec(
@@ -251,7 +263,22 @@ requests = st.one_of(
     st.lists(report_messages, min_size=1, max_size=3).map(lambda r: ("ReportSteps", r)),
     job_ids.map(lambda j: ("GetDecision", pb.JobRef(job_id=j))),
     job_ids.map(lambda j: ("GetNetwork", pb.GetNetworkRequest(job_id=j))),
+    st.builds(pb.WatchDecisionsRequest, job_id=st.one_of(job_ids, st.just("fz-moo")), after_version=u64).map(
+        lambda r: ("WatchDecisions", r)),
+    st.just(("ListJobs", pb.ListJobsRequest())),
 )
+
+
+def first_decision(stream) -> None:
+    """A watch answers at once with the decision when it is newer than after_version,
+    else waits for a change: either is an answer; the stream is then cancelled."""
+    try:
+        next(stream)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        stream.cancel()
 
 
 @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None,
@@ -265,8 +292,12 @@ def test_random_requests_never_break_the_agent(agent: AgentProcess, request) -> 
         "ReportSteps": lambda: stub.ReportSteps(iter(message), timeout=10),
         "GetDecision": lambda: stub.GetDecision(message, timeout=10),
         "GetNetwork": lambda: stub.GetNetwork(message, timeout=10),
+        "WatchDecisions": lambda: first_decision(stub.WatchDecisions(message, timeout=0.1)),
+        "ListJobs": lambda: stub.ListJobs(message, timeout=10),
     }[method]
+    start = time.monotonic()
     code, details = code_and_details(call)
+    assert time.monotonic() - start < 5, f"{method} took {time.monotonic() - start:.1f} s"
     assert code in ALLOWED, f"{method} -> {code.name}: {details}"
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.ALREADY_EXISTS):

@@ -142,7 +142,7 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert all(summary[p]["warnings"] == [] for p in policies)
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
-    assert "1 Gbit/s: 2x120 ms dense_ring" in table
+    assert "1 Gbit/s: 2x120 ms dense@dense_ring" in table and "10 Mbit/s: 2x250 ms topk:0.01@ag_topk" in table
 
 
 def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:

@@ -294,8 +294,10 @@ def test_bad_options_name_the_field(options: dict, field: str) -> None:
 
 def test_options_arrive_as_text_or_lists() -> None:
     p = make_policy("moo", grad_bytes=M, nodes=4, layout=LAYOUT,
-                    options={"families": "bf16,powersgd", "ranks": "2,8", "dense_collectives": ["dense_tree"]})
+                    options={"families": "bf16,powersgd", "ranks": [2, 8], "dense_collectives": ["dense_tree"]})
     assert [o.label for o in p.options] == ["bf16@dense_tree", "powersgd:2@dense_ring", "powersgd:8@dense_ring"]
+    one = make_policy("moo", grad_bytes=M, nodes=4, layout=LAYOUT, options={"families": "powersgd", "ranks": 4})
+    assert [o.label for o in one.options] == ["powersgd:4@dense_ring"]
 
 
 @pytest.mark.parametrize(("kw", "field"), [
