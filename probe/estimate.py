@@ -1,20 +1,31 @@
-"""Alpha and beta per peer, from active probes and passive sync times.
+"""The network as the agent knows it: alpha and beta per path, and each job's
+bottleneck, from active probes and from the job's own syncs.
 
-alpha: per-message latency (s); beta: seconds per byte (DESIGN.md section 3).
+alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 
-- Active probes: a latency burst gives alpha (half the smallest RTT), a bandwidth
-  test gives beta (8 / bits per second): `Estimator.observe(measurement)`.
-- Passive observations: a measured sync time at a known message size is linear in
-  alpha and beta, t = a*alpha + b*beta, with a and b read off the cost model
-  (`sync_observation`). A window of them is fitted by least squares when their
-  sizes differ enough to tell alpha from beta; otherwise the time left after the
-  current alpha is charged to beta. The results feed the same smoothing as the
-  active probes, so both kinds of evidence end in one estimate per peer.
-- Smoothing: an exponentially weighted mean, `smoothing` the weight of a new value.
-- `bottleneck(peers)`: the slowest path among a job's peers (highest alpha, highest
-  beta, each possibly from a different peer), as the policy's NetworkObservation.
-- `ChangeDetector`: says when alpha or beta moved by >= threshold (relative) from
-  what was last reported, so the caller re-informs the policy only then.
+- A peer's path (`PeerPath`) is what active probes measured: a latency burst gives
+  alpha (half the smallest RTT), a bandwidth test beta. Readings within
+  `change_threshold` of the last are smoothed; one beyond it replaces it.
+- A job's bottleneck bandwidth (`JobEstimate`) fuses its peers' probes with its own
+  sync times. Each step report is one passive observation,
+  t_sync = A alpha + bucket(B beta), with A and B read off the cost model's formula
+  for the collective and CR it ran (`sync_observation`, the one place that does).
+  Its beta sample counts in proportion to how much of the time its bandwidth term
+  explains: a small Top-k message on a fast link is all latency and says little.
+  Each option (collective@cr) keeps a factor, its passive beta over the estimate
+  (gloo's own overhead, stragglers), learned against the estimate, so what a
+  change moves is the option's implied beta, not its bias.
+- Change detection: an option's implied beta moving by >= `passive_threshold` for
+  `persist_steps` steps in a row is a passive move; it asks for probes and waits
+  up to `confirm_s` for them. A probe that then reads the move too confirms it
+  ("passive+probe"); a probe that reads no move says the host was noisy, and the
+  option's factor learns the new level instead. A passive move no probe answers
+  in time stands on its own ("passive"); a probe reading that moves without passive
+  evidence must read the same twice ("probe"). The job's own reported figures
+  (`NetworkEstimate`) are taken at once ("report").
+- `Estimator` owns every path and computes the one bottleneck a policy sees: the
+  job's estimate for beta (the slowest probed peer while it has none), the highest
+  alpha among its peers.
 
 Pure: no I/O and no clock (timestamps are whatever the caller passes).
 """
@@ -22,26 +33,57 @@ Pure: no I/O and no clock (timestamps are whatever the caller passes).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from flexcomm.policy.costmodel import ModelForms, alpha_beta_terms
-from flexcomm.policy.types import NetworkObservation
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, StepReport
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
-DEFAULT_SMOOTHING = 0.3
-DEFAULT_CHANGE_THRESHOLD = 0.10
-DEFAULT_ALPHA_FLOOR_S = 1e-4  # the policy's own floor (policy.moo) agrees
 PASSIVE_WINDOW = 32
-# Two sizes must differ by this factor in beta-bytes per alpha before a fit can
-# tell latency from bandwidth.
+# Two observations must differ by this factor in beta-bytes per alpha before a
+# fit can tell latency from bandwidth.
 FIT_SPREAD = 2.0
+
+PROBE, REPORT = "probe", "report"
+# A sync reported faster than this measured nothing (a clock's resolution).
+MIN_SYNC_S = 1e-6
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """How evidence is weighed (see the module docstring); fractions and seconds."""
+
+    smoothing: float = 0.3
+    change_threshold: float = 0.10
+    passive_threshold: float = 0.5
+    persist_steps: int = 3
+    confirm_s: float = 3.0
+    settle_steps: int = 3
+    # An option whose passive beta is within this factor of the estimate is biased;
+    # beyond it, the network moved (or the estimate predates the job).
+    plausible_bias: float = 2.0
+    informative_share: float = 0.5
+    factor_drift: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("smoothing", "change_threshold", "passive_threshold", "confirm_s",
+                     "informative_share", "factor_drift"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+        for name in ("persist_steps", "settle_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+        if not self.plausible_bias > 1:
+            raise ValueError(f"plausible_bias: must be > 1, got {self.plausible_bias!r}")
 
 
 @dataclass(frozen=True)
 class SyncObservation:
-    """One passive observation: `seconds` = alpha_coeff*alpha + beta_bytes*beta."""
+    """One passive observation: `seconds` = alpha_coeff*alpha + bucket(beta_bytes*beta)."""
 
     alpha_coeff: float
     beta_bytes: float
@@ -56,26 +98,39 @@ class SyncObservation:
             raise ValueError("beta_bytes: must be > 0 (an observation with no bytes says nothing of beta)")
 
 
-def sync_observation(collective: str, message_bytes: float, cr: float, nodes: int,
-                     seconds: float, forms: ModelForms | None = None) -> SyncObservation:
-    """The observation a measured sync of `collective` makes: the cost model's
-    formula is linear in alpha and beta, so its two coefficients are read off it."""
-    alpha_coeff, beta_bytes = alpha_beta_terms(collective, message_bytes, cr, nodes, forms or ModelForms())
-    return SyncObservation(alpha_coeff, beta_bytes, seconds)
+def sync_observation(report: StepReport, grad_bytes: float, nodes: int,
+                     forms: ModelForms | None = None) -> SyncObservation | None:
+    """The observation one step report makes: its sync time against the cost
+    model's coefficients for what it ran (its collective at its CR over the job's
+    gradient). None when the step measured no sync time."""
+    if report.t_sync_s < MIN_SYNC_S:
+        return None
+    alpha_coeff, beta_bytes = alpha_beta_terms(report.collective, grad_bytes, report.cr, nodes,
+                                               forms or ModelForms())
+    return SyncObservation(alpha_coeff, beta_bytes, report.t_sync_s)
+
+
+def option_key(report: StepReport) -> str:
+    return f"{report.collective}@{report.cr!r}"
 
 
 def fit_alpha_beta(observations: Sequence[SyncObservation]) -> tuple[float, float] | None:
-    """Least-squares (alpha, beta) with alpha >= 0, beta > 0; None when the
-    observations cannot separate the two (all at one size) or fit no positive beta."""
-    ratios = [o.beta_bytes / o.alpha_coeff for o in observations if o.alpha_coeff > 0]
+    """Least-squares (alpha, beta) weighted for relative error (1 / seconds^2), with
+    alpha >= 0, beta > 0; None when the observations cannot separate the two (all
+    at one size) or fit no positive beta."""
+    obs = [o for o in observations if o.seconds >= MIN_SYNC_S]
+    ratios = [o.beta_bytes / o.alpha_coeff for o in obs if o.alpha_coeff > 0]
     if len(ratios) < 2 or max(ratios) < FIT_SPREAD * min(ratios):
         return None
-    saa = sum(o.alpha_coeff ** 2 for o in observations)
-    sbb = sum(o.beta_bytes ** 2 for o in observations)
-    sab = sum(o.alpha_coeff * o.beta_bytes for o in observations)
-    sat = sum(o.alpha_coeff * o.seconds for o in observations)
-    sbt = sum(o.beta_bytes * o.seconds for o in observations)
+    w = [1.0 / o.seconds ** 2 for o in obs]
+    saa = sum(wi * o.alpha_coeff ** 2 for wi, o in zip(w, obs, strict=True))
+    sbb = sum(wi * o.beta_bytes ** 2 for wi, o in zip(w, obs, strict=True))
+    sab = sum(wi * o.alpha_coeff * o.beta_bytes for wi, o in zip(w, obs, strict=True))
+    sat = sum(wi * o.alpha_coeff * o.seconds for wi, o in zip(w, obs, strict=True))
+    sbt = sum(wi * o.beta_bytes * o.seconds for wi, o in zip(w, obs, strict=True))
     det = saa * sbb - sab * sab
+    if det <= 0:
+        return None
     alpha = (sat * sbb - sbt * sab) / det
     beta = (saa * sbt - sab * sat) / det
     if alpha < 0:  # latency too small to see: all of the time is bandwidth
@@ -83,102 +138,30 @@ def fit_alpha_beta(observations: Sequence[SyncObservation]) -> tuple[float, floa
     return (alpha, beta) if beta > 0 else None
 
 
+def passive_beta(obs: SyncObservation, alpha_s: float, bucket: LinkBucket = PLAIN_LINK) -> float:
+    """The beta that explains `obs` given alpha, through the link's token bucket
+    (the inverse of LinkBucket.seconds); 0 when alpha alone explains the time."""
+    rest = obs.seconds - obs.alpha_coeff * alpha_s
+    if rest <= 0:
+        return 0.0
+    at_rate = rest if bucket.plain else min(rest * bucket.peak_over_rate, rest + bucket.burst_s)
+    return at_rate / obs.beta_bytes
+
+
+def linearised(obs: SyncObservation, bucket: LinkBucket, beta_s_per_byte: float | None) -> SyncObservation:
+    """`obs` as a plain-link observation, for a fit: behind a token bucket its bytes
+    cross at the peak (coefficient B / p) while they fit the credit at about
+    `beta_s_per_byte`, else at the rate after the credit (its time plus b)."""
+    if bucket.plain or beta_s_per_byte is None:
+        return obs
+    p, b = bucket.peak_over_rate, bucket.burst_s
+    if obs.beta_bytes * beta_s_per_byte <= b * p / (p - 1):
+        return SyncObservation(obs.alpha_coeff, obs.beta_bytes / p, obs.seconds)
+    return SyncObservation(obs.alpha_coeff, obs.beta_bytes, obs.seconds + b)
+
+
 def ewma(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
-
-
-@dataclass
-class PeerEstimate:
-    """The smoothed figures for one peer; None until observed. `ts` is the
-    caller's timestamp of the last observation."""
-
-    alpha_s: float | None = None
-    beta_s_per_byte: float | None = None
-    alpha_samples: int = 0
-    beta_samples: int = 0
-    ts: float | None = None
-    passive: deque[SyncObservation] = field(default_factory=lambda: deque(maxlen=PASSIVE_WINDOW))
-
-    @property
-    def bandwidth_bps(self) -> float | None:
-        return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
-
-
-class Estimator:
-    """Per-peer alpha/beta from active and passive observations."""
-
-    def __init__(self, smoothing: float = DEFAULT_SMOOTHING) -> None:
-        if not 0 < smoothing <= 1:
-            raise ValueError(f"smoothing: must be in (0, 1], got {smoothing!r}")
-        self.smoothing = smoothing
-        self._peers: dict[str, PeerEstimate] = {}
-
-    def peer(self, peer: str) -> PeerEstimate:
-        """The estimate for `peer` (empty if never observed)."""
-        return self._peers.setdefault(peer, PeerEstimate())
-
-    @property
-    def peers(self) -> list[str]:
-        return sorted(self._peers)
-
-    def observe_alpha(self, peer: str, alpha_s: float, ts: float | None = None) -> None:
-        est = self.peer(peer)
-        est.alpha_s = ewma(est.alpha_s, alpha_s, self.smoothing)
-        est.alpha_samples += 1
-        est.ts = ts if ts is not None else est.ts
-
-    def observe_beta(self, peer: str, beta_s_per_byte: float, ts: float | None = None) -> None:
-        if beta_s_per_byte <= 0:
-            raise ValueError(f"beta_s_per_byte: must be > 0, got {beta_s_per_byte!r}")
-        est = self.peer(peer)
-        est.beta_s_per_byte = ewma(est.beta_s_per_byte, beta_s_per_byte, self.smoothing)
-        est.beta_samples += 1
-        est.ts = ts if ts is not None else est.ts
-
-    def observe(self, m: Measurement) -> None:
-        """Feed a stored measurement; failed ones carry no figures and are skipped."""
-        if not m.ok:
-            return
-        if m.kind in (LATENCY, PASSIVE) and m.alpha_s is not None:
-            self.observe_alpha(m.peer, m.alpha_s, m.ts)
-        if m.kind in (BANDWIDTH, PASSIVE) and m.beta_s_per_byte:
-            self.observe_beta(m.peer, m.beta_s_per_byte, m.ts)
-
-    def observe_sync(self, peer: str, obs: SyncObservation,
-                     ts: float | None = None) -> tuple[float | None, float]:
-        """Feed a passive observation; return the (alpha, beta) it contributed
-        (alpha None when only beta could be inferred)."""
-        est = self.peer(peer)
-        est.passive.append(obs)
-        fit = fit_alpha_beta(list(est.passive))
-        if fit is not None:
-            alpha, beta = fit
-            self.observe_alpha(peer, alpha, ts)
-            self.observe_beta(peer, beta, ts)
-            return alpha, beta
-        known_alpha = est.alpha_s or 0.0
-        # what the current alpha does not explain is bandwidth; never below a
-        # tenth of the time (alpha may be overestimated)
-        rest = max(obs.seconds - obs.alpha_coeff * known_alpha, 0.1 * obs.seconds)
-        beta = rest / obs.beta_bytes
-        if beta <= 0:
-            raise ValueError("seconds: must be > 0 for a passive observation")
-        self.observe_beta(peer, beta, ts)
-        return None, beta
-
-    def bottleneck(self, peers: Iterable[str], nodes: int | None = None) -> NetworkObservation | None:
-        """The slowest path to any of `peers`: highest alpha and highest beta.
-        None until every one of them has a beta (an unmeasured peer could be the
-        bottleneck). nodes defaults to the peers plus this node."""
-        peers = list(peers)
-        if not peers:
-            raise ValueError("peers: need at least one")
-        ests = [self._peers.get(p) for p in peers]
-        if any(e is None or e.beta_s_per_byte is None for e in ests):
-            return None
-        alpha = max((e.alpha_s or 0.0) for e in ests if e)
-        beta = max(e.beta_s_per_byte for e in ests if e and e.beta_s_per_byte)
-        return NetworkObservation(alpha, beta, nodes if nodes is not None else len(peers) + 1)
 
 
 def relative_change(old: float, new: float) -> float:
@@ -188,32 +171,296 @@ def relative_change(old: float, new: float) -> float:
     return abs(new - old) / abs(old)
 
 
-class ChangeDetector:
-    """Remembers the alpha/beta last reported and says when a new pair moved by
-    >= threshold (relative) in either; the reported pair then becomes the new
-    reference. The first pair seen is the reference and is not a change. An
-    alpha move must also be >= alpha_floor_s: tens of microseconds of jitter on
-    a fast link are a large relative change but no news."""
+@dataclass
+class PeerPath:
+    """One peer as active probes measured it; None until measured. Timestamps
+    are the caller's (seconds since the epoch in the agent)."""
 
-    def __init__(self, threshold: float = DEFAULT_CHANGE_THRESHOLD,
-                 alpha_floor_s: float = DEFAULT_ALPHA_FLOOR_S) -> None:
-        if not threshold > 0:
-            raise ValueError(f"threshold: must be > 0, got {threshold!r}")
-        if alpha_floor_s < 0:
-            raise ValueError(f"alpha_floor_s: must be >= 0, got {alpha_floor_s!r}")
-        self.threshold = threshold
-        self.alpha_floor_s = alpha_floor_s
-        self.reference: tuple[float, float] | None = None
+    address: str
+    alpha_s: float | None = None
+    beta_s_per_byte: float | None = None
+    rtt_s: float | None = None
+    rtt_p99_s: float | None = None
+    loss: float | None = None
+    updated: float | None = None  # the last successful measurement
+    measured: float | None = None  # the last bandwidth test
+    failures: int = 0
 
-    def update(self, alpha_s: float, beta_s_per_byte: float) -> bool:
-        if self.reference is None:
-            self.reference = (alpha_s, beta_s_per_byte)
+    @property
+    def bandwidth_bps(self) -> float | None:
+        return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    def observe(self, m: Measurement, ts: float, config: EstimateConfig) -> bool:
+        """Take one measurement; True when it was a bandwidth reading."""
+        if not m.ok:
+            self.failures += 1
             return False
-        old_alpha, old_beta = self.reference
-        at_least = self.threshold * (1 - 1e-9)  # exactly 10% is a 10% change, despite rounding
-        alpha_moved = (relative_change(old_alpha, alpha_s) >= at_least
-                       and abs(alpha_s - old_alpha) >= self.alpha_floor_s)
-        moved = alpha_moved or relative_change(old_beta, beta_s_per_byte) >= at_least
+        if m.kind in (LATENCY, PASSIVE) and m.alpha_s is not None:
+            self.alpha_s = ewma(self.alpha_s, m.alpha_s, config.smoothing)
+        for name in ("rtt_p50_s", "rtt_p99_s", "loss"):
+            value = getattr(m, name)
+            if value is not None:
+                setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
+        self.updated = ts
+        if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
+            return False
+        old, new = self.beta_s_per_byte, m.beta_s_per_byte
+        moved = old is None or relative_change(old, new) >= config.change_threshold
+        self.beta_s_per_byte = new if moved else ewma(old, new, config.smoothing)
+        self.measured = ts
+        return True
+
+
+@dataclass
+class _Pending:
+    """A move seen but not yet taken: its evidence, when it began, its direction
+    (+1 slower, -1 faster) and the implied betas of its informative samples."""
+
+    kind: str
+    since: float
+    direction: int
+    samples: int = 0
+    betas: list[float] = field(default_factory=list)
+    probe_asked: bool = False
+
+
+class JobEstimate:
+    """One job's bottleneck beta, fused from its own syncs and its peers' probes
+    (see the module docstring). `wants_probe` is set when the job's peers should be
+    measured now; the owner clears it once it has asked."""
+
+    def __init__(self, started: float, config: EstimateConfig | None = None) -> None:
+        self.config = config or EstimateConfig()
+        self.beta_s_per_byte: float | None = None
+        self.evidence = ""
+        self.moved_at: float | None = None
+        self.fresh_after = started  # probes before this predate what the estimate says
+        self.wants_probe = False
+        self.anchored = False  # no active figure taken yet: the first is taken as it is
+        self.alpha_fit: float | None = None
+        self._window: deque[SyncObservation] = deque(maxlen=PASSIVE_WINDOW)
+        self._recent: dict[str, deque[float]] = {}
+        self._factors: dict[str, float] = {}
+        self._pending: _Pending | None = None
+
+    @property
+    def bandwidth_bps(self) -> float | None:
+        return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    @property
+    def pending_bandwidth_bps(self) -> float | None:
+        """The bandwidth a move not yet taken reads, when its samples say."""
+        pending = self._pending
+        if pending is None or not pending.betas:
+            return None
+        return 8.0 / statistics.median(pending.betas)
+
+    @property
+    def probes_since(self) -> float:
+        """Probes older than this do not describe the path now: those before the
+        last move, or before the passive move now waiting for them."""
+        pending = self._pending
+        if pending is not None and pending.kind == "passive" and pending.probe_asked:
+            return pending.since
+        return self.fresh_after
+
+    # -- passive -----------------------------------------------------------------
+    def observe_sync(self, option: str, obs: SyncObservation, alpha_s: float,
+                     bucket: LinkBucket, ts: float) -> None:
+        """One step's sync time; `alpha_s` is what the probes know of alpha (used
+        until the job's own syncs fit one)."""
+        raw = passive_beta(obs, self.alpha_fit if self.alpha_fit is not None else alpha_s, bucket)
+        recent = self._recent.setdefault(option, deque(maxlen=self.config.settle_steps))
+        recent.append(raw)
+        if self.beta_s_per_byte is None:
+            if len(recent) == recent.maxlen and statistics.median(recent) > 0:
+                self._move(statistics.median(recent), "passive", ts)
+                self._factors = {option: 1.0}
+        else:
+            factor = self._factors.get(option) or self._settle(option, recent)
+            if factor is not None:
+                informative = obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
+                self._passive_sample(option, raw / factor, informative, ts)
+        if self._pending is None:  # a window that mixes two links fits neither
+            self._fit(obs, bucket)
+
+    def _fit(self, obs: SyncObservation, bucket: LinkBucket) -> None:
+        """alpha from the syncs since the last move, once their sizes differ enough."""
+        self._window.append(obs)
+        fit = fit_alpha_beta([linearised(o, bucket, self.beta_s_per_byte) for o in self._window])
+        if fit is not None:
+            self.alpha_fit = fit[0]
+
+    def _settle(self, option: str, recent: deque[float], confirmed: bool = False) -> float | None:
+        """An option's factor once it has run `settle_steps` steps: its passive beta
+        over the estimate, when that is a plausible bias (any, when a probe has just
+        `confirmed` the estimate); 1 when it is not (then its samples read as a move)."""
+        if len(recent) < self.config.settle_steps or self.beta_s_per_byte is None:
+            return None
+        ratio = statistics.median(recent) / self.beta_s_per_byte
+        bound = self.config.plausible_bias
+        if (confirmed and ratio > 0) or 1 / bound <= ratio <= bound:
+            self._factors[option] = ratio
+            return None  # its first samples set the factor; the next ones are judged by it
+        return 1.0
+
+    def _passive_sample(self, option: str, implied: float, informative: bool, ts: float) -> None:
+        assert self.beta_s_per_byte is not None
+        ratio = implied / self.beta_s_per_byte
+        threshold = 1 + self.config.passive_threshold
+        direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
+        pending = self._pending
+        if direction == 0:
+            if pending is not None and pending.kind == "passive":
+                self._pending = None
+            if option in self._factors:  # follow slow drift within noise
+                raw = implied * self._factors[option]
+                self._factors[option] = ewma(self._factors[option], raw / self.beta_s_per_byte,
+                                             self.config.factor_drift)
+            return
+        if pending is None or pending.kind != "passive" or pending.direction != direction:
+            pending = self._pending = _Pending("passive", ts, direction)
+        pending.samples += 1
+        if informative:
+            pending.betas.append(implied)
+        if pending.samples < self.config.persist_steps:
+            return
+        if not pending.probe_asked:
+            pending.probe_asked = self.wants_probe = True
+        solid = len(pending.betas) >= self.config.persist_steps
+        if solid and ts - pending.since >= self.config.confirm_s:
+            self._move(statistics.median(pending.betas[-self.config.persist_steps:]), "passive", ts,
+                       since=pending.since, keep=option)
+
+    # -- active ------------------------------------------------------------------
+    def observe_active(self, beta_s_per_byte: float, ts: float, source: str = PROBE) -> None:
+        """A fresh figure for the whole job's path: the slowest of its peers probed
+        since `fresh_after` (source "probe"), or the job's own report ("report")."""
+        old, pending = self.beta_s_per_byte, self._pending
+        moved = old is None or relative_change(old, beta_s_per_byte) >= self.config.change_threshold
+        if source == REPORT or not self.anchored:
+            self._anchor(beta_s_per_byte, ts, source if moved else self.evidence)
+        elif pending is not None and pending.kind == "passive" and pending.probe_asked:
+            if moved and (beta_s_per_byte > old) == (pending.direction > 0):
+                self._anchor(beta_s_per_byte, ts, "passive+probe", since=pending.since)
+            else:  # the path did not move: the host did; the option's factor takes the new level
+                self._pending = None
+                self._anchor(beta_s_per_byte if not moved else old, ts, self.evidence, relearn=True)
+        elif not moved:
+            self._pending = None
+            self._anchor(ewma(old, beta_s_per_byte, self.config.smoothing), ts, self.evidence)
+        elif pending is not None and pending.kind == PROBE and \
+                relative_change(pending.betas[-1], beta_s_per_byte) < self.config.change_threshold:
+            self._anchor(beta_s_per_byte, ts, PROBE, since=pending.since)
+        else:  # one probe alone: read it again before believing it
+            self._pending = _Pending(PROBE, ts, 1 if beta_s_per_byte > old else -1, 1, [beta_s_per_byte])
+            self.wants_probe = True
+
+    def _anchor(self, beta: float, ts: float, evidence: str, since: float | None = None,
+                relearn: bool = False) -> None:
+        """Take an active figure as the estimate; options that ran just now learn
+        their factor against it."""
+        self.anchored = True
+        moved = self.beta_s_per_byte is None or \
+            relative_change(self.beta_s_per_byte, beta) >= self.config.change_threshold
         if moved:
-            self.reference = (alpha_s, beta_s_per_byte)
-        return moved
+            self._move(beta, evidence or PROBE, ts, since=since)
+        else:
+            self.beta_s_per_byte = beta
+        if moved or relearn:
+            self._factors = {}
+        self._pending = None
+        for option, recent in self._recent.items():
+            if option not in self._factors and len(recent) == recent.maxlen:
+                self._settle(option, recent, confirmed=True)
+
+    def _move(self, beta: float, evidence: str, ts: float, since: float | None = None,
+              keep: str | None = None) -> None:
+        self.beta_s_per_byte = beta
+        self.evidence = evidence
+        self.moved_at = ts
+        self.fresh_after = ts if since is None else since
+        self._pending = None
+        self._window.clear()
+        self._factors = {keep: self._factors[keep]} if keep in self._factors else {}
+        self._recent = {}
+
+
+class Estimator:
+    """Every path the agent knows: its jobs' peers and the jobs themselves.
+
+    `bucket` is the token bucket every path is taken to have (configured, not probed).
+    """
+
+    def __init__(self, bucket: LinkBucket = PLAIN_LINK, config: EstimateConfig | None = None) -> None:
+        self.bucket = bucket
+        self.config = config or EstimateConfig()
+        self.peers: dict[str, PeerPath] = {}
+        self.jobs: dict[str, JobEstimate] = {}
+        self.job_peers: dict[str, tuple[str, ...]] = {}
+        self.reported_alpha: dict[str, float] = {}
+
+    def peer(self, address: str) -> PeerPath:
+        return self.peers.setdefault(address, PeerPath(address))
+
+    def add_job(self, job_id: str, peers: Iterable[str], ts: float) -> JobEstimate:
+        """Follow a job whose syncs cross the paths to `peers` (this host's own
+        addresses already left out); a job added again starts afresh."""
+        self.jobs[job_id] = JobEstimate(ts, self.config)
+        self.job_peers[job_id] = tuple(dict.fromkeys(peers))
+        self.reported_alpha.pop(job_id, None)
+        return self.jobs[job_id]
+
+    def remove_job(self, job_id: str) -> None:
+        for table in (self.jobs, self.job_peers, self.reported_alpha):
+            table.pop(job_id, None)
+
+    def observe(self, m: Measurement, ts: float) -> list[str]:
+        """One probe's measurement; the jobs whose paths it measured."""
+        bandwidth = self.peer(m.peer).observe(m, ts, self.config)
+        affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
+        for job_id in affected if bandwidth else ():
+            job = self.jobs[job_id]
+            beta = self._probed_beta(self.job_peers[job_id], since=job.probes_since)
+            if beta is not None:
+                job.observe_active(beta, ts, PROBE)
+        return affected
+
+    def observe_report(self, job_id: str, report: StepReport, grad_bytes: float, nodes: int,
+                       ts: float, forms: ModelForms | None = None) -> None:
+        obs = sync_observation(report, grad_bytes, nodes, forms)
+        if obs is not None:
+            self.jobs[job_id].observe_sync(option_key(report), obs, self._alpha(job_id) or 0.0,
+                                           self.bucket, ts)
+
+    def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float,
+                                 ts: float) -> None:
+        """The job's own estimate of its network, taken as it is."""
+        self.reported_alpha[job_id] = alpha_s
+        self.jobs[job_id].observe_active(8.0 / bandwidth_bps, ts, REPORT)
+
+    def bottleneck(self, job_id: str, nodes: int) -> NetworkObservation | None:
+        """What the job's policy sees: its estimate's beta (the slowest probed peer,
+        of any age, until it has one) and the highest alpha known on its paths.
+        None while nothing is known."""
+        job = self.jobs[job_id]
+        beta = job.beta_s_per_byte or self._probed_beta(self.job_peers[job_id], since=None)
+        if beta is None:
+            return None
+        evidence = job.evidence if job.beta_s_per_byte else PROBE
+        return NetworkObservation(self._alpha(job_id) or 0.0, beta, nodes, self.bucket, evidence=evidence)
+
+    def _probed_beta(self, peers: Sequence[str], since: float | None) -> float | None:
+        """The slowest of `peers` among those tested at or after `since` (any time
+        with None); None when none was."""
+        betas = [p.beta_s_per_byte for p in (self.peers.get(a) for a in peers)
+                 if p is not None and p.beta_s_per_byte
+                 and (since is None or (p.measured is not None and p.measured >= since))]
+        return max(betas) if betas else None
+
+    def _alpha(self, job_id: str) -> float | None:
+        alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))
+                  if p is not None and p.alpha_s is not None]
+        if job_id in self.reported_alpha:
+            alphas.append(self.reported_alpha[job_id])
+        return max(alphas) if alphas else None

@@ -69,6 +69,15 @@ def test_reexploration_fires_at_ten_percent_not_five(change: float, explores: bo
     assert (policy.phase == EXPLORE) is explores
 
 
+def test_the_exploration_names_the_evidence_the_network_moved_on() -> None:
+    policy = MooPolicy(M)
+    settle(policy, Job(policy, M), 1e-3, 100e6)
+    net = NetworkObservation(1e-3, 8 / 20e6, 4, evidence="passive+probe")
+    policy.observe_network(net)
+    assert policy.decide().reason.endswith("(network moved (passive+probe): bandwidth 100 -> 20 Mbit/s, "
+                                           "latency 1 -> 1 ms)")
+
+
 def test_latency_change_below_the_absolute_floor_does_not_reexplore() -> None:
     policy = MooPolicy(M)
     job = Job(policy, M)
