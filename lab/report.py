@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab.plan import parse_policy
+from flexcomm.lab.plan import FAILED, parse_policy, policy_dir
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
@@ -57,8 +57,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_runs(out: Path) -> list[PolicyRun]:
-    from flexcomm.lab.runner import FAILED, policy_dir
-
     config = json.loads((out / "config.json").read_text())
     runs = []
     for label in config["policies"]:

@@ -40,16 +40,17 @@ from flexcomm.lab.plan import (
     DEFAULT_POLICIES,
     DEFAULT_SCHEDULE,
     DEFAULTS,
+    FAILED,
     TORCH_METHODS,
     PolicySpec,
     parse_policies,
+    policy_dir,
 )
 from flexcomm.lab.trainer import TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")
-FAILED = "failed.txt"  # in a policy's directory: why its run failed
 POLL_S = 0.02
 
 Progress = Callable[[dict[str, Any]], None]
@@ -145,10 +146,6 @@ def _socket_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def policy_dir(out: Path, label: str) -> Path:
-    return Path(out) / "policies" / re.sub(r"[^A-Za-z0-9._=-]", "_", label)
 
 
 def free_port(address: str) -> int:
