@@ -66,6 +66,8 @@ class NetworkFeed:
             self.estimator.observe_reported_network(job.job_id, *job.reported_network, now)
         elif job.network is not None:
             estimate.observe_active(job.network.beta_s_per_byte, now, job.network.evidence or "probe")
+        estimate.wants_probe = True  # the paths as they are now, before the job loads them
+        self._ask_probes(job.job_id)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
@@ -76,7 +78,9 @@ class NetworkFeed:
             if failures == 1:
                 log.warning("probe failed", extra={"fields": {"peer": m.peer, "kind": m.kind,
                                                               "error": m.error}})
+        before = self._moves(self.estimator.jobs)
         affected = self.estimator.observe(m, m.ts or time.time())
+        self._log_moves(before)
         peer = self.estimator.peer(m.peer)
         if peer.bandwidth_bps:
             self.metrics.peer_bandwidth.labels(m.peer).set(peer.bandwidth_bps)
@@ -96,22 +100,40 @@ class NetworkFeed:
                  network: tuple[float, float] | None) -> None:
         """A job's step reports (each sync time a passive observation) and, when it
         sent one, its own estimate of its network."""
-        now = time.time()
+        now, before = time.time(), self._moves([job.job_id])
         for r in reports:
             self.estimator.observe_report(job.job_id, r, job.spec.grad_bytes, job.spec.world_size, now,
                                           self._forms.get(job.job_id))
         if network is not None:
             self.estimator.observe_reported_network(job.job_id, network[0], network[1], now)
+        self._log_moves(before)
         self._ask_probes(job.job_id)
 
+    def _moves(self, job_ids: Iterable[str]) -> dict[str, float | None]:
+        return {job_id: self.estimator.jobs[job_id].moved_at for job_id in job_ids}
+
+    def _log_moves(self, before: dict[str, float | None]) -> None:
+        for job_id, moved_at in before.items():
+            e = self.estimator.jobs[job_id]
+            if e.moved_at != moved_at and e.bandwidth_bps:
+                log.info("network estimate moved", extra={"fields": {
+                    "job": job_id, "bandwidth_bps": round(e.bandwidth_bps), "evidence": e.evidence}})
+
     def _ask_probes(self, job_id: str) -> None:
+        """One bandwidth test when the job's estimate wants one: of the peer tested
+        longest ago (one reading confirms or refutes a move; the duty budget has
+        room for a few a minute, not a round of every peer at each move)."""
         estimate = self.estimator.jobs[job_id]
         if not estimate.wants_probe:
             return
         estimate.wants_probe = False
         peers = self.estimator.job_peers[job_id]
-        if self.request_probes is not None and peers:
-            self.request_probes(peers, estimate.pending_bandwidth_bps or estimate.bandwidth_bps)
+        if self.request_probes is None or not peers:
+            return
+        peer = min(peers, key=lambda a: self.estimator.peer(a).measured or 0.0)
+        expected = estimate.pending_bandwidth_bps or estimate.bandwidth_bps
+        log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer, "expected_bps": expected}})
+        self.request_probes([peer], expected)
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:
         return self.estimator.bottleneck(job.job_id, job.spec.world_size)

@@ -34,6 +34,7 @@ from typing import Any
 
 from flexcomm.emulation.emulator import AppliedStep, Emulator
 from flexcomm.emulation.schedule import Schedule, parse_schedule
+from flexcomm.lab import estimate_tracking
 from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
@@ -191,7 +192,8 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
                            str(pdir / "train.json"), str(i)], log=pdir / f"rank{i}.log")
              for i in range(cfg.nodes)]
     try:
-        _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
+        with estimate_tracking.polling(train.agent_socket, job_id, pdir):
+            _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
     finally:
         for proc in procs:
             lab.stop(proc)

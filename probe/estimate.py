@@ -9,20 +9,26 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 - A job's bottleneck bandwidth (`JobEstimate`) fuses its peers' probes with its own
   sync times. Each step report is one passive observation,
   t_sync = A alpha + bucket(B beta), with A and B read off the cost model's formula
-  for the collective and CR it ran (`sync_observation`, the one place that does).
-  Its beta sample counts in proportion to how much of the time its bandwidth term
-  explains: a small Top-k message on a fast link is all latency and says little.
-  Each option (collective@cr) keeps a factor, its passive beta over the estimate
-  (gloo's own overhead, stragglers), learned against the estimate, so what a
-  change moves is the option's implied beta, not its bias.
-- Change detection: an option's implied beta moving by >= `passive_threshold` for
-  `persist_steps` steps in a row is a passive move; it asks for probes and waits
-  up to `confirm_s` for them. A probe that then reads the move too confirms it
-  ("passive+probe"); a probe that reads no move says the host was noisy, and the
-  option's factor learns the new level instead. A passive move no probe answers
-  in time stands on its own ("passive"); a probe reading that moves without passive
-  evidence must read the same twice ("probe"). The job's own reported figures
-  (`NetworkEstimate`) are taken at once ("report").
+  for the collective and CR it ran (`sync_observation`, the one place that does),
+  and alpha fitted from syncs of different sizes. The beta that explains it
+  measures the path only where the bandwidth term explains the time: dense syncs
+  (within 10% of iperf3's goodput at 20-100 Mbit/s in the lab) give the level;
+  Top-k syncs are mostly gloo's own work the model does not count (they read 0.2x
+  to 1.8x of the link), so they say only how far the path moved since they last
+  ran (each option against its own first steps since the last move).
+- Change detection: the running option's beta moving by >= `passive_threshold`
+  from its own baseline for `persist_steps` steps in a row is a passive move; it
+  asks for a probe and waits up to `confirm_s` for it. A probe that moved as far
+  from what probes read before confirms it ("passive+probe"); one that did not
+  says the host, not the path, was slow. A passive move no probe answers in time
+  stands on its own ("passive"). Probes share the path with the job's traffic, so
+  a probe that reads less while the job's syncs are steady is not news, one that
+  reads more raises the estimate at once, and one that reads less without passive
+  evidence must read it twice ("probe"). The job's own reported figures
+  (`NetworkEstimate`) are taken at once ("report"). A path carries at least what
+  crossed it: a move's figure is the fastest of what its dense syncs (a rank that
+  arrives late only slows them) and its fresh probes read, else the old figure
+  scaled by the running option's move; the first dense syncs after a move refine it.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's estimate for beta (the slowest probed peer while it has none), the highest
   alpha among its peers.
@@ -39,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from flexcomm.policy.costmodel import ModelForms, alpha_beta_terms
-from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, StepReport
+from flexcomm.policy.types import DENSE_COLLECTIVES, PLAIN_LINK, LinkBucket, NetworkObservation, StepReport
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
 PASSIVE_WINDOW = 32
@@ -62,23 +68,17 @@ class EstimateConfig:
     persist_steps: int = 3
     confirm_s: float = 3.0
     settle_steps: int = 3
-    # An option whose passive beta is within this factor of the estimate is biased;
-    # beyond it, the network moved (or the estimate predates the job).
-    plausible_bias: float = 2.0
     informative_share: float = 0.5
-    factor_drift: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("smoothing", "change_threshold", "passive_threshold", "confirm_s",
-                     "informative_share", "factor_drift"):
+                     "informative_share"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
         for name in ("persist_steps", "settle_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
-        if not self.plausible_bias > 1:
-            raise ValueError(f"plausible_bias: must be > 1, got {self.plausible_bias!r}")
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,8 @@ class PeerPath:
 @dataclass
 class _Pending:
     """A move seen but not yet taken: its evidence, when it began, its direction
-    (+1 slower, -1 faster) and the implied betas of its informative samples."""
+    (+1 slower, -1 faster), and the figures its samples read (or the probe's
+    reading, for a probe alone)."""
 
     kind: str
     since: float
@@ -222,6 +223,7 @@ class _Pending:
     samples: int = 0
     betas: list[float] = field(default_factory=list)
     probe_asked: bool = False
+    settled: bool = False  # every figure came from dense, bandwidth-bound syncs
 
 
 class JobEstimate:
@@ -236,12 +238,15 @@ class JobEstimate:
         self.moved_at: float | None = None
         self.fresh_after = started  # probes before this predate what the estimate says
         self.wants_probe = False
-        self.anchored = False  # no active figure taken yet: the first is taken as it is
         self.alpha_fit: float | None = None
+        self.probe_ref: float | None = None  # what probes read while the estimate held
+        self._probe: tuple[float, float] | None = None  # the latest probe figure, and when
         self._window: deque[SyncObservation] = deque(maxlen=PASSIVE_WINDOW)
         self._recent: dict[str, deque[float]] = {}
-        self._factors: dict[str, float] = {}
+        self._baselines: dict[str, float] = {}
+        self._dense: list[float] | None = []  # dense betas since the last move, while they refine it
         self._pending: _Pending | None = None
+        self._steady_dense = False  # the last sync was dense, bandwidth-bound and did not move
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -265,24 +270,34 @@ class JobEstimate:
         return self.fresh_after
 
     # -- passive -----------------------------------------------------------------
-    def observe_sync(self, option: str, obs: SyncObservation, alpha_s: float,
+    def observe_sync(self, option: str, dense: bool, obs: SyncObservation, alpha_s: float,
                      bucket: LinkBucket, ts: float) -> None:
-        """One step's sync time; `alpha_s` is what the probes know of alpha (used
-        until the job's own syncs fit one)."""
+        """One step's sync time of `option` (a `dense` collective or not); `alpha_s`
+        is what the probes know of alpha (used until the job's syncs fit one)."""
         raw = passive_beta(obs, self.alpha_fit if self.alpha_fit is not None else alpha_s, bucket)
+        level = dense and obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
         recent = self._recent.setdefault(option, deque(maxlen=self.config.settle_steps))
         recent.append(raw)
-        if self.beta_s_per_byte is None:
-            if len(recent) == recent.maxlen and statistics.median(recent) > 0:
-                self._move(statistics.median(recent), "passive", ts)
-                self._factors = {option: 1.0}
+        self._steady_dense = False
+        if raw <= 0:
+            pass  # alpha alone explains it: nothing to say of beta
+        elif self.beta_s_per_byte is None:
+            self._first(recent, level, ts)
+        elif option not in self._baselines:
+            if len(recent) == recent.maxlen:
+                self._baselines[option] = statistics.median(recent)
         else:
-            factor = self._factors.get(option) or self._settle(option, recent)
-            if factor is not None:
-                informative = obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
-                self._passive_sample(option, raw / factor, informative, ts)
+            self._passive_sample(option, raw, level, passive_beta(obs, 0.0, bucket), ts)
+        if level and self._pending is None:
+            self._refine(raw, ts)
         if self._pending is None:  # a window that mixes two links fits neither
             self._fit(obs, bucket)
+
+    def _first(self, recent: deque[float], level: bool, ts: float) -> None:
+        """Nothing known yet: the first settled syncs are the estimate (rough but for
+        dense ones); a probe or dense syncs correct it."""
+        if len(recent) == recent.maxlen:
+            self._move(min(recent) if level else statistics.median(recent), "passive", ts, settled=level)
 
     def _fit(self, obs: SyncObservation, bucket: LinkBucket) -> None:
         """alpha from the syncs since the last move, once their sizes differ enough."""
@@ -291,99 +306,122 @@ class JobEstimate:
         if fit is not None:
             self.alpha_fit = fit[0]
 
-    def _settle(self, option: str, recent: deque[float], confirmed: bool = False) -> float | None:
-        """An option's factor once it has run `settle_steps` steps: its passive beta
-        over the estimate, when that is a plausible bias (any, when a probe has just
-        `confirmed` the estimate); 1 when it is not (then its samples read as a move)."""
-        if len(recent) < self.config.settle_steps or self.beta_s_per_byte is None:
-            return None
-        ratio = statistics.median(recent) / self.beta_s_per_byte
-        bound = self.config.plausible_bias
-        if (confirmed and ratio > 0) or 1 / bound <= ratio <= bound:
-            self._factors[option] = ratio
-            return None  # its first samples set the factor; the next ones are judged by it
-        return 1.0
-
-    def _passive_sample(self, option: str, implied: float, informative: bool, ts: float) -> None:
+    def _passive_sample(self, option: str, raw: float, level: bool, most: float, ts: float) -> None:
+        """`most`: the slowest beta that explains the sync (all of its time bandwidth)."""
         assert self.beta_s_per_byte is not None
-        ratio = implied / self.beta_s_per_byte
+        ratio = raw / self._baselines[option]
         threshold = 1 + self.config.passive_threshold
         direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
         pending = self._pending
         if direction == 0:
             if pending is not None and pending.kind == "passive":
                 self._pending = None
-            if option in self._factors:  # follow slow drift within noise
-                raw = implied * self._factors[option]
-                self._factors[option] = ewma(self._factors[option], raw / self.beta_s_per_byte,
-                                             self.config.factor_drift)
+            self._steady_dense = level
             return
         if pending is None or pending.kind != "passive" or pending.direction != direction:
-            pending = self._pending = _Pending("passive", ts, direction)
+            pending = self._pending = _Pending("passive", ts, direction, settled=True)
         pending.samples += 1
-        if informative:
-            pending.betas.append(implied)
+        # dense and bandwidth-bound: the path as it is; else the old figure moved as far,
+        # but never faster than the sync proves (its bytes crossed in its time)
+        pending.betas.append(raw if level else max(self.beta_s_per_byte * ratio, most if direction < 0 else 0.0))
+        pending.settled = pending.settled and level
         if pending.samples < self.config.persist_steps:
             return
         if not pending.probe_asked:
             pending.probe_asked = self.wants_probe = True
-        solid = len(pending.betas) >= self.config.persist_steps
-        if solid and ts - pending.since >= self.config.confirm_s:
-            self._move(statistics.median(pending.betas[-self.config.persist_steps:]), "passive", ts,
-                       since=pending.since, keep=option)
+        if ts - pending.since >= self.config.confirm_s:
+            self._take(pending, "passive", ts)
+
+    def _refine(self, raw: float, ts: float) -> None:
+        """The first dense syncs after a move set its figure, then it holds. They
+        lower a figure only when no probe stands behind it: at a gigabit gloo on a
+        loaded host is CPU-bound, where an idle probe is not."""
+        if self._dense is None or self.beta_s_per_byte is None:
+            return
+        self._dense.append(raw)
+        if len(self._dense) < self.config.settle_steps:
+            return
+        level, self._dense = min(self._dense), None
+        slower = level > self.beta_s_per_byte
+        if relative_change(self.beta_s_per_byte, level) >= self.config.change_threshold and \
+                (not slower or self.evidence == "passive"):
+            self._set(level, self.evidence, ts)
+
+    def _take(self, pending: _Pending, evidence: str, ts: float) -> None:
+        """Take a move: a path carries at least what crossed it, so the larger of
+        what its syncs and its fresh probes read."""
+        last = pending.betas[-self.config.persist_steps:]
+        figures = [(min if pending.settled else statistics.median)(last)] if last else []
+        if self._probe is not None and self._probe[1] >= pending.since:
+            figures.append(self._probe[0])
+            self.probe_ref = self._probe[0]
+        settled = pending.settled and (not figures[1:] or figures[0] <= figures[1])
+        self._move(min(figures), evidence, ts, since=pending.since, settled=settled)
 
     # -- active ------------------------------------------------------------------
     def observe_active(self, beta_s_per_byte: float, ts: float, source: str = PROBE) -> None:
         """A fresh figure for the whole job's path: the slowest of its peers probed
-        since `fresh_after` (source "probe"), or the job's own report ("report")."""
+        since `probes_since` (source "probe"), or the job's own report ("report")."""
+        self._probe = (beta_s_per_byte, ts)
         old, pending = self.beta_s_per_byte, self._pending
-        moved = old is None or relative_change(old, beta_s_per_byte) >= self.config.change_threshold
-        if source == REPORT or not self.anchored:
-            self._anchor(beta_s_per_byte, ts, source if moved else self.evidence)
+        if source == REPORT or old is None:
+            self._anchor(beta_s_per_byte, ts, source)
         elif pending is not None and pending.kind == "passive" and pending.probe_asked:
-            if moved and (beta_s_per_byte > old) == (pending.direction > 0):
-                self._anchor(beta_s_per_byte, ts, "passive+probe", since=pending.since)
-            else:  # the path did not move: the host did; the option's factor takes the new level
-                self._pending = None
-                self._anchor(beta_s_per_byte if not moved else old, ts, self.evidence, relearn=True)
-        elif not moved:
+            self._judge(pending, beta_s_per_byte, ts)
+        elif beta_s_per_byte <= old / (1 + self.config.change_threshold):
+            self._anchor(beta_s_per_byte, ts, PROBE)  # faster than the estimate: it carried that much
+        elif beta_s_per_byte < old * (1 + self.config.change_threshold):
             self._pending = None
-            self._anchor(ewma(old, beta_s_per_byte, self.config.smoothing), ts, self.evidence)
+            self.beta_s_per_byte = ewma(old, beta_s_per_byte, self.config.smoothing)
+            self.probe_ref = ewma(self.probe_ref, beta_s_per_byte, self.config.smoothing)
+        elif self._steady_dense:  # the job's own traffic shares the path
+            self.probe_ref = ewma(self.probe_ref, beta_s_per_byte, self.config.smoothing)
         elif pending is not None and pending.kind == PROBE and \
                 relative_change(pending.betas[-1], beta_s_per_byte) < self.config.change_threshold:
             self._anchor(beta_s_per_byte, ts, PROBE, since=pending.since)
         else:  # one probe alone: read it again before believing it
-            self._pending = _Pending(PROBE, ts, 1 if beta_s_per_byte > old else -1, 1, [beta_s_per_byte])
+            self._pending = _Pending(PROBE, ts, 1, 1, [beta_s_per_byte])
             self.wants_probe = True
 
-    def _anchor(self, beta: float, ts: float, evidence: str, since: float | None = None,
-                relearn: bool = False) -> None:
-        """Take an active figure as the estimate; options that ran just now learn
-        their factor against it."""
-        self.anchored = True
+    def _judge(self, pending: _Pending, beta: float, ts: float) -> None:
+        """A probe asked for by a passive move: it moved too (from what probes read
+        before), or the host, not the path, was slow."""
+        reference = self.probe_ref or self.beta_s_per_byte
+        assert reference is not None
+        threshold = 1 + self.config.passive_threshold
+        moved = beta >= reference * threshold if pending.direction > 0 else beta <= reference / threshold
+        if moved:
+            self._take(pending, "passive+probe", ts)
+            return
+        self._pending = None
+        self.probe_ref = beta
+        self._baselines = {}  # the syncs' new level is the host's: each option learns it
+
+    def _anchor(self, beta: float, ts: float, evidence: str, since: float | None = None) -> None:
+        """Take an active figure as the estimate."""
+        self.probe_ref = beta if evidence != REPORT else self.probe_ref
+        self._move(beta, evidence, ts, since=since)
+
+    def _move(self, beta: float, evidence: str, ts: float, since: float | None = None,
+              settled: bool = False) -> None:
+        """A new figure: options judge moves from their next steps, and unless it
+        came from dense syncs (`settled`) the first dense syncs refine it."""
         moved = self.beta_s_per_byte is None or \
             relative_change(self.beta_s_per_byte, beta) >= self.config.change_threshold
         if moved:
-            self._move(beta, evidence or PROBE, ts, since=since)
+            self._set(beta, evidence, ts, since=since)
+            self._window.clear()
+            self._recent, self._baselines = {}, {}
+            self._dense = None if settled else []
         else:
-            self.beta_s_per_byte = beta
-        if moved or relearn:
-            self._factors = {}
-        self._pending = None
-        for option, recent in self._recent.items():
-            if option not in self._factors and len(recent) == recent.maxlen:
-                self._settle(option, recent, confirmed=True)
+            self.beta_s_per_byte, self._pending = beta, None
 
-    def _move(self, beta: float, evidence: str, ts: float, since: float | None = None,
-              keep: str | None = None) -> None:
+    def _set(self, beta: float, evidence: str, ts: float, since: float | None = None) -> None:
+        self._pending = None
         self.beta_s_per_byte = beta
         self.evidence = evidence
         self.moved_at = ts
         self.fresh_after = ts if since is None else since
-        self._pending = None
-        self._window.clear()
-        self._factors = {keep: self._factors[keep]} if keep in self._factors else {}
-        self._recent = {}
 
 
 class Estimator:
@@ -430,8 +468,8 @@ class Estimator:
                        ts: float, forms: ModelForms | None = None) -> None:
         obs = sync_observation(report, grad_bytes, nodes, forms)
         if obs is not None:
-            self.jobs[job_id].observe_sync(option_key(report), obs, self._alpha(job_id) or 0.0,
-                                           self.bucket, ts)
+            self.jobs[job_id].observe_sync(option_key(report), report.collective in DENSE_COLLECTIVES, obs,
+                                           self._alpha(job_id) or 0.0, self.bucket, ts)
 
     def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float,
                                  ts: float) -> None:

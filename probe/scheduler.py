@@ -17,23 +17,26 @@ Rules:
   back off (`backoff_s`, doubling up to `backoff_max_s`) and retry; no
   measurement is recorded for it.
 - Duty cycle: bandwidth tests may use at most `duty_cycle` (default 1%) of wall
-  time in any `budget_window_s` window (default 600 s, so 6 s of tests per ten
-  minutes); a test that would exceed it waits. The time charged is the test's
-  real elapsed time, failed tests included.
+  time in any `budget_window_s` window (default 120 s, so 1.2 s of tests per two
+  minutes: a few sized tests, and the share holds over any run of minutes); a
+  test that would exceed it waits. The time charged is the test's
+  real elapsed time, failed tests included, and a measurement's duration_s says it.
 - A test is sized to take about `sized_test_s` at the rate the path is expected
-  to have (the lower of its last reading and the rate a request expects): iperf3 -n BYTES, so a test at
-  1 Gbit/s costs a quarter second, not two. A path with no expected rate gets
-  a whole-second test (`test_duration_s`), and a sized test that ran much
-  shorter than meant is repeated at the size its reading asks for.
+  to have (the lower of its last reading and the rate a request expects; a
+  new peer, the slowest other peer's): iperf3 -n BYTES, so a test at 1 Gbit/s
+  costs a quarter second, not two. With no expected rate at all a test runs
+  `test_duration_s`, and a sized test that ran much shorter than meant is
+  repeated at the size its reading asks for.
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
 - A probe that fails (peer down, iperf3 error, timeout) is recorded as a failed
   measurement and the schedule goes on.
 
-Measurements go to the store (if given), then `on_measurement` (if given). The peer set can change while it
-runs (`set_peers`, e.g. as jobs come and go), and `measure_bandwidth(peer)` is
-an on-demand test under the same exclusivity and budget.
+Measurements go to the store (if given), then `on_measurement` (if given). The
+peer set can change while it runs (`set_peers`, e.g. as jobs come and go), and
+`measure_bandwidth(peer)` is an on-demand test under the same exclusivity and
+budget.
 
     sched = ProbeScheduler(peers, ProbeConfig(), store=store, on_measurement=callback).start()
     ...
@@ -42,6 +45,7 @@ an on-demand test under the same exclusivity and budget.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -71,7 +75,7 @@ class ProbeConfig:
 
     iperf_port: int = DEFAULT_PORT
     latency_port: int = DEFAULT_PORT
-    test_duration_s: float = 2.0
+    test_duration_s: float = 1.0
     sized_test_s: float = 0.25  # 0: every test runs test_duration_s
     streams: int = 1
     reverse: bool = False
@@ -82,7 +86,7 @@ class ProbeConfig:
     bandwidth_interval_s: float = 300.0
     jitter: float = 0.1
     duty_cycle: float = 0.01
-    budget_window_s: float = 600.0
+    budget_window_s: float = 120.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
     netns: str | None = None  # probe from inside this namespace (lab, tests)
@@ -278,10 +282,14 @@ class ProbeScheduler:
 
     def expected_bps(self, peer: str) -> float | None:
         """The rate a test to `peer` is sized for: the lower of its last reading
-        and what a request expects (a path that slowed must not make a test long)."""
-        sched = self.schedule.get(peer)
-        known = [r for r in (sched.hint_bps, sched.last_bps) if r] if sched else []
-        return min(known) if known else None
+        and what a request expects (a path that slowed must not make a test long);
+        for a peer never tested, the slowest other peer's last reading (the paths
+        of one job usually share a fabric)."""
+        with self._lock:
+            sched = self.schedule.get(peer)
+            known = [r for r in (sched.hint_bps, sched.last_bps) if r] if sched else []
+            others = [s.last_bps for s in self.schedule.values() if s.last_bps]
+        return min(known or others) if known or others else None
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
@@ -317,7 +325,8 @@ class ProbeScheduler:
     def _budget_wait(self, peer: str) -> float:
         """Seconds until a test to `peer` fits the budget (a sized test costs less)."""
         sized = self.config.sized_test_s and self.expected_bps(peer)
-        cost = self.config.sized_test_s if sized else self.config.test_duration_s
+        # a sized test's start-up (process, control connection) is about its length again
+        cost = 2 * self.config.sized_test_s if sized else self.config.test_duration_s
         with self._lock:
             return self.budget.wait_for(cost, self.clock())
 
@@ -349,10 +358,13 @@ class ProbeScheduler:
         with self.locks.hold(peer):
             start = self.clock()
             try:
-                return self._run(self.bandwidth_probe, peer, BANDWIDTH)
+                m = self._run(self.bandwidth_probe, peer, BANDWIDTH)
             finally:
+                elapsed = self.clock() - start
                 with self._lock:
-                    self.budget.charge(start, self.clock() - start)
+                    self.budget.charge(start, elapsed)
+        # what the budget charged: iperf3's own figure leaves out its start-up
+        return dataclasses.replace(m, duration_s=elapsed) if m.ok else m
 
     @staticmethod
     def _run(probe: Probe, peer: str, kind: str) -> Measurement:
