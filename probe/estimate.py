@@ -45,7 +45,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from flexcomm.policy.costmodel import ModelForms, alpha_beta_terms
-from flexcomm.policy.types import DENSE_COLLECTIVES, PLAIN_LINK, LinkBucket, NetworkObservation, StepReport
+from flexcomm.policy.types import (
+    DENSE_COLLECTIVES,
+    PLAIN_LINK,
+    LinkBucket,
+    NetworkObservation,
+    StepReport,
+    check_range,
+)
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
 PASSIVE_WINDOW = 32
@@ -73,9 +80,7 @@ class EstimateConfig:
     def __post_init__(self) -> None:
         for name in ("smoothing", "change_threshold", "passive_threshold", "confirm_s",
                      "informative_share"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+            check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("persist_steps", "settle_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
@@ -300,8 +305,14 @@ class JobEstimate:
             self._move(min(recent) if level else statistics.median(recent), "passive", ts, settled=level)
 
     def _fit(self, obs: SyncObservation, bucket: LinkBucket) -> None:
-        """alpha from the syncs since the last move, once their sizes differ enough."""
+        """alpha from the syncs since the last move, once their sizes differ enough
+        (refitted when a size joins: a job that runs one option adds nothing to tell
+        alpha from beta, and the agent must ingest tens of thousands of reports a second)."""
+        same_size = bool(self._window) and (self._window[-1].alpha_coeff, self._window[-1].beta_bytes) == \
+            (obs.alpha_coeff, obs.beta_bytes)
         self._window.append(obs)
+        if same_size:
+            return
         fit = fit_alpha_beta([linearised(o, bucket, self.beta_s_per_byte) for o in self._window])
         if fit is not None:
             self.alpha_fit = fit[0]
