@@ -247,8 +247,8 @@ class JobEstimate:
         self.probe_ref: float | None = None  # what probes read while the estimate held
         self._probe: tuple[float, float] | None = None  # the latest probe figure, and when
         self._window: deque[SyncObservation] = deque(maxlen=PASSIVE_WINDOW)
-        self._recent: dict[str, deque[float]] = {}
-        self._baselines: dict[str, float] = {}
+        self._recent: dict[str, deque[tuple[float, float]]] = {}  # option -> (seconds, beta)
+        self._baselines: dict[str, float] = {}  # option -> its sync seconds since the last move
         self._dense: list[float] | None = []  # dense betas since the last move, while they refine it
         self._pending: _Pending | None = None
         self._steady_dense = False  # the last sync was dense, bandwidth-bound and did not move
@@ -282,27 +282,27 @@ class JobEstimate:
         raw = passive_beta(obs, self.alpha_fit if self.alpha_fit is not None else alpha_s, bucket)
         level = dense and obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
         recent = self._recent.setdefault(option, deque(maxlen=self.config.settle_steps))
-        recent.append(raw)
+        recent.append((obs.seconds, raw))
         self._steady_dense = False
-        if raw <= 0:
-            pass  # alpha alone explains it: nothing to say of beta
-        elif self.beta_s_per_byte is None:
+        if self.beta_s_per_byte is None:
             self._first(recent, level, ts)
         elif option not in self._baselines:
             if len(recent) == recent.maxlen:
-                self._baselines[option] = statistics.median(recent)
+                self._baselines[option] = statistics.median(t for t, _ in recent)
         else:
-            self._passive_sample(option, raw, level, passive_beta(obs, 0.0, bucket), ts)
-        if level and self._pending is None:
+            ratio = obs.seconds / self._baselines[option]
+            self._passive_sample(ratio, raw, level, passive_beta(obs, 0.0, bucket), ts)
+        if level and raw > 0 and self._pending is None:
             self._refine(raw, ts)
         if self._pending is None:  # a window that mixes two links fits neither
             self._fit(obs, bucket)
 
-    def _first(self, recent: deque[float], level: bool, ts: float) -> None:
+    def _first(self, recent: deque[tuple[float, float]], level: bool, ts: float) -> None:
         """Nothing known yet: the first settled syncs are the estimate (rough but for
         dense ones); a probe or dense syncs correct it."""
-        if len(recent) == recent.maxlen:
-            self._move(min(recent) if level else statistics.median(recent), "passive", ts, settled=level)
+        betas = [b for _, b in recent if b > 0]
+        if len(recent) == recent.maxlen and betas:
+            self._move(min(betas) if level else statistics.median(betas), "passive", ts, settled=level)
 
     def _fit(self, obs: SyncObservation, bucket: LinkBucket) -> None:
         """alpha from the syncs since the last move, once their sizes differ enough
@@ -317,10 +317,12 @@ class JobEstimate:
         if fit is not None:
             self.alpha_fit = fit[0]
 
-    def _passive_sample(self, option: str, raw: float, level: bool, most: float, ts: float) -> None:
-        """`most`: the slowest beta that explains the sync (all of its time bandwidth)."""
+    def _passive_sample(self, ratio: float, raw: float, level: bool, most: float, ts: float) -> None:
+        """One sync of an option with a baseline: `ratio` its time over the
+        baseline's (a time that moved as far says the path moved at least as far),
+        `raw` the beta that explains it, `most` the slowest beta that could (all of
+        its time bandwidth)."""
         assert self.beta_s_per_byte is not None
-        ratio = raw / self._baselines[option]
         threshold = 1 + self.config.passive_threshold
         direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
         pending = self._pending
@@ -334,7 +336,10 @@ class JobEstimate:
         pending.samples += 1
         # dense and bandwidth-bound: the path as it is; else the old figure moved as far,
         # but never faster than the sync proves (its bytes crossed in its time)
-        pending.betas.append(raw if level else max(self.beta_s_per_byte * ratio, most if direction < 0 else 0.0))
+        scaled = self.beta_s_per_byte * ratio
+        if direction < 0:
+            scaled = min(max(scaled, most), self.beta_s_per_byte)
+        pending.betas.append(raw if level else scaled)
         pending.settled = pending.settled and level
         if pending.samples < self.config.persist_steps:
             return
