@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -29,7 +30,8 @@ log = logging.getLogger("flexcomm.agent.network")
 FORM_OPTIONS = {"ag_form": "ag", "tree_form": "tree", "value_bytes": "value_bytes",
                 "index_bytes": "index_bytes"}
 
-RequestProbes = Callable[[Sequence[str], "float | None"], None]
+# (peers, expected_bps) -> seconds until the duty budget has room for the first
+RequestProbes = Callable[[Sequence[str], "float | None"], float]
 
 
 def model_forms(options: dict[str, Any]) -> ModelForms:
@@ -45,7 +47,7 @@ def job_peers(nodes: Iterable[str], own: frozenset[str]) -> list[str]:
 class NetworkFeed:
     """`redecide(job_id)` gives a job's policy its current bottleneck;
     `request_probes(peers, expected_bps)`, when probing runs, asks for bandwidth
-    tests now."""
+    tests now and says how soon the duty budget allows them."""
 
     def __init__(self, estimator: Estimator, metrics: Metrics, redecide: Callable[[str], None],
                  request_probes: RequestProbes | None = None) -> None:
@@ -129,11 +131,13 @@ class NetworkFeed:
         estimate.wants_probe = False
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:
+            estimate.probe_wait_s = math.inf  # no probe will come: the syncs stand alone
             return
         peer = min(peers, key=lambda a: self.estimator.peer(a).measured or 0.0)
         expected = estimate.pending_bandwidth_bps or estimate.bandwidth_bps
-        log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer, "expected_bps": expected}})
-        self.request_probes([peer], expected)
+        estimate.probe_wait_s = self.request_probes([peer], expected)
+        log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer, "expected_bps": expected,
+                                                      "budget_wait_s": round(estimate.probe_wait_s, 1)}})
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:
         return self.estimator.bottleneck(job.job_id, job.spec.world_size)

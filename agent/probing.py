@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 
 from flexcomm.agent.config import AgentConfig
@@ -73,10 +74,12 @@ class Probing:
         log.info("probing", extra={"fields": {"peers": sorted(self.scheduler.schedule),
                                               "own_addresses_skipped": list(self.scheduler.skipped)}})
 
-    def request_bandwidth(self, peers: Sequence[str], expected_bps: float | None = None) -> None:
-        """Bandwidth tests of `peers` as soon as the duty budget allows."""
-        if self.scheduler is not None:
-            self.scheduler.request_bandwidth(peers, expected_bps)
+    def request_bandwidth(self, peers: Sequence[str], expected_bps: float | None = None) -> float:
+        """Bandwidth tests of `peers` as soon as the duty budget allows; the
+        seconds until it does (inf before probing starts)."""
+        if self.scheduler is None:
+            return math.inf
+        return self.scheduler.request_bandwidth(peers, expected_bps)
 
     def _from_probe_thread(self, m: Measurement) -> None:
         loop = self._loop

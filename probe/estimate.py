@@ -4,8 +4,10 @@ bottleneck, from active probes and from the job's own syncs.
 alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 
 - A peer's path (`PeerPath`) is what active probes measured: a latency burst gives
-  alpha (half the smallest RTT), a bandwidth test beta. Readings within
-  `change_threshold` of the last are smoothed; one beyond it replaces it.
+  alpha (half the smallest RTT; the smallest of the last ALPHA_BURSTS bursts: a
+  loaded host once read 8 ms on a 40 us path, and the policy explored on it), a
+  bandwidth test beta. Readings within `change_threshold` of the last are
+  smoothed; one beyond it replaces it.
 - A job's bottleneck bandwidth (`JobEstimate`) fuses its peers' probes with its own
   sync times. Each step report is one passive observation,
   t_sync = A alpha + bucket(B beta), with A and B read off the cost model's formula
@@ -16,9 +18,10 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   Top-k syncs are mostly gloo's own work the model does not count (they read 0.2x
   to 1.8x of the link), so they say only how far the path moved since they last
   ran (each option against its own first steps since the last move).
-- Change detection: the running option's beta moving by >= `passive_threshold`
+- Change detection: the running option's sync time moving by >= `passive_threshold`
   from its own baseline for `persist_steps` steps in a row is a passive move; it
-  asks for a probe and waits up to `confirm_s` for it. A probe that moved as far
+  asks for a probe and waits up to `confirm_s` for it (not at all when the duty
+  budget has no room for one that soon). A probe that moved as far
   from what probes read before confirms it ("passive+probe"); one that did not
   says the host, not the path, was slow. A passive move no probe answers in time
   stands on its own ("passive"). Probes share the path with the job's traffic, so
@@ -28,7 +31,9 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   (`NetworkEstimate`) are taken at once ("report"). A path carries at least what
   crossed it: a move's figure is the fastest of what its dense syncs (a rank that
   arrives late only slows them) and its fresh probes read, else the old figure
-  scaled by the running option's move; the first dense syncs after a move refine it.
+  moved as far as the running option's sync time (no further than the path: the
+  time's share that is gloo's own work does not move); the first dense syncs after
+  a move refine it.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's estimate for beta (the slowest probed peer while it has none), the highest
   alpha among its peers.
@@ -56,6 +61,7 @@ from flexcomm.policy.types import (
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
 PASSIVE_WINDOW = 32
+ALPHA_BURSTS = 5
 # Two observations must differ by this factor in beta-bytes per alpha before a
 # fit can tell latency from bandwidth.
 FIT_SPREAD = 2.0
@@ -190,6 +196,7 @@ class PeerPath:
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
     failures: int = 0
+    _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -201,7 +208,8 @@ class PeerPath:
             self.failures += 1
             return False
         if m.kind in (LATENCY, PASSIVE) and m.alpha_s is not None:
-            self.alpha_s = ewma(self.alpha_s, m.alpha_s, config.smoothing)
+            self._alphas.append(m.alpha_s)
+            self.alpha_s = min(self._alphas)  # a burst that read more was the host's delay
         for name in ("rtt_p50_s", "rtt_p99_s", "loss"):
             value = getattr(m, name)
             if value is not None:
@@ -243,6 +251,7 @@ class JobEstimate:
         self.moved_at: float | None = None
         self.fresh_after = started  # probes before this predate what the estimate says
         self.wants_probe = False
+        self.probe_wait_s = 0.0  # how long the owner was told the probe it asked for will take
         self.alpha_fit: float | None = None
         self.probe_ref: float | None = None  # what probes read while the estimate held
         self._probe: tuple[float, float] | None = None  # the latest probe figure, and when
@@ -291,7 +300,7 @@ class JobEstimate:
                 self._baselines[option] = statistics.median(t for t, _ in recent)
         else:
             ratio = obs.seconds / self._baselines[option]
-            self._passive_sample(ratio, raw, level, passive_beta(obs, 0.0, bucket), ts)
+            self._passive_sample(ratio, raw, level, ts)
         if level and raw > 0 and self._pending is None:
             self._refine(raw, ts)
         if self._pending is None:  # a window that mixes two links fits neither
@@ -317,11 +326,9 @@ class JobEstimate:
         if fit is not None:
             self.alpha_fit = fit[0]
 
-    def _passive_sample(self, ratio: float, raw: float, level: bool, most: float, ts: float) -> None:
+    def _passive_sample(self, ratio: float, raw: float, level: bool, ts: float) -> None:
         """One sync of an option with a baseline: `ratio` its time over the
-        baseline's (a time that moved as far says the path moved at least as far),
-        `raw` the beta that explains it, `most` the slowest beta that could (all of
-        its time bandwidth)."""
+        baseline's, `raw` the beta that explains it."""
         assert self.beta_s_per_byte is not None
         threshold = 1 + self.config.passive_threshold
         direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
@@ -334,18 +341,15 @@ class JobEstimate:
         if pending is None or pending.kind != "passive" or pending.direction != direction:
             pending = self._pending = _Pending("passive", ts, direction, settled=True)
         pending.samples += 1
-        # dense and bandwidth-bound: the path as it is; else the old figure moved as far,
-        # but never faster than the sync proves (its bytes crossed in its time)
-        scaled = self.beta_s_per_byte * ratio
-        if direction < 0:
-            scaled = min(max(scaled, most), self.beta_s_per_byte)
-        pending.betas.append(raw if level else scaled)
+        # dense and bandwidth-bound: the path as it is; else the old figure moved as far
+        # as the time (a lower bound of the path's move: gloo's own work does not scale)
+        pending.betas.append(raw if level else self.beta_s_per_byte * ratio)
         pending.settled = pending.settled and level
         if pending.samples < self.config.persist_steps:
             return
         if not pending.probe_asked:
             pending.probe_asked = self.wants_probe = True
-        if ts - pending.since >= self.config.confirm_s:
+        if ts - pending.since >= self.config.confirm_s or self.probe_wait_s > self.config.confirm_s:
             self._take(pending, "passive", ts)
 
     def _refine(self, raw: float, ts: float) -> None:

@@ -268,9 +268,11 @@ class ProbeScheduler:
                 now + self._jittered(0.5), now + self._jittered(1.0)) for p in peers}
         self._wake.set()
 
-    def request_bandwidth(self, peers: Iterable[str], expected_bps: float | None = None) -> None:
+    def request_bandwidth(self, peers: Iterable[str], expected_bps: float | None = None) -> float:
         """Test these peers (those probed) as soon as the duty budget allows;
-        `expected_bps` is the rate the caller expects of them, if it has an idea."""
+        `expected_bps` is the rate the caller expects of them, if it has an idea.
+        Returns the seconds until the budget has room for the first (inf: none probed)."""
+        asked = []
         with self._lock:
             now = self.clock()
             for p in peers:
@@ -278,7 +280,9 @@ class ProbeScheduler:
                 if sched is not None:
                     sched.next_bandwidth = min(sched.next_bandwidth, now)
                     sched.hint_bps = expected_bps
+                    asked.append(p)
         self._wake.set()
+        return self._budget_wait(asked[0]) if asked else math.inf
 
     def expected_bps(self, peer: str) -> float | None:
         """The rate a test to `peer` is sized for: the lower of its last reading

@@ -199,6 +199,7 @@ def test_own_addresses_are_never_probed():
     assert {p for p, _ in probes.bandwidth_calls + probes.latency_calls} == {"10.255.0.7"}
     with pytest.raises(ValueError, match=r"^peer: 127\.0\.0\.1 is an address of this host"):
         sched.measure_bandwidth("127.0.0.1")
+    assert sched.request_bandwidth(["127.0.0.1"]) == float("inf")  # never probed: never comes
 
 
 def test_requested_tests_run_at_once_and_sized_ones_within_the_budget():
@@ -210,7 +211,8 @@ def test_requested_tests_run_at_once_and_sized_ones_within_the_budget():
     start, ran = clock.now, 0
     for i in range(60):  # a request every 10 s, far more than 1% allows
         clock.now = max(clock.now, start + 10 * i)
-        sched.request_bandwidth(["p", "q"], expected_bps=5e7)
+        wait = sched.request_bandwidth(["p", "q"], expected_bps=5e7)
+        assert wait == pytest.approx(sched.budget.wait_for(0.5, clock.now))  # told how soon
         before = len(probes.bandwidth_calls)
         sched.tick(), sched.tick()  # the loop, woken by the request
         ran += len(probes.bandwidth_calls) - before
