@@ -21,7 +21,9 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 - Change detection: the running option's sync time moving by >= `passive_threshold`
   from its own baseline for `persist_steps` steps in a row is a passive move; it
   asks for a probe and waits up to `confirm_s` for it (not at all when the duty
-  budget has no room for one that soon). A probe that moved as far
+  budget has no room for one that soon). Only syncs whose time is mostly
+  bandwidth move the estimate alone; latency-bound ones (a Top-k message on a
+  fast link) move with the host as much as with the path, and only ask. A probe that moved as far
   from what probes read before confirms it ("passive+probe"); one that did not
   says the host, not the path, was slow. A passive move no probe answers in time
   stands on its own ("passive"). Probes share the path with the job's traffic, so
@@ -237,6 +239,7 @@ class _Pending:
     betas: list[float] = field(default_factory=list)
     probe_asked: bool = False
     settled: bool = False  # every figure came from dense, bandwidth-bound syncs
+    bound: bool = False  # every sample's time was mostly bandwidth
 
 
 class JobEstimate:
@@ -289,7 +292,8 @@ class JobEstimate:
         """One step's sync time of `option` (a `dense` collective or not); `alpha_s`
         is what the probes know of alpha (used until the job's syncs fit one)."""
         raw = passive_beta(obs, self.alpha_fit if self.alpha_fit is not None else alpha_s, bucket)
-        level = dense and obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
+        bound = obs.beta_bytes * raw >= self.config.informative_share * obs.seconds  # by bandwidth
+        level = dense and bound
         recent = self._recent.setdefault(option, deque(maxlen=self.config.settle_steps))
         recent.append((obs.seconds, raw))
         self._steady_dense = False
@@ -300,7 +304,7 @@ class JobEstimate:
                 self._baselines[option] = statistics.median(t for t, _ in recent)
         else:
             ratio = obs.seconds / self._baselines[option]
-            self._passive_sample(ratio, raw, level, ts)
+            self._passive_sample(ratio, raw, level, bound, ts)
         if level and raw > 0 and self._pending is None:
             self._refine(raw, ts)
         if self._pending is None:  # a window that mixes two links fits neither
@@ -326,9 +330,11 @@ class JobEstimate:
         if fit is not None:
             self.alpha_fit = fit[0]
 
-    def _passive_sample(self, ratio: float, raw: float, level: bool, ts: float) -> None:
+    def _passive_sample(self, ratio: float, raw: float, level: bool, bound: bool, ts: float) -> None:
         """One sync of an option with a baseline: `ratio` its time over the
-        baseline's, `raw` the beta that explains it."""
+        baseline's, `raw` the beta that explains it, `level` whether that is the
+        path's (dense and bandwidth-bound), `bound` whether bandwidth explains
+        most of its time (else a noisy host moves it as much as the path)."""
         assert self.beta_s_per_byte is not None
         threshold = 1 + self.config.passive_threshold
         direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
@@ -339,17 +345,19 @@ class JobEstimate:
             self._steady_dense = level
             return
         if pending is None or pending.kind != "passive" or pending.direction != direction:
-            pending = self._pending = _Pending("passive", ts, direction, settled=True)
+            pending = self._pending = _Pending("passive", ts, direction, settled=True, bound=True)
         pending.samples += 1
         # dense and bandwidth-bound: the path as it is; else the old figure moved as far
         # as the time (a lower bound of the path's move: gloo's own work does not scale)
         pending.betas.append(raw if level else self.beta_s_per_byte * ratio)
         pending.settled = pending.settled and level
+        pending.bound = pending.bound and bound
         if pending.samples < self.config.persist_steps:
             return
         if not pending.probe_asked:
             pending.probe_asked = self.wants_probe = True
-        if ts - pending.since >= self.config.confirm_s or self.probe_wait_s > self.config.confirm_s:
+        alone = ts - pending.since >= self.config.confirm_s or self.probe_wait_s > self.config.confirm_s
+        if alone and pending.bound:  # latency-bound syncs only ask: they cannot tell the path from the host
             self._take(pending, "passive", ts)
 
     def _refine(self, raw: float, ts: float) -> None:

@@ -205,19 +205,28 @@ def test_a_probe_alone_must_read_a_move_twice():
     assert job.mbps == pytest.approx(1 / (0.7 / 50 + 0.3 / 52)) and job.estimate.evidence == "probe"
 
 
-def test_latency_bound_syncs_move_the_figure_no_further_than_their_time():
+def test_latency_bound_syncs_ask_for_a_probe_but_never_move_the_figure_alone():
     job = Job()
     job.probe_all(20e6)
     job.steps(DENSE, 20e6, 3)
     job.steps(SPARSE, 20e6, 10)
     job.steps(SPARSE, 1e9, 3)  # the link recovers: the Top-k syncs get faster, mostly latency now
     assert job.estimate.wants_probe
-    job.steps(SPARSE, 1e9, 1, step_s=3.0)  # no probe came: the syncs alone
-    time_ratio = sync_s(SPARSE, 20e6) / sync_s(SPARSE, 1e9)
-    assert job.estimate.evidence == "passive" and job.mbps == pytest.approx(20 * time_ratio, rel=0.05)
-    assert 100 < job.mbps < 1000, "faster, by less than the link: latency does not scale"
+    job.steps(SPARSE, 1e9, 20, step_s=1.0)  # no probe came
+    assert job.mbps == pytest.approx(20), "a latency-bound sync moves with the host as much as the path"
     job.probe_all(950e6)
-    assert job.mbps == pytest.approx(950) and job.estimate.evidence == "probe"
+    assert job.mbps == pytest.approx(950) and job.estimate.evidence == "passive+probe"
+
+
+def test_bandwidth_bound_top_k_syncs_move_the_figure_as_far_as_their_time():
+    job = Job()
+    job.probe_all(100e6)
+    job.steps(SPARSE, 100e6, 5, extra_s=0.002)  # Top-k syncs do work the model does not count
+    job.steps(SPARSE, 20e6, 3, extra_s=0.002)
+    job.steps(SPARSE, 20e6, 1, step_s=3.0, extra_s=0.002)  # no probe came: the syncs alone
+    time_ratio = (sync_s(SPARSE, 20e6) + 0.002) / (sync_s(SPARSE, 100e6) + 0.002)
+    assert job.estimate.evidence == "passive" and job.mbps == pytest.approx(100 / time_ratio, rel=0.05)
+    assert 20 < job.mbps < 50, "slower, by less than the link: gloo's own work does not scale"
 
 
 def test_a_move_stands_on_the_syncs_at_once_when_no_probe_can_come_soon():
