@@ -21,21 +21,22 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 - Change detection: the running option's sync time moving by >= `passive_threshold`
   from its own baseline for `persist_steps` steps in a row is a passive move; it
   asks for a probe and waits up to `confirm_s` for it (not at all when the duty
-  budget has no room for one that soon). Only syncs whose time is mostly
-  bandwidth move the estimate alone; latency-bound ones (a Top-k message on a
-  fast link) move with the host as much as with the path, and only ask. A probe that moved as far
-  from what probes read before confirms it ("passive+probe"); one that did not
-  says the host, not the path, was slow. A passive move no probe answers in time
-  stands on its own ("passive"). Probes share the path with the job's traffic, so
-  a probe that reads less while the job's syncs are steady is not news, one that
-  reads more raises the estimate at once, and one that reads less without passive
-  evidence must read it twice ("probe"). The job's own reported figures
-  (`NetworkEstimate`) are taken at once ("report"). A path carries at least what
-  crossed it: a move's figure is the fastest of what its dense syncs (a rank that
-  arrives late only slows them) and its fresh probes read, else the old figure
-  moved as far as the running option's sync time (no further than the path: the
-  time's share that is gloo's own work does not move); the first dense syncs after
-  a move refine it.
+  budget has no room for one that soon). A probe that moved as far from what
+  probes read before confirms it ("passive+probe"); one that did not says the
+  host, not the path, was slow. A passive move no probe answers in time stands
+  on its own ("passive"), but only if its syncs' time is mostly bandwidth:
+  latency-bound ones (a Top-k message on a fast link) move with the host as much
+  as with the path, and only ask. Probes share the path with the job's traffic,
+  so a probe that reads less while the job's dense syncs are steady is not news,
+  one that reads more raises the estimate at once, and one that reads less
+  without passive evidence must read it twice ("probe"). The job's own reported
+  figures (`NetworkEstimate`) are taken at once ("report").
+- A path carries at least what crossed it: the first figure is the fastest of
+  the first dense syncs (a rank that arrives late only slows them) or a probe; a
+  move's figure is the fastest of what its dense syncs and its fresh probes read,
+  else the old figure moved as far as the running option's sync time (no further
+  than the path: the time's share that is gloo's own work does not move); the
+  first dense syncs after a move refine it.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's estimate for beta (the slowest probed peer while it has none), the highest
   alpha among its peers.
@@ -311,11 +312,10 @@ class JobEstimate:
             self._fit(obs, bucket)
 
     def _first(self, recent: deque[tuple[float, float]], level: bool, ts: float) -> None:
-        """Nothing known yet: the first settled syncs are the estimate (rough but for
-        dense ones); a probe or dense syncs correct it."""
-        betas = [b for _, b in recent if b > 0]
-        if len(recent) == recent.maxlen and betas:
-            self._move(min(betas) if level else statistics.median(betas), "passive", ts, settled=level)
+        """Nothing known yet: the first dense, bandwidth-bound syncs are the estimate
+        (Top-k syncs read 0.2x-1.8x of the link: a probe must give theirs)."""
+        if level and len(recent) == recent.maxlen and all(b > 0 for _, b in recent):
+            self._move(min(b for _, b in recent), "passive", ts, settled=True)
 
     def _fit(self, obs: SyncObservation, bucket: LinkBucket) -> None:
         """alpha from the syncs since the last move, once their sizes differ enough

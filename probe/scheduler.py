@@ -67,6 +67,7 @@ Probe = Callable[[str], Measurement]
 # A sized test sends at least this much: below it, a test at a fast rate is mostly
 # start-up and reads the shaper's burst rather than its rate.
 MIN_TEST_BYTES = 1 << 20
+SIZED_TIMEOUT_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,12 @@ def iperf_probe(config: ProbeConfig,
     """The real bandwidth probe: one iperf3 test, sized by the rate `expected_bps`
     gives for the peer (see the module docstring); raises IperfError on failure."""
     def test(peer: str, size: int | None) -> Measurement:
+        # A sized test that cannot finish in a few times its length is a failed one: on
+        # the loaded lab machine one ran 7 s, a minute of the duty budget.
+        timeout = SIZED_TIMEOUT_FACTOR * config.sized_test_s + config.connect_timeout_s if size else None
         return bandwidth_measurement(run_test(
             peer, port=config.iperf_port, duration_s=config.test_duration_s, bytes_=size,
-            streams=config.streams, reverse=config.reverse,
+            streams=config.streams, reverse=config.reverse, timeout_s=timeout,
             connect_timeout_s=config.connect_timeout_s, netns=config.netns))
 
     def probe(peer: str) -> Measurement:

@@ -238,12 +238,12 @@ def test_a_move_stands_on_the_syncs_at_once_when_no_probe_can_come_soon():
     assert job.estimate.evidence == "passive" and 18 < job.mbps < 20
 
 
-def test_dense_syncs_refine_a_figure_from_top_k_but_never_lower_a_probed_one():
+def test_dense_syncs_give_the_figure_top_k_syncs_cannot_but_never_lower_a_probed_one():
     job = Job(peers=())
     job.steps(SPARSE, 20e6, 3, extra_s=0.01)  # Top-k syncs do work the model does not count
-    rough = job.mbps
-    job.steps(DENSE, 20e6, 3)  # e.g. the policy's exploration runs dense
-    assert rough < 16 and 18 < job.mbps < 20  # 20 Mbit/s, less gloo's bias
+    assert job.est.bottleneck("j", NODES) is None
+    job.steps(DENSE, 20e6, 3)  # e.g. the policy's warm-up or exploration runs dense
+    assert 18 < job.mbps < 20  # 20 Mbit/s, less gloo's bias
     fast = Job()
     fast.probe_all(1e9)
     fast.steps(DENSE, 1e9, 3, noise=2.0)  # a gigabit the host's CPU cannot fill
