@@ -19,7 +19,7 @@ from typing import Any
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.metrics import Metrics
 from flexcomm.policy.costmodel import ModelForms
-from flexcomm.policy.types import NetworkObservation, StepReport
+from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 from flexcomm.probe.addresses import is_local, local_addresses
 from flexcomm.probe.estimate import Estimator, PeerPath
 from flexcomm.proto import agent_pb2 as pb
@@ -27,16 +27,21 @@ from flexcomm.store import Measurement
 
 log = logging.getLogger("flexcomm.agent.network")
 # Policy options that choose the cost model's formulas (MooConfig's names).
-FORM_OPTIONS = {"ag_form": "ag", "tree_form": "tree", "value_bytes": "value_bytes",
-                "index_bytes": "index_bytes"}
+FORM_OPTIONS = {"ag_form": "ag", "tree_form": "tree", "index_bytes": "index_bytes"}
 
 # (peers, expected_bps) -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str], "float | None"], float]
 
 
-def model_forms(options: dict[str, Any]) -> ModelForms:
+def model_forms(options: dict[str, Any], layout: GradientLayout) -> ModelForms:
     """The formulas a job's policy predicts with, so its syncs are read alike."""
-    return ModelForms(**{name: options[key] for key, name in FORM_OPTIONS.items() if key in options})
+    chosen = {name: options[key] for key, name in FORM_OPTIONS.items() if key in options}
+    return ModelForms(value_bytes=layout.value_bytes, **chosen)
+
+
+def job_layout(job: Job) -> GradientLayout:
+    """The job's gradient as it described it, else one vector of its bytes."""
+    return job.spec.layout or GradientLayout.flat(job.spec.grad_bytes)
 
 
 def job_peers(nodes: Iterable[str], own: frozenset[str]) -> list[str]:
@@ -55,7 +60,7 @@ class NetworkFeed:
         self.metrics = metrics
         self.redecide = redecide
         self.request_probes = request_probes
-        self._forms: dict[str, ModelForms] = {}
+        self._reading: dict[str, tuple[GradientLayout, ModelForms]] = {}  # how each job's syncs are read
 
     async def add_job(self, job: Job) -> None:
         """Follow a registered job's paths from now on; a resumed job starts from
@@ -63,13 +68,21 @@ class NetworkFeed:
         own = await asyncio.to_thread(local_addresses)  # netlink: off the event loop
         now = time.time()
         estimate = self.estimator.add_job(job.job_id, job_peers(job.spec.nodes, own), now)
-        self._forms[job.job_id] = model_forms(job.spec.options)
+        layout = job_layout(job)
+        self._reading[job.job_id] = (layout, model_forms(job.spec.options, layout))
         if job.reported_network is not None:
             self.estimator.observe_reported_network(job.job_id, *job.reported_network, now)
         elif job.network is not None:
             estimate.observe_active(job.network.beta_s_per_byte, now, job.network.evidence or "probe")
         estimate.wants_probe = True  # the paths as they are now, before the job loads them
         self._ask_probes(job.job_id)
+
+    async def forget(self, job: Job, existing: Job | None) -> None:
+        """A registration the store refused: back to the job held before, if any."""
+        self.estimator.remove_job(job.job_id)
+        self._reading.pop(job.job_id, None)
+        if existing is not None:
+            await self.add_job(existing)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
@@ -103,9 +116,9 @@ class NetworkFeed:
         """A job's step reports (each sync time a passive observation) and, when it
         sent one, its own estimate of its network."""
         now, before = time.time(), self._moves([job.job_id])
+        layout, forms = self._reading[job.job_id]
         for r in reports:
-            self.estimator.observe_report(job.job_id, r, job.spec.grad_bytes, job.spec.world_size, now,
-                                          self._forms.get(job.job_id))
+            self.estimator.observe_report(job.job_id, r, layout, job.spec.world_size, now, forms)
         if network is not None:
             self.estimator.observe_reported_network(job.job_id, network[0], network[1], now)
         self._log_moves(before)

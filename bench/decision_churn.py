@@ -35,7 +35,7 @@ from flexcomm.store import Store
 
 PREFIX, SUBNET = "fcbdc", "10.242.0.0/24"
 BUSY_LOOP = "while True:\n    pass\n"
-EXPLORING = re.compile(r"^exploring (\d+)/\d+ \((.*)\)$")
+MEASURING = re.compile(r"^measuring (\d+)/\d+ \((.*)\)$")
 
 
 def steady_schedule(rate: str) -> str:
@@ -55,7 +55,7 @@ def trigger(why: str) -> str:
 
 def explorations(db: Path) -> tuple[int, list[str], int]:
     """Explorations after the first (the policy's own count), what started each
-    (one per run of decisions "exploring k/N (why)" whose why changes or whose k
+    (one per run of decisions "measuring k/N (why)" whose why changes or whose k
     goes back), and the decision versions."""
     with Store(db, create=False) as store:
         job = next(j for j in store.jobs() if j.spec.get("policy") == "moo")
@@ -64,7 +64,7 @@ def explorations(db: Path) -> tuple[int, list[str], int]:
     count = state.get("policy", {}).get("state", {}).get("explorations", 0)
     whys, last = [], (None, 0)
     for d in sorted(decisions, key=lambda d: d.decision.version):
-        m = EXPLORING.match(d.decision.reason)
+        m = MEASURING.match(d.decision.reason)
         if m and (m.group(2) != last[0] or int(m.group(1)) <= last[1]):
             whys.append(m.group(2))
         last = (m.group(2), int(m.group(1))) if m else (None, 0)

@@ -11,11 +11,11 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
 - A job's bottleneck bandwidth (`JobEstimate`) fuses its peers' probes with its own
   sync times. Each step report is one passive observation,
   t_sync = A alpha + bucket(B beta), with A and B read off the cost model's formula
-  for the collective and CR it ran (`sync_observation`, the one place that does),
+  for what it ran (`sync_observation`, through `costmodel.option_terms`),
   and alpha fitted from syncs of different sizes. The beta that explains it
-  measures the path only where the bandwidth term explains the time: dense syncs
-  (within 10% of iperf3's goodput at 20-100 Mbit/s in the lab) give the level;
-  Top-k syncs are mostly gloo's own work the model does not count (they read 0.2x
+  measures the path only where the bandwidth term explains the time: syncs of the
+  whole gradient (dense, bf16: within 10% of iperf3's goodput at 20-100 Mbit/s in
+  the lab) give the level; Top-k syncs are mostly gloo's own work the model does not count (they read 0.2x
   to 1.8x of the link), so they say only how far the path moved since they last
   ran (each option against its own first steps since the last move).
 - Change detection: the running option's sync time moving by >= `passive_threshold`
@@ -52,10 +52,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from flexcomm.policy.costmodel import ModelForms, alpha_beta_terms
+from flexcomm.policy.costmodel import ModelForms, option_terms
 from flexcomm.policy.types import (
-    DENSE_COLLECTIVES,
+    BF16,
+    DENSE,
     PLAIN_LINK,
+    GradientLayout,
     LinkBucket,
     NetworkObservation,
     StepReport,
@@ -70,6 +72,8 @@ ALPHA_BURSTS = 5
 FIT_SPREAD = 2.0
 
 PROBE, REPORT = "probe", "report"
+# Families that send the whole gradient: their bandwidth-bound syncs measure the path.
+WHOLE_GRADIENT = frozenset({DENSE, BF16})
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
 
@@ -112,20 +116,20 @@ class SyncObservation:
             raise ValueError("beta_bytes: must be > 0 (an observation with no bytes says nothing of beta)")
 
 
-def sync_observation(report: StepReport, grad_bytes: float, nodes: int,
+def sync_observation(report: StepReport, layout: GradientLayout, nodes: int,
                      forms: ModelForms | None = None) -> SyncObservation | None:
     """The observation one step report makes: its sync time against the cost
-    model's coefficients for what it ran (its collective at its CR over the job's
-    gradient). None when the step measured no sync time."""
+    model's coefficients for what it ran (`costmodel.option_terms`: its compression
+    over its collective, on the job's gradient). None when it measured no sync time."""
     if report.t_sync_s < MIN_SYNC_S:
         return None
-    alpha_coeff, beta_bytes = alpha_beta_terms(report.collective, grad_bytes, report.cr, nodes,
-                                               forms or ModelForms())
+    alpha_coeff, beta_bytes = option_terms(report.compression, report.collective, layout, nodes,
+                                           forms or ModelForms())
     return SyncObservation(alpha_coeff, beta_bytes, report.t_sync_s)
 
 
 def option_key(report: StepReport) -> str:
-    return f"{report.collective}@{report.cr!r}"
+    return f"{report.compression.name}@{report.collective}"
 
 
 def fit_alpha_beta(observations: Sequence[SyncObservation]) -> tuple[float, float] | None:
@@ -439,6 +443,7 @@ class JobEstimate:
         if moved:
             self._set(beta, evidence, ts, since=since)
             self._window.clear()
+            self.alpha_fit = None  # the latency moves with the path too: fitted again from here
             self._recent, self._baselines = {}, {}
             self._dense = None if settled else []
         else:
@@ -492,11 +497,11 @@ class Estimator:
                 job.observe_active(beta, ts, PROBE)
         return affected
 
-    def observe_report(self, job_id: str, report: StepReport, grad_bytes: float, nodes: int,
+    def observe_report(self, job_id: str, report: StepReport, layout: GradientLayout, nodes: int,
                        ts: float, forms: ModelForms | None = None) -> None:
-        obs = sync_observation(report, grad_bytes, nodes, forms)
+        obs = sync_observation(report, layout, nodes, forms)
         if obs is not None:
-            self.jobs[job_id].observe_sync(option_key(report), report.collective in DENSE_COLLECTIVES, obs,
+            self.jobs[job_id].observe_sync(option_key(report), report.family in WHOLE_GRADIENT, obs,
                                            self._alpha(job_id) or 0.0, self.bucket, ts)
 
     def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from flexcomm.policy.costmodel import ModelForms, sync_time
-from flexcomm.policy.types import LinkBucket, NetworkObservation, StepReport
+from flexcomm.policy.types import GradientLayout, LinkBucket, NetworkObservation, StepReport
 from flexcomm.probe.estimate import (
     EstimateConfig,
     Estimator,
@@ -27,15 +27,18 @@ from flexcomm.store import Measurement
 ALPHA = 5e-4
 BETA = 8 / 100e6  # 100 Mbit/s
 GRAD = 1_400_000
+LAYOUT = GradientLayout.flat(GRAD)
 NODES = 4
 BUCKET = LinkBucket(1.2, 0.005)
 DENSE, SPARSE = ("dense_ring", 1.0), ("art_ring", 0.011)
 
 
 def report(option: tuple[str, float], t_sync_s: float, step: int = 0) -> StepReport:
+    """A step of (collective, cr): dense for cr 1, else Top-k."""
     collective, cr = option
-    return StepReport(step=step, cr=cr, collective=collective, t_comp_s=0.0, t_sync_s=t_sync_s,
-                      gain=1.0 if cr == 1.0 else 0.5)
+    family, param = ("dense", 0.0) if cr == 1.0 else ("topk", cr)
+    return StepReport(step=step, family=family, param=param, collective=collective, t_comp_s=0.0,
+                      t_sync_s=t_sync_s, gain=1.0 if cr == 1.0 else 0.5)
 
 
 def sync_s(option: tuple[str, float], bandwidth_bps: float, overhead_s: float = 3e-4,
@@ -65,7 +68,7 @@ class Job:
         for _ in range(n):
             self.now += step_s
             t = sync_s(option, bandwidth_bps) * noise + extra_s
-            self.est.observe_report("j", report(option, t), GRAD, NODES, self.now)
+            self.est.observe_report("j", report(option, t), LAYOUT, NODES, self.now)
 
     def probe(self, peer: str, bandwidth_bps: float) -> None:
         self.now += 0.3
@@ -88,15 +91,15 @@ def test_a_report_is_an_alpha_beta_sample_of_the_cost_model():
     forms = ModelForms(ag="ring")
     for option in (DENSE, ("ag_topk", 0.01), ("art_tree", 0.1)):
         t = sync_time(option[0], GRAD, option[1], net, forms)
-        obs = sync_observation(report(option, t), GRAD, NODES, forms)
+        obs = sync_observation(report(option, t), LAYOUT, NODES, forms)
         assert obs.alpha_coeff * ALPHA + obs.beta_bytes * BETA == pytest.approx(t)
-    assert sync_observation(report(DENSE, 0.0), GRAD, NODES) is None  # nothing measured
+    assert sync_observation(report(DENSE, 0.0), LAYOUT, NODES) is None  # nothing measured
 
 
 def test_passive_fit_recovers_alpha_and_beta_from_two_sizes():
     net = NetworkObservation(ALPHA, BETA, NODES)
-    observations = [sync_observation(report(DENSE, sync_time("dense_ring", m, 1.0, net)), m, NODES)
-                    for m in (1e4, 1e5, 1e6, 1e7)]
+    observations = [sync_observation(report(DENSE, sync_time("dense_ring", m, 1.0, net)), GradientLayout.flat(m),
+                                     NODES) for m in (1e4, 1e5, 1e6, 1e7)]
     alpha, beta = fit_alpha_beta(observations)
     assert alpha == pytest.approx(ALPHA, rel=1e-6) and beta == pytest.approx(BETA, rel=1e-6)
     assert fit_alpha_beta([observations[0]] * 3) is None  # one size cannot tell alpha from beta
@@ -106,7 +109,7 @@ def test_passive_beta_inverts_the_token_bucket():
     for m in (2e4, 2e5, 2e6, 2e7):  # inside the bucket's credit, across it, far beyond it
         net = NetworkObservation(ALPHA, BETA, NODES, BUCKET)
         t = sync_time("dense_ring", m, 1.0, net)
-        obs = sync_observation(report(DENSE, t), m, NODES)
+        obs = sync_observation(report(DENSE, t), GradientLayout.flat(m), NODES)
         assert passive_beta(obs, ALPHA, BUCKET) == pytest.approx(BETA, rel=1e-9)
     assert passive_beta(SyncObservation(10.0, 1e6, 1e-3), ALPHA) == 0.0  # all latency
 
