@@ -24,19 +24,17 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   budget has no room for one that soon). A probe that moved as far from what
   probes read before confirms it ("passive+probe"); one that did not says the
   host, not the path, was slow. A passive move no probe answers in time stands
-  on its own ("passive"), but only if its syncs' time is mostly bandwidth:
-  latency-bound ones (a Top-k message on a fast link) move with the host as much
-  as with the path, and only ask. Probes share the path with the job's traffic,
-  so a probe that reads less while the job's dense syncs are steady is not news,
-  one that reads more raises the estimate at once, and one that reads less
-  without passive evidence must read it twice ("probe"). The job's own reported
-  figures (`NetworkEstimate`) are taken at once ("report").
-- A path carries at least what crossed it: the first figure is the fastest of
-  the first dense syncs (a rank that arrives late only slows them) or a probe; a
-  move's figure is the fastest of what its dense syncs and its fresh probes read,
-  else the old figure moved as far as the running option's sync time (no further
-  than the path: the time's share that is gloo's own work does not move); the
-  first dense syncs after a move refine it.
+  on its own ("passive") only when its syncs are dense and bandwidth-bound: a
+  Top-k sync's time moves with the host and with gloo's own work as much as with
+  the path (in a steady soak, Top-k moves standing alone walked the estimate
+  from 100 Mbit/s to 1 kbit/s), so it only asks. Probes share the path with the
+  job's traffic, so a probe that reads less while the job's dense syncs are
+  steady is not news, one that reads more raises the estimate at once, and one
+  that reads less without passive evidence must read it twice ("probe"). The
+  job's own reported figures (`NetworkEstimate`) are taken at once ("report").
+- A path carries at least what crossed it: a figure is the fastest of what the
+  dense, bandwidth-bound syncs (a rank that arrives late only slows them) and
+  the fresh probes read; the first dense syncs after a move a probe made refine it.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's estimate for beta (the slowest probed peer while it has none), the highest
   alpha among its peers.
@@ -244,7 +242,6 @@ class _Pending:
     betas: list[float] = field(default_factory=list)
     probe_asked: bool = False
     settled: bool = False  # every figure came from dense, bandwidth-bound syncs
-    bound: bool = False  # every sample's time was mostly bandwidth
 
 
 class JobEstimate:
@@ -297,8 +294,7 @@ class JobEstimate:
         """One step's sync time of `option` (a `dense` collective or not); `alpha_s`
         is what the probes know of alpha (used until the job's syncs fit one)."""
         raw = passive_beta(obs, self.alpha_fit if self.alpha_fit is not None else alpha_s, bucket)
-        bound = obs.beta_bytes * raw >= self.config.informative_share * obs.seconds  # by bandwidth
-        level = dense and bound
+        level = dense and obs.beta_bytes * raw >= self.config.informative_share * obs.seconds
         recent = self._recent.setdefault(option, deque(maxlen=self.config.settle_steps))
         recent.append((obs.seconds, raw))
         self._steady_dense = False
@@ -309,7 +305,7 @@ class JobEstimate:
                 self._baselines[option] = statistics.median(t for t, _ in recent)
         else:
             ratio = obs.seconds / self._baselines[option]
-            self._passive_sample(ratio, raw, level, bound, ts)
+            self._passive_sample(ratio, raw, level, ts)
         if level and raw > 0 and self._pending is None:
             self._refine(raw, ts)
         if self._pending is None:  # a window that mixes two links fits neither
@@ -334,11 +330,10 @@ class JobEstimate:
         if fit is not None:
             self.alpha_fit = fit[0]
 
-    def _passive_sample(self, ratio: float, raw: float, level: bool, bound: bool, ts: float) -> None:
+    def _passive_sample(self, ratio: float, raw: float, level: bool, ts: float) -> None:
         """One sync of an option with a baseline: `ratio` its time over the
         baseline's, `raw` the beta that explains it, `level` whether that is the
-        path's (dense and bandwidth-bound), `bound` whether bandwidth explains
-        most of its time (else a noisy host moves it as much as the path)."""
+        path's (dense and bandwidth-bound)."""
         assert self.beta_s_per_byte is not None
         threshold = 1 + self.config.passive_threshold
         direction = 1 if ratio >= threshold else -1 if ratio <= 1 / threshold else 0
@@ -349,19 +344,18 @@ class JobEstimate:
             self._steady_dense = level
             return
         if pending is None or pending.kind != "passive" or pending.direction != direction:
-            pending = self._pending = _Pending("passive", ts, direction, settled=True, bound=True)
+            pending = self._pending = _Pending("passive", ts, direction, settled=True)
         pending.samples += 1
-        # dense and bandwidth-bound: the path as it is; else the old figure moved as far
-        # as the time (a lower bound of the path's move: gloo's own work does not scale)
+        # dense and bandwidth-bound: the path as it is; else (for sizing a probe only)
+        # the old figure moved as far as the time
         pending.betas.append(raw if level else self.beta_s_per_byte * ratio)
         pending.settled = pending.settled and level
-        pending.bound = pending.bound and bound
         if pending.samples < self.config.persist_steps:
             return
         if not pending.probe_asked:
             pending.probe_asked = self.wants_probe = True
         alone = ts - pending.since >= self.config.confirm_s or self.probe_wait_s > self.config.confirm_s
-        if alone and pending.bound:  # latency-bound syncs only ask: they cannot tell the path from the host
+        if alone and pending.settled:  # only dense, bandwidth-bound syncs stand alone
             self._take(pending, "passive", ts)
 
     def _refine(self, raw: float, ts: float) -> None:
@@ -381,14 +375,14 @@ class JobEstimate:
 
     def _take(self, pending: _Pending, evidence: str, ts: float) -> None:
         """Take a move: a path carries at least what crossed it, so the larger of
-        what its syncs and its fresh probes read."""
-        last = pending.betas[-self.config.persist_steps:]
-        figures = [(min if pending.settled else statistics.median)(last)] if last else []
+        what its dense syncs and its fresh probes read (Top-k syncs give no figure)."""
+        figures = [min(pending.betas[-self.config.persist_steps:])] if pending.settled else []
         if self._probe is not None and self._probe[1] >= pending.since:
             figures.append(self._probe[0])
             self.probe_ref = self._probe[0]
-        settled = pending.settled and (not figures[1:] or figures[0] <= figures[1])
-        self._move(min(figures), evidence, ts, since=pending.since, settled=settled)
+        if figures:
+            settled = pending.settled and (not figures[1:] or figures[0] <= figures[1])
+            self._move(min(figures), evidence, ts, since=pending.since, settled=settled)
 
     # -- active ------------------------------------------------------------------
     def observe_active(self, beta_s_per_byte: float, ts: float, source: str = PROBE) -> None:
