@@ -9,7 +9,8 @@ the CLI.
     config.py    settings: defaults < TOML < FLEXCOMM_AGENT_* < flags
                  (requests are checked by flexcomm.proto.validate)
     jobs.py      per-job state: policy, versioned decision, counters, pending writes
-    network.py   per-peer figures and a job's bottleneck
+    network_feed.py  the network model (flexcomm.probe.estimate) fed by probes and
+                 reports; probes asked for when a job's syncs move; GetNetwork
     persist.py   the store, on its own thread: registration at once, the rest batched
     service.py   the RPC handlers, status codes, RPC metrics
     probing.py   the probe scheduler over the jobs' nodes, and this node's iperf3 server
@@ -17,5 +18,6 @@ the CLI.
     metrics.py   Prometheus metrics and /metrics
     sdnotify.py  systemd READY/WATCHDOG/STOPPING
     logs.py      JSON (or text) log lines
-    server.py    start-up, serving loop, signals, shutdown
+    server.py    start-up, serving loop, signals, shutdown; the one place that wires
+                 the parts together (each is handed what it uses, not the Agent)
 """

@@ -63,10 +63,12 @@ class AgentConfig:
     # Probe the nodes of registered jobs (iperf3 and TCP RTT).
     probe: bool = True
     # Latency probes every probe_interval_s; bandwidth tests (iperf3, within a 1%
-    # duty cycle) every probe_bandwidth_interval_s, each probe_test_duration_s long.
+    # duty cycle) every probe_bandwidth_interval_s, and at once when a job's own
+    # sync times move. A test is sized to a quarter second at the rate the path is
+    # expected to have; one with no expected rate runs probe_test_duration_s.
     probe_interval_s: float = 10.0
     probe_bandwidth_interval_s: float = 300.0
-    probe_test_duration_s: float = 2.0
+    probe_test_duration_s: float = 1.0
     probe_port: int = 5201
     # Run an iperf3 server on probe_port for the other nodes' agents.
     probe_serve: bool = True

@@ -1,11 +1,11 @@
 """Probing the nodes of the registered jobs, and serving this node's iperf3.
 
 One probe scheduler (flexcomm.probe.scheduler) runs in its own thread for the
-agent's lifetime over the union of every job's nodes; when that set changes it
-is told so (`set_peers`), never replaced, so its duty-cycle budget keeps
-counting the tests it already ran. Measurements are stored by the scheduler, smoothed by one
-Estimator, and handed to the event loop, where the
-network view, the metrics and the affected jobs' policies are updated.
+agent's lifetime over the union of every job's nodes (this host's own addresses
+left out); when that set changes it is told so (`update_peers`), never
+replaced, so its duty-cycle budget keeps counting the tests it already ran.
+Measurements are stored by the scheduler and handed to the event loop
+(`on_measurement`); `request_bandwidth` asks for tests now.
 
 The agent also keeps an iperf3 server on `probe_port` so that the agents of
 other nodes can measure the path to this one. Without the iperf3 binary that
@@ -16,37 +16,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable, Iterable, Sequence
 
 from flexcomm.agent.config import AgentConfig
-from flexcomm.probe.estimate import Estimator
 from flexcomm.probe.iperf import IperfError, IperfServer
 from flexcomm.probe.scheduler import ProbeConfig, ProbeScheduler
-from flexcomm.store import Measurement
-
-if TYPE_CHECKING:
-    from flexcomm.agent.server import Agent
+from flexcomm.store import Measurement, Store
 
 log = logging.getLogger("flexcomm.agent.probing")
 
 
 class Probing:
-    def __init__(self, config: AgentConfig) -> None:
+    """`on_measurement(m)` is called on the event loop with every measurement."""
+
+    def __init__(self, config: AgentConfig, on_measurement: Callable[[Measurement], None]) -> None:
         self.probe_config = ProbeConfig(
             iperf_port=config.probe_port, latency_port=config.probe_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
             test_duration_s=config.probe_test_duration_s)
-        self.estimator = Estimator()
+        self.on_measurement = on_measurement
         self.server = (IperfServer(config.probe_port, bind=config.probe_serve_bind or None)
                        if config.probe_serve else None)
         self.scheduler: ProbeScheduler | None = None
         self.peers: tuple[str, ...] = ()
-        self._agent: Agent | None = None
+        self._store: Store | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def start(self, agent: Agent) -> None:
-        self._agent = agent
+    async def start(self, store: Store | None, peers: Iterable[str]) -> None:
+        """Serve iperf3 and probe `peers`; measurements are written to `store`."""
+        self._store = store
         self._loop = asyncio.get_running_loop()
         if self.server is not None:
             try:
@@ -55,49 +55,36 @@ class Probing:
                 log.error("not serving iperf3; peers cannot measure this node",
                           extra={"fields": {"error": str(exc)}})
                 self.server = None
-        await self.update_peers()
+        await self.update_peers(peers)
 
-    async def update_peers(self) -> None:
-        """Probe exactly the nodes of the registered jobs."""
-        assert self._agent is not None
-        peers = tuple(sorted({n for job in self._agent.jobs for n in job.spec.nodes}))
-        if peers == self.peers:
+    async def update_peers(self, peers: Iterable[str]) -> None:
+        """Probe exactly these nodes (the registered jobs'), but this host's own
+        (the scheduler reads them through netlink, so off the event loop)."""
+        peers = tuple(sorted(set(peers)))
+        if peers == self.peers or self._loop is None:
             return
         self.peers = peers
         if self.scheduler is None:
-            self.scheduler = ProbeScheduler(peers, self.probe_config, store=self._agent.persister.store,
-                                            estimator=self.estimator,
-                                            on_measurement=self._from_probe_thread).start()
+            self.scheduler = await asyncio.to_thread(
+                ProbeScheduler, peers, self.probe_config, store=self._store,
+                on_measurement=self._from_probe_thread)
+            self.scheduler.start()
         else:
-            self.scheduler.set_peers(peers)
-        log.info("probing", extra={"fields": {"peers": list(peers)}})
+            await asyncio.to_thread(self.scheduler.set_peers, peers)
+        log.info("probing", extra={"fields": {"peers": sorted(self.scheduler.schedule),
+                                              "own_addresses_skipped": list(self.scheduler.skipped)}})
+
+    def request_bandwidth(self, peers: Sequence[str], expected_bps: float | None = None) -> float:
+        """Bandwidth tests of `peers` as soon as the duty budget allows; the
+        seconds until it does (inf before probing starts)."""
+        if self.scheduler is None:
+            return math.inf
+        return self.scheduler.request_bandwidth(peers, expected_bps)
 
     def _from_probe_thread(self, m: Measurement) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.apply, m)
-
-    def apply(self, m: Measurement) -> None:
-        """On the event loop: one measurement into the network view, metrics, jobs."""
-        agent = self._agent
-        assert agent is not None
-        if not m.ok:
-            peer = agent.network.record_failure(m.peer)
-            agent.metrics.probe_failures.labels(m.peer, m.kind).inc()
-            if peer.probe_failures == 1:
-                log.warning("probe failed", extra={"fields": {"peer": m.peer, "kind": m.kind,
-                                                              "error": m.error}})
-            return
-        est = self.estimator.peer(m.peer)
-        peer = agent.network.update_peer(m.peer, bandwidth_bps=est.bandwidth_bps, alpha_s=est.alpha_s,
-                                         rtt_s=m.rtt_p50_s, rtt_p99_s=m.rtt_p99_s, loss=m.loss)
-        if peer.bandwidth_bps:
-            agent.metrics.peer_bandwidth.labels(m.peer).set(peer.bandwidth_bps)
-        if peer.rtt_s:
-            agent.metrics.peer_rtt.labels(m.peer).set(peer.rtt_s)
-        for job in agent.jobs:
-            if m.peer in job.spec.nodes:
-                agent.service.refresh_network(job)
+            loop.call_soon_threadsafe(self.on_measurement, m)
 
     async def stop(self) -> None:
         if self.scheduler is not None:

@@ -34,15 +34,19 @@ from grpc_reflection.v1alpha import reflection
 from flexcomm.agent import sdnotify
 from flexcomm.agent.commit import GroupCommit
 from flexcomm.agent.config import AgentConfig, split_host_port
+from flexcomm.agent.emulation import EpochEmulation
 from flexcomm.agent.jobs import Jobs
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network import NetworkView
+from flexcomm.agent.network_feed import NetworkFeed
 from flexcomm.agent.persist import Persister
+from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
+from flexcomm.probe.estimate import Estimator
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto.validate import policy_for
 from flexcomm.sockets import tcp_listen_error, unix_socket_listening
+from flexcomm.store import EmulationStep
 
 log = logging.getLogger("flexcomm.agent")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -93,15 +97,17 @@ def _tls_credentials(config: AgentConfig) -> grpc.ServerCredentials:
 
 
 class Agent:
-    """One agent process's parts, wired together. `run()` serves until stopped."""
+    """One agent process's parts, wired together: each part is handed what it
+    uses, and only this class knows them all. `run()` serves until stopped."""
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.metrics = Metrics()
         self.jobs = Jobs(config.max_jobs)
-        self.network = NetworkView(config.link_bucket())
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
+        self.network = NetworkFeed(Estimator(config.link_bucket()), self.metrics,
+                                   redecide=lambda job_id: self.service.refresh_job(job_id))
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
                                     policy_for, self.commits.commit)
         self.health = health_async.HealthServicer()
@@ -115,34 +121,46 @@ class Agent:
         self.ready = False  # start() finished: stopping is news worth logging
         self._flush_soon = asyncio.Event()
         self.service.on_decision = self._flush_soon.set
-        # Parts with start(agent)/stop(), started after the bind, stopped before the last flush.
-        self.extensions: list = []
+        # Started after the bind, stopped before the last flush.
+        self.emulation: EpochEmulation | None = None
+        self.probing: Probing | None = None
         if config.emulation_schedule:
-            from flexcomm.agent.emulation import EpochEmulation
-
-            emulation = EpochEmulation(config)  # a bad schedule fails here, before READY
-            self.service.on_epoch = emulation.on_epoch
-            self.extensions.append(emulation)
+            # a bad schedule fails here, before READY
+            self.emulation = EpochEmulation(config, record=self._record_emulation_step)
+            self.service.on_epoch = self.emulation.advance
         if config.probe:
-            from flexcomm.agent.probing import Probing
+            self.probing = Probing(config, on_measurement=self.network.measured)
+            self.network.request_probes = self.probing.request_bandwidth
+            self.service.on_registered = self._probe_job_nodes
 
-            probing = Probing(config)
-            self.service.on_registered = probing.update_peers
-            self.extensions.append(probing)
+    @property
+    def extensions(self) -> list[EpochEmulation | Probing]:
+        return [ext for ext in (self.emulation, self.probing) if ext is not None]
+
+    def _job_nodes(self) -> set[str]:
+        return {node for job in self.jobs for node in job.spec.nodes}
+
+    async def _probe_job_nodes(self) -> None:
+        assert self.probing is not None
+        await self.probing.update_peers(self._job_nodes())
+
+    def _record_emulation_step(self, step: EmulationStep) -> None:
+        store = self.persister.store
+        if store is not None:
+            store.add_emulation_step(step)
 
     async def start(self) -> None:
         await self.persister.open()
         for job in await self.persister.load_jobs(policy_for):
             self.jobs.add(job)
+            await self.network.add_job(job)
             self.service.publish(job)
             log.info("job resumed", extra={"fields": {
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
                 "compression": job.decision.compression.name, "collective": job.decision.collective}})
         self.metrics.jobs.set(len(self.jobs))
-        peers = {node for job in self.jobs for node in job.spec.nodes}
-        for m in await self.persister.latest_measurements():
-            if m.ok and m.peer in peers:  # what the probes knew before the restart
-                self.network.restore(m)
+        peers = self._job_nodes()
+        self.network.restore(m for m in await self.persister.latest_measurements() if m.peer in peers)
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -159,8 +177,10 @@ class Agent:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.config.metrics:
             self._metrics_server, self.metrics_port = self.metrics.serve(self.config.metrics)
-        for ext in self.extensions:
-            await ext.start(self)
+        if self.emulation is not None:
+            await self.emulation.start(max((job.last_epoch for job in self.jobs), default=0))
+        if self.probing is not None:
+            await self.probing.start(self.persister.store, self._job_nodes())
         self._tasks = [asyncio.create_task(self._flush_loop(), name="flush"),
                        asyncio.create_task(self._prune_loop(), name="prune")]
         interval = sdnotify.watchdog_interval_s()

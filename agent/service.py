@@ -28,7 +28,7 @@ import grpc
 
 from flexcomm.agent.jobs import Job, JobNotFound, Jobs
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network import NetworkView
+from flexcomm.agent.network_feed import NetworkFeed
 from flexcomm.agent.persist import Persister
 from flexcomm.policy.types import Policy
 from flexcomm.proto import agent_pb2 as pb
@@ -138,10 +138,13 @@ def server_stream(fn: Callable) -> Callable:
 
 
 class AgentService(pb_grpc.AgentServicer):
-    def __init__(self, jobs: Jobs, network: NetworkView, persister: Persister, metrics: Metrics,
+    """`on_epoch(epoch)` is told each new highest epoch a job reports;
+    `on_registered()` runs after each registration (e.g. to probe the new nodes)."""
+
+    def __init__(self, jobs: Jobs, network: NetworkFeed, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy],
                  commit: Callable[[], Awaitable[None]],
-                 on_epoch: Callable[[Job, int], None] | None = None,
+                 on_epoch: Callable[[int], None] | None = None,
                  on_registered: Callable[[], Awaitable[None]] | None = None) -> None:
         self.jobs = jobs
         # Awaited before a report stream is acknowledged: what it carried is on disk.
@@ -174,6 +177,11 @@ class AgentService(pb_grpc.AgentServicer):
         if net is not None and job.observe_network(net):
             self.decision_changed(job)
 
+    def refresh_job(self, job_id: str) -> None:
+        job = self.jobs.find(job_id)
+        if job is not None:
+            self.refresh_network(job)
+
     def _policy_error(self, job: Job) -> Callable[[str], None]:
         def on_error(message: str) -> None:
             self.metrics.policy_errors.labels(job.job_id).inc()
@@ -197,6 +205,7 @@ class AgentService(pb_grpc.AgentServicer):
                                f"{', '.join(differ)}; set replace to start it anew")
         job = Job(spec, self.create_policy(spec))
         self.jobs.check_room(spec.job_id)
+        await self.network.add_job(job)
         net = self.network.bottleneck(job)
         if net is not None:
             job.observe_network(net)
@@ -205,6 +214,7 @@ class AgentService(pb_grpc.AgentServicer):
         try:
             await self.persister.save_registration(job)
         except Exception as exc:
+            await self.network.forget(job, existing)
             raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
         self.jobs.add(job)
         self.decision_changed(job)
@@ -247,14 +257,16 @@ class AgentService(pb_grpc.AgentServicer):
             error = job.policy.model_error()
             if error is not None:
                 self.metrics.model_error.labels(job.job_id).set(error)
-        if network is not None and network != job.reported_network:
-            job.reported_network = network
+        news = network if network is not None and network != job.reported_network else None
+        if news is not None:
+            job.reported_network = news
             job.dirty = True
-            self.refresh_network(job)
+        self.network.reported(job, reports, news)
+        self.refresh_network(job)
         if job.redecide():
             self.decision_changed(job)
         if job.last_epoch > epoch_before and self.on_epoch is not None:
-            self.on_epoch(job, job.last_epoch)
+            self.on_epoch(job.last_epoch)
         return n
 
     @server_stream

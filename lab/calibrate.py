@@ -50,7 +50,7 @@ COLLECTIVES = (DENSE_RING, AG_TOPK, ART_RING, ART_TREE)
 MASTER_PORT = 29561
 CLOSED_PORT = 9  # nothing listens: the RST answer is the round trip
 IPERF_PORT = 5299
-PROBE_SECONDS = 2  # the agent's default probe_test_duration_s
+PROBE_SECONDS = 2  # one whole-duration iperf3 test (the agent's are shorter: docs/CONFIGURATION.md)
 # Probes per configuration, their median taken: one disturbed 2 s test read 30%
 # of a 50 Mbit/s link whose collectives then ran at its rate (docs/BENCHMARKS.md).
 PROBES = 3

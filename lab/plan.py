@@ -17,7 +17,9 @@ The spec string itself is the policy's name in the report and summary.json.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from flexcomm.policy import POLICY_NAMES, make_policy
@@ -31,6 +33,7 @@ DEFAULT_POLICIES = ("dense", "topk-0.1", "topk-0.01", "moo", "gravac", "powersgd
 DEFAULTS = {"steps": 250, "batch": 32, "lr": 0.01, "eval_every": 5, "target_accuracy": 0.95,
             "control_interval": 2, "hidden": 400, "depth": 3}
 FIXED_KINDS = ("dense", "static", "allreduce")
+FAILED = "failed.txt"  # in a policy's directory: why its run failed
 
 # Epoch-keyed, so every policy trains the same steps under the same link: a
 # fast start, then slow, then very slow (a network that degrades under the job).
@@ -65,6 +68,11 @@ class PolicySpec:
     def fixed(self) -> bool:
         """A choice that never changes (a candidate for the best fixed in hindsight)."""
         return self.kind in FIXED_KINDS
+
+
+def policy_dir(out: Path, label: str) -> Path:
+    """Where a run directory keeps one policy's files."""
+    return Path(out) / "policies" / re.sub(r"[^A-Za-z0-9._=-]", "_", label)
 
 
 def parse_policy(spec: str) -> PolicySpec:

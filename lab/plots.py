@@ -1,8 +1,8 @@
 """The lab's PNG plots (matplotlib, Agg backend: no display needed).
 
-- network.png: per policy, the link rate in force (grey, left axis) and the CR
-  each step ran (right axis, log scale), coloured by collective, against the
-  policy's training time.
+- network.png: per policy, the link rate in force (grey, left axis) with the
+  agent's bandwidth estimate (black line), and the CR each step ran (right axis,
+  log scale), coloured by collective, against the policy's training time.
 - accuracy.png: test accuracy against training time, one line per policy, the
   target dashed.
 - step_time.png: step time against step (a running median), one line per policy.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 from typing import Any
+
+from flexcomm.lab import estimate_tracking
 
 COLLECTIVE_COLOURS = {
     "dense_ring": "tab:red", "dense_tree": "tab:pink", "ag_topk": "tab:blue",
@@ -48,6 +50,8 @@ def _network(out: Path, runs: list[Any], plt: Any) -> Path:
             ax.set_yscale("log")
             ax.set_ylim(floor, max(known) * 2)
         ax.set_ylabel("link Mbit/s")
+        if known:
+            estimate_tracking.plot(ax, out, run)
         ax.set_title(run.label, fontsize=9, loc="left")
         cr_ax = ax.twinx()
         cr_ax.set_yscale("log")

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab.plan import parse_policy
+from flexcomm.lab import estimate_tracking
+from flexcomm.lab.plan import FAILED, parse_policy, policy_dir
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
@@ -57,8 +58,6 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_runs(out: Path) -> list[PolicyRun]:
-    from flexcomm.lab.runner import FAILED, policy_dir
-
     config = json.loads((out / "config.json").read_text())
     runs = []
     for label in config["policies"]:
@@ -202,6 +201,8 @@ def build_summary(out: Path) -> dict[str, Any]:
     runs = load_runs(out)
     target = config["target_accuracy"]
     per_policy = {run.label: summarize_run(run, target) for run in runs}
+    for run in runs:
+        per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)
     best_fixed_s, choices = hindsight(runs, per_policy)
     summary: dict[str, Any] = dict(per_policy)
     summary["hindsight_best_fixed_s"] = best_fixed_s
@@ -216,6 +217,9 @@ def build_summary(out: Path) -> dict[str, Any]:
         "hindsight_choices": choices,
         "failed": {run.label: run.failed for run in runs if run.failed},
         "comparisons": comparisons(per_policy, best_fixed_s),
+        "estimate_tracking": estimate_tracking.summary_of(
+            {label: s["estimate_tracking"] for label, s in per_policy.items()},
+            estimate_tracking.probe_share(out, runs)),
     }
     return summary
 
@@ -241,6 +245,7 @@ def format_table(summary: dict[str, Any]) -> str:
                  + ("best fixed choice per phase in hindsight: "
                     + (f"{best:.1f} s" if best else "n/a")))
     lines.extend(_phase_lines(summary))
+    lines.extend(estimate_tracking.table_lines(summary))
     for key, value in lab["comparisons"].items():
         lines.append(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
     for label, s in _policies(summary):

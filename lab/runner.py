@@ -34,6 +34,7 @@ from typing import Any
 
 from flexcomm.emulation.emulator import AppliedStep, Emulator
 from flexcomm.emulation.schedule import Schedule, parse_schedule
+from flexcomm.lab import estimate_tracking
 from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cleanup import socket_dir_prefix
 from flexcomm.lab.cluster import LabCluster, describe
@@ -41,16 +42,17 @@ from flexcomm.lab.plan import (
     DEFAULT_POLICIES,
     DEFAULT_SCHEDULE,
     DEFAULTS,
+    FAILED,
     TORCH_METHODS,
     PolicySpec,
     parse_policies,
+    policy_dir,
 )
 from flexcomm.lab.trainer import TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")
-FAILED = "failed.txt"  # in a policy's directory: why its run failed
 POLL_S = 0.02
 
 Progress = Callable[[dict[str, Any]], None]
@@ -148,10 +150,6 @@ def _socket_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def policy_dir(out: Path, label: str) -> Path:
-    return Path(out) / "policies" / re.sub(r"[^A-Za-z0-9._=-]", "_", label)
-
-
 def free_port(address: str) -> int:
     with socket.socket() as s:
         s.bind((address if address.startswith("127.") else "127.0.0.1", 0))
@@ -195,7 +193,8 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
                            str(pdir / "train.json"), str(i)], log=pdir / f"rank{i}.log")
              for i in range(cfg.nodes)]
     try:
-        _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
+        with estimate_tracking.polling(train.agent_socket, job_id, pdir):
+            _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
     finally:
         for proc in procs:
             lab.stop(proc)

@@ -869,7 +869,8 @@ class MooPolicy:
     def _network_change_reason(self, net: NetworkObservation) -> str:
         base = self._s.baseline or {}
         old_bw = 8 / base["beta_s_per_byte"] if base.get("beta_s_per_byte", 0) > 0 else float("nan")
-        return (f"network moved: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
+        seen = f" ({net.evidence})" if net.evidence else ""
+        return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {base.get('alpha_s', float('nan')) * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
 

@@ -430,13 +430,15 @@ class NetworkObservation:
     alpha_s: per-message latency in seconds. beta_s_per_byte: seconds per byte
     (1 / bandwidth in bytes/s) at the sustained rate. nodes: number of workers N.
     bucket: the links' allowance above that rate (plain unless configured);
-    a mapping is taken as its fields (the `to_dict` form).
+    a mapping is taken as its fields (the `to_dict` form). evidence: what the
+    figures last moved on (e.g. "passive+probe"), for people.
     """
 
     alpha_s: float
     beta_s_per_byte: float
     nodes: int
     bucket: LinkBucket = PLAIN_LINK
+    evidence: str = ""
 
     def __post_init__(self) -> None:
         _finite("alpha_s", self.alpha_s)
@@ -447,6 +449,8 @@ class NetworkObservation:
             object.__setattr__(self, "bucket", LinkBucket(**self.bucket))
         elif not isinstance(self.bucket, LinkBucket):
             raise ValueError(f"bucket: expected a LinkBucket, got {self.bucket!r}")
+        if not isinstance(self.evidence, str):
+            raise ValueError(f"evidence: expected a string, got {self.evidence!r}")
 
     @property
     def bandwidth_bps(self) -> float:

@@ -149,19 +149,22 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, streams: int = 1,
-             reverse: bool = False, omit_s: int = 0, timeout_s: float | None = None,
+def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, bytes_: int | None = None,
+             streams: int = 1, reverse: bool = False, omit_s: int = 0, timeout_s: float | None = None,
              connect_timeout_s: float = CONNECT_TIMEOUT_S, netns: str | None = None,
              binary: str = "iperf3") -> IperfResult:
-    """One TCP test to `peer`'s iperf3 server. Raises IperfError (IperfBusy,
-    IperfTimeout, IperfMissing) on failure."""
+    """One TCP test to `peer`'s iperf3 server: `duration_s` long, or until
+    `bytes_` are sent (then `duration_s` bounds how long that may take, with the
+    usual slack). Raises IperfError (IperfBusy, IperfTimeout, IperfMissing) on failure."""
     if duration_s < 1 or duration_s != int(duration_s):
         # iperf3 reads -t as whole seconds, and -t 0 runs forever
         raise ValueError(f"duration_s: iperf3 runs whole seconds >= 1, got {duration_s!r}")
     if streams < 1:
         raise ValueError(f"streams: must be >= 1, got {streams!r}")
-    argv = [find_iperf3(binary), "-c", peer, "-p", str(port), "--json",
-            "-t", str(int(duration_s)), "-P", str(streams),
+    if bytes_ is not None and bytes_ < 1:
+        raise ValueError(f"bytes_: must be >= 1, got {bytes_!r}")
+    length = ["-n", str(bytes_)] if bytes_ is not None else ["-t", str(int(duration_s))]
+    argv = [find_iperf3(binary), "-c", peer, "-p", str(port), "--json", *length, "-P", str(streams),
             "--connect-timeout", str(max(1, int(connect_timeout_s * 1000)))]
     if omit_s:
         argv += ["-O", str(int(omit_s))]

@@ -8,34 +8,44 @@ thread keeps them off the agent's event loop without changing how they are writt
 
 Rules:
 - Latency bursts are cheap and frequent (`latency_interval_s`, default 10 s).
-- Bandwidth tests are rare (`bandwidth_interval_s`, default 300 s) and exclusive:
+- Bandwidth tests are rare while nothing moves (`bandwidth_interval_s`, default
+  300 s), and asked for at once when the caller sees the path move
+  (`request_bandwidth`, e.g. the job's own sync times moved). They are exclusive:
   this scheduler runs one at a time, a process-wide lock per target refuses a
   second one to the same target (an on-demand probe, say), and a target whose
   iperf3 server is busy with another node's test answers IperfBusy. Busy means
   back off (`backoff_s`, doubling up to `backoff_max_s`) and retry; no
   measurement is recorded for it.
 - Duty cycle: bandwidth tests may use at most `duty_cycle` (default 1%) of wall
-  time in any `budget_window_s` window (default 600 s, so 6 s of tests per ten
-  minutes); a test that would exceed it waits. The time charged is the test's
-  real elapsed time, failed tests included.
+  time in any `budget_window_s` window (default 120 s, so 1.2 s of tests per two
+  minutes: a few sized tests, and the share holds over any run of minutes); a
+  test that would exceed it waits. The time charged is the test's
+  real elapsed time, failed tests included, and a measurement's duration_s says it.
+- A test is sized to take about `sized_test_s` at the rate the path is expected
+  to have (the lower of its last reading and the rate a request expects; a
+  new peer, the slowest other peer's): iperf3 -n BYTES, so a test at 1 Gbit/s
+  costs a quarter second, not two. With no expected rate at all a test runs
+  `test_duration_s`, and a sized test that ran much shorter than meant is
+  repeated at the size its reading asks for.
+- This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
 - A probe that fails (peer down, iperf3 error, timeout) is recorded as a failed
   measurement and the schedule goes on.
 
-Measurements go to the store (if given), the estimator (if given) and
-`on_measurement` (if given), in that order. The peer set can change while it
-runs (`set_peers`, e.g. as jobs come and go), and `measure_bandwidth(peer)` is
-an on-demand test under the same exclusivity and budget.
+Measurements go to the store (if given), then `on_measurement` (if given). The
+peer set can change while it runs (`set_peers`, e.g. as jobs come and go), and
+`measure_bandwidth(peer)` is an on-demand test under the same exclusivity and
+budget.
 
-    sched = ProbeScheduler(peers, ProbeConfig(), store=store, estimator=Estimator(),
-                           on_measurement=callback).start()
+    sched = ProbeScheduler(peers, ProbeConfig(), store=store, on_measurement=callback).start()
     ...
     sched.stop()
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -46,7 +56,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.addresses import is_local
 from flexcomm.probe.iperf import DEFAULT_PORT, IperfBusy, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
 from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
@@ -54,6 +64,10 @@ from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
 log = logging.getLogger(__name__)
 
 Probe = Callable[[str], Measurement]
+# A sized test sends at least this much: below it, a test at a fast rate is mostly
+# start-up and reads the shaper's burst rather than its rate.
+MIN_TEST_BYTES = 1 << 20
+SIZED_TIMEOUT_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,8 @@ class ProbeConfig:
 
     iperf_port: int = DEFAULT_PORT
     latency_port: int = DEFAULT_PORT
-    test_duration_s: float = 2.0
+    test_duration_s: float = 1.0
+    sized_test_s: float = 0.25  # 0: every test runs test_duration_s
     streams: int = 1
     reverse: bool = False
     latency_count: int = 10
@@ -72,7 +87,7 @@ class ProbeConfig:
     bandwidth_interval_s: float = 300.0
     jitter: float = 0.1
     duty_cycle: float = 0.01
-    budget_window_s: float = 600.0
+    budget_window_s: float = 120.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
     netns: str | None = None  # probe from inside this namespace (lab, tests)
@@ -84,6 +99,8 @@ class ProbeConfig:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if self.test_duration_s != int(self.test_duration_s):
             raise ValueError(f"test_duration_s: iperf3 runs whole seconds, got {self.test_duration_s!r}")
+        if not (math.isfinite(self.sized_test_s) and 0 <= self.sized_test_s <= self.test_duration_s):
+            raise ValueError(f"sized_test_s: must be in [0, test_duration_s], got {self.sized_test_s!r}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter: must be in [0, 1), got {self.jitter!r}")
         if not 0 < self.duty_cycle <= 1:
@@ -100,14 +117,32 @@ class ProbeConfig:
         return self.duty_cycle * self.budget_window_s
 
 
-def iperf_probe(config: ProbeConfig) -> Probe:
-    """The real bandwidth probe: one iperf3 test (raises IperfError on failure)."""
-    def probe(peer: str) -> Measurement:
+def iperf_probe(config: ProbeConfig,
+                expected_bps: Callable[[str], float | None] = lambda peer: None) -> Probe:
+    """The real bandwidth probe: one iperf3 test, sized by the rate `expected_bps`
+    gives for the peer (see the module docstring); raises IperfError on failure."""
+    def test(peer: str, size: int | None) -> Measurement:
+        # A sized test that cannot finish in a few times its length is a failed one: on
+        # the loaded lab machine one ran 7 s, a minute of the duty budget.
+        timeout = SIZED_TIMEOUT_FACTOR * config.sized_test_s + config.connect_timeout_s if size else None
         return bandwidth_measurement(run_test(
-            peer, port=config.iperf_port, duration_s=config.test_duration_s,
-            streams=config.streams, reverse=config.reverse,
+            peer, port=config.iperf_port, duration_s=config.test_duration_s, bytes_=size,
+            streams=config.streams, reverse=config.reverse, timeout_s=timeout,
             connect_timeout_s=config.connect_timeout_s, netns=config.netns))
+
+    def probe(peer: str) -> Measurement:
+        expected = expected_bps(peer) if config.sized_test_s else None
+        m = test(peer, test_bytes(expected, config.sized_test_s) if expected else None)
+        if expected and m.bandwidth_bps and m.bandwidth_bps > 2 * max(expected, 8 * MIN_TEST_BYTES
+                                                                     / config.sized_test_s):
+            m = test(peer, test_bytes(m.bandwidth_bps, config.sized_test_s))  # far faster than sized for
+        return m
     return probe
+
+
+def test_bytes(rate_bps: float, seconds: float) -> int:
+    """What a test of `seconds` at `rate_bps` sends, at least MIN_TEST_BYTES."""
+    return max(MIN_TEST_BYTES, int(rate_bps / 8 * seconds))
 
 
 def tcp_latency_probe(config: ProbeConfig) -> Probe:
@@ -180,27 +215,33 @@ class PeerSchedule:
     next_bandwidth: float
     busy_attempts: int = 0
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
+    last_bps: float | None = None  # what its last test read
+    hint_bps: float | None = None  # the rate the last request expected, until tested
 
 
 class ProbeScheduler:
     """Probes a set of peers on a schedule (see the module docstring).
 
     `peers` may start empty; `set_peers` changes the set at any time (from any
-    thread) and wakes the loop. Budget, locks and schedule are thread-safe, so
-    `measure_bandwidth` may also be called on demand from another thread.
+    thread) and wakes the loop, and `request_bandwidth` asks for tests now.
+    Budget, locks and schedule are thread-safe, so `measure_bandwidth` may also be
+    called on demand from another thread. `own_address(address)` says whether an
+    address is this host's.
     """
 
     def __init__(self, peers: Iterable[str] = (), config: ProbeConfig | None = None, *,
-                 store: Store | None = None, estimator: Estimator | None = None,
+                 store: Store | None = None,
                  on_measurement: Callable[[Measurement], None] | None = None,
                  bandwidth_probe: Probe | None = None, latency_probe: Probe | None = None,
+                 own_address: Callable[[str], bool] = is_local,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  locks: TargetLocks = TARGET_LOCKS) -> None:
         self.config = config or ProbeConfig()
         self.store = store
-        self.estimator = estimator
         self.on_measurement = on_measurement
-        self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config)
+        self.own_address = own_address
+        self.skipped: tuple[str, ...] = ()  # this host's own addresses among the peers asked for
+        self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config, self.expected_bps)
         self.latency_probe = latency_probe or tcp_latency_probe(self.config)
         self.clock = clock
         self.rng = rng or random.Random()
@@ -215,18 +256,48 @@ class ProbeScheduler:
         self.set_peers(peers)
 
     def set_peers(self, peers: Iterable[str]) -> None:
-        """Probe exactly `peers` from now on; new ones get their first probes
-        within a second or so, peers kept keep their schedule."""
+        """Probe exactly `peers` from now on, but for this host's own addresses;
+        new ones get their first probes within a second or so, peers kept keep
+        their schedule."""
         peers = list(dict.fromkeys(peers))
         for p in peers:
             if not isinstance(p, str) or not p:
                 raise ValueError(f"peers: each peer must be a non-empty address, got {p!r}")
+        self.skipped = tuple(p for p in peers if self.own_address(p))
+        peers = [p for p in peers if p not in self.skipped]
         with self._lock:
             now = self.clock()
             # first probes spread over the first second or so, not all at once
             self.schedule = {p: self.schedule.get(p) or PeerSchedule(
                 now + self._jittered(0.5), now + self._jittered(1.0)) for p in peers}
         self._wake.set()
+
+    def request_bandwidth(self, peers: Iterable[str], expected_bps: float | None = None) -> float:
+        """Test these peers (those probed) as soon as the duty budget allows;
+        `expected_bps` is the rate the caller expects of them, if it has an idea.
+        Returns the seconds until the budget has room for the first (inf: none probed)."""
+        asked = []
+        with self._lock:
+            now = self.clock()
+            for p in peers:
+                sched = self.schedule.get(p)
+                if sched is not None:
+                    sched.next_bandwidth = min(sched.next_bandwidth, now)
+                    sched.hint_bps = expected_bps
+                    asked.append(p)
+        self._wake.set()
+        return self._budget_wait(asked[0]) if asked else math.inf
+
+    def expected_bps(self, peer: str) -> float | None:
+        """The rate a test to `peer` is sized for: the lower of its last reading
+        and what a request expects (a path that slowed must not make a test long);
+        for a peer never tested, the slowest other peer's last reading (the paths
+        of one job usually share a fabric)."""
+        with self._lock:
+            sched = self.schedule.get(peer)
+            known = [r for r in (sched.hint_bps, sched.last_bps) if r] if sched else []
+            others = [s.last_bps for s in self.schedule.values() if s.last_bps]
+        return min(known or others) if known or others else None
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
@@ -246,20 +317,26 @@ class ProbeScheduler:
                 with self._lock:
                     sched.next_latency = self.clock() + self._jittered(self.config.latency_interval_s)
         due = [(p, s) for p, s in self._peers() if s.next_bandwidth <= self.clock()]
-        if due and self._budget_wait() == 0:
+        if due:
             # the peer tested longest ago goes first, so a tight budget starves no one
-            self._bandwidth_turn(*min(due, key=lambda item: item[1].last_bandwidth))
+            peer, sched = min(due, key=lambda item: item[1].last_bandwidth)
+            if self._budget_wait(peer) == 0:
+                self._bandwidth_turn(peer, sched)
         now = self.clock()
-        budget_ready = now + self._budget_wait()
         peers = self._peers()
         if not peers:
             return self.config.latency_interval_s
-        next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_ready)) for _, s in peers)
+        next_due = min(min(s.next_latency, max(s.next_bandwidth, now + self._budget_wait(p)))
+                       for p, s in peers)
         return max(0.0, next_due - now)
 
-    def _budget_wait(self) -> float:
+    def _budget_wait(self, peer: str) -> float:
+        """Seconds until a test to `peer` fits the budget (a sized test costs less)."""
+        sized = self.config.sized_test_s and self.expected_bps(peer)
+        # a sized test's start-up (process, control connection) is about its length again
+        cost = 2 * self.config.sized_test_s if sized else self.config.test_duration_s
         with self._lock:
-            return self.budget.wait_for(self.config.test_duration_s, self.clock())
+            return self.budget.wait_for(cost, self.clock())
 
     def _bandwidth_turn(self, peer: str, sched: PeerSchedule) -> None:
         sched.last_bandwidth = self.clock()
@@ -276,19 +353,26 @@ class ProbeScheduler:
         with self._lock:
             sched.busy_attempts = 0
             sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
+            sched.last_bps = m.bandwidth_bps if m.ok else sched.last_bps
+            sched.hint_bps = None
         self._record(m)
 
     def measure_bandwidth(self, peer: str) -> Measurement:
         """One bandwidth test to `peer` now, holding its target lock and charged
         to the duty budget. Raises IperfBusy when the target is busy; any other
         failure comes back as a failed measurement."""
+        if self.own_address(peer):
+            raise ValueError(f"peer: {peer} is an address of this host; a test to it measures nothing")
         with self.locks.hold(peer):
             start = self.clock()
             try:
-                return self._run(self.bandwidth_probe, peer, BANDWIDTH)
+                m = self._run(self.bandwidth_probe, peer, BANDWIDTH)
             finally:
+                elapsed = self.clock() - start
                 with self._lock:
-                    self.budget.charge(start, self.clock() - start)
+                    self.budget.charge(start, elapsed)
+        # what the budget charged: iperf3's own figure leaves out its start-up
+        return dataclasses.replace(m, duration_s=elapsed) if m.ok else m
 
     @staticmethod
     def _run(probe: Probe, peer: str, kind: str) -> Measurement:
@@ -302,8 +386,6 @@ class ProbeScheduler:
     def _record(self, m: Measurement) -> None:
         if self.store is not None:
             m = self.store.add_measurement(m)
-        if self.estimator is not None:
-            self.estimator.observe(m)
         if self.on_measurement is not None:
             self.on_measurement(m)
 

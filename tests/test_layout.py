@@ -1,5 +1,7 @@
 """The house rules of the layout, checked: policy/ is pure, the daemon side runs
-without torch, and nothing but the CLI imports the agent."""
+without torch, nothing but the CLI imports the agent, the agent's parts are
+handed what they use (only its server knows the Agent), and no folder's files
+import each other in a circle."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DAEMON_SIDE = ("policy", "probe", "emulation", "store", "agent", "proto")
+# Each folder is one part, imported as flexcomm.<name> (flexcomm/ itself is the CLI).
+PARTS = {"policy": "flexcomm.policy", "probe": "flexcomm.probe", "emulation": "flexcomm.emulation",
+         "store": "flexcomm.store", "agent": "flexcomm.agent", "proto": "flexcomm.proto",
+         "client": "flexcomm.client", "lab": "flexcomm.lab", "flexcomm": "flexcomm",
+         "flexcomm/commands": "flexcomm.commands"}
 # Modules whose use would make the policy impure (I/O, clocks, randomness, torch).
 IMPURE = {"os", "sys", "io", "time", "datetime", "random", "socket", "subprocess", "sqlite3", "pathlib",
           "threading", "asyncio", "torch", "numpy", "grpc", "logging", "shutil", "tempfile"}
@@ -70,3 +77,70 @@ def test_daemon_side_imports_without_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch" not in proc.stdout
+
+
+def test_only_the_server_knows_the_agent() -> None:
+    """Every other agent module is handed what it uses (a network model, metrics,
+    a callback), never the Agent that owns them all."""
+    for path in py_files("agent"):
+        if path.name != "server.py":
+            bad = [n for n in imports_of(path) if n == "flexcomm.agent.server"]
+            assert not bad, f"agent/{path.name} imports the Agent's module"
+
+
+def sibling_imports(path: Path, package: str, siblings: set[str]) -> set[str]:
+    """The modules of `package` (by file stem; names defined by the package itself
+    are "__init__") that `path` imports anywhere in its code (type-checking
+    imports included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package:
+            found.update(a.name if a.name in siblings else "__init__" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.update(_sibling(node.module, package, siblings))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                found.update(_sibling(a.name, package, siblings))
+    return found - {path.stem}
+
+
+def _sibling(module: str, package: str, siblings: set[str]) -> set[str]:
+    if module == package:
+        return {"__init__"}
+    first = module[len(package) + 1:].split(".")[0] if module.startswith(package + ".") else ""
+    return {first} if first in siblings else set()
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle in `graph` (a list that starts and ends with the same node), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (circle := visit(nxt, [*path, nxt])):
+                return circle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (circle := visit(start, [start])):
+            return circle
+    return None
+
+
+@pytest.mark.parametrize("folder", sorted(PARTS))
+def test_no_import_circle_within_a_folder(folder: str) -> None:
+    files = sorted((ROOT / folder).glob("*.py"))
+    siblings = {p.stem for p in files}
+    graph = {p.stem: sibling_imports(p, PARTS[folder], siblings) for p in files if "_pb2" not in p.name}
+    # A package's __init__ re-exports its modules; a module importing the package
+    # itself would close a circle through it.
+    assert import_circle(graph) is None, f"{folder}/: {' -> '.join(import_circle(graph) or [])}"
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None

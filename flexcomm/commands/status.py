@@ -36,7 +36,8 @@ def _network(state: Any) -> dict[str, Any]:
     b = state.bottleneck
     bottleneck = ({"alpha_s": b.alpha_s, "beta_s_per_byte": b.beta_s_per_byte,
                    "bandwidth_bps": b.bandwidth_bps, "nodes": b.nodes,
-                   "peak_over_rate": b.peak_over_rate, "burst_s": b.burst_s} if b.known else None)
+                   "peak_over_rate": b.peak_over_rate, "burst_s": b.burst_s, "evidence": b.evidence}
+                  if b.known else None)
     return {"peers": peers, "bottleneck": bottleneck}
 
 
@@ -81,8 +82,9 @@ def render(data: dict[str, Any], target: str) -> str:
         if b:
             bucket = (f", token bucket {b['peak_over_rate']:g}x for {format_seconds(b['burst_s'])}"
                       if b["peak_over_rate"] > 1 and b["burst_s"] > 0 else "")
+            seen = f" (last moved on: {b['evidence']})" if b.get("evidence") else ""
             lines.append(f"  bottleneck: {format_rate(b['bandwidth_bps'])}, alpha "
-                         f"{format_seconds(b['alpha_s'])}, {b['nodes']} workers{bucket}")
+                         f"{format_seconds(b['alpha_s'])}, {b['nodes']} workers{bucket}{seen}")
         else:
             lines.append("  bottleneck: not measured yet")
         for p in j["network"]["peers"]:

@@ -1,18 +1,29 @@
-"""The agent probes its jobs' nodes for real (iperf3 and TCP-connect RTT over
-loopback) and serves iperf3 for other nodes: figures reach GetNetwork, the
-metrics, the store and the job's bottleneck; a peer that does not answer is
-counted as a probe failure and the agent goes on."""
+"""The agent probes its jobs' nodes for real (iperf3 and TCP-connect RTT between
+two namespaces, the agent in one of them) and never its own host: with the job's
+node list holding the agent's own address, that address is never probed while
+the peer's figures reach GetNetwork, the metrics, the store and the job's
+bottleneck; a peer that does not answer is counted as a probe failure and the
+agent goes on; a restarted agent knows the figures from its store."""
 
 from __future__ import annotations
 
 import re
+import sys
 import time
-import urllib.request
 from pathlib import Path
 
+import pytest
+
+from flexcomm.emulation.shaping import LinkState, Shaper
+from flexcomm.lab.netns import Node, netns_pair
+from flexcomm.probe.iperf import IperfServer
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, free_port, spec
+
+SUBNET = "10.207.0.0/24"
+DEAD = "10.207.0.99"  # in the pair's subnet, nobody there
+RATE_BPS = 200e6
 
 
 def peers_of(agent: AgentProcess, job_id: str) -> dict[str, pb.PeerState]:
@@ -20,49 +31,72 @@ def peers_of(agent: AgentProcess, job_id: str) -> dict[str, pb.PeerState]:
     return {p.address: p for p in state.peers}
 
 
-def test_probes_feed_the_network_view_metrics_and_store(tmp_path: Path, iperf3_binary: str) -> None:
-    port = free_port()
-    agent = AgentProcess(tmp_path)
-    # Probing on (the helper turns it off), over loopback; the iperf3 server this
-    # agent runs is bound to 127.0.0.1 only, so 127.0.0.2 answers nobody.
-    agent.extra = ["--probe-port", str(port), "--probe-interval", "300ms"]
+def in_namespace(agent: AgentProcess, node: Node, probe: bool) -> None:
+    """Run the agent inside `node`'s namespace (its socket and store stay on the
+    shared filesystem), probing or not."""
     argv = agent.argv
-    agent.argv = lambda: [a for a in argv() if a != "--no-probe"]
-    agent.env["FLEXCOMM_AGENT_PROBE_SERVE_BIND"] = "127.0.0.1"
-    agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1s"
-    agent.start()
-    try:
-        stub = agent.stub
-        stub.RegisterJob(pb.RegisterJobRequest(spec=spec("probed", nodes=["127.0.0.1"])), timeout=5)
-        stub.RegisterJob(pb.RegisterJobRequest(spec=spec("unlucky", nodes=["127.0.0.2"])), timeout=5)
-        deadline = time.monotonic() + 45
-        while time.monotonic() < deadline:
-            good, bad = peers_of(agent, "probed")["127.0.0.1"], peers_of(agent, "unlucky")["127.0.0.2"]
-            if good.bandwidth_bps > 0 and good.rtt_s > 0 and bad.probe_failures > 0:
-                break
-            time.sleep(0.2)
-        assert good.rtt_s > 0 and good.rtt_p99_s >= good.rtt_s and good.source == "probe"
-        assert good.bandwidth_bps > 1e8, "loopback iperf3 measured less than 100 Mbit/s"
-        assert bad.probe_failures > 0 and bad.bandwidth_bps == 0
-        net = stub.GetNetwork(pb.GetNetworkRequest(job_id="probed"), timeout=5)
-        assert net.bottleneck.known and net.bottleneck.bandwidth_bps == good.bandwidth_bps
-        assert not stub.GetNetwork(pb.GetNetworkRequest(job_id="unlucky"), timeout=5).bottleneck.known
-        body = urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics",
-                                      timeout=5).read().decode()
-        assert 'flexcomm_agent_peer_rtt_seconds{peer="127.0.0.1"}' in body
-        assert 'flexcomm_agent_peer_bandwidth_bps{peer="127.0.0.1"}' in body
-        assert re.search(r"flexcomm_agent_probe_failures_total{kind=\"\w+\",peer=\"127.0.0.2\"} [1-9]", body)
-        assert agent.health() == 1
-        assert agent.terminate() == 0
-        # A restarted agent (probing off now) knows the figures from its store.
-        agent.argv = argv
+    agent.argv = lambda: node.argv([a for a in argv() if probe is False or a != "--no-probe"])
+
+
+def metrics_text(agent: AgentProcess, node: Node) -> str:
+    """/metrics, read from inside the namespace the agent listens in."""
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+    done = node.run([sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen("
+                                           f"{url!r}, timeout=5).read().decode())"],
+                    capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.privileged
+def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, privileged: None,
+                                                             iperf3_binary: str) -> None:
+    port = free_port()
+    with netns_pair("fcap", SUBNET) as (here, there), IperfServer(port, bind=there.address, netns=there.ns):
+        Shaper(here.ifname, netns=here.ns).apply(LinkState(RATE_BPS))
+        agent = AgentProcess(tmp_path, "--probe-port", str(port), "--probe-interval", "300ms")
+        agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1s"
+        agent.env["FLEXCOMM_AGENT_PROBE_SERVE"] = "false"
+        in_namespace(agent, here, probe=True)
         agent.start()
-        restored = peers_of(agent, "probed")["127.0.0.1"]
-        assert restored.bandwidth_bps > 0 and restored.rtt_s > 0
-        assert agent.terminate() == 0
-    finally:
-        agent.stop()
+        try:
+            stub = agent.stub
+            nodes = [here.address, there.address]  # the job's node list holds this host
+            stub.RegisterJob(pb.RegisterJobRequest(spec=spec("probed", nodes=nodes)), timeout=5)
+            stub.RegisterJob(pb.RegisterJobRequest(spec=spec("unlucky", nodes=[here.address, DEAD])),
+                             timeout=5)
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline:
+                good, bad = peers_of(agent, "probed")[there.address], peers_of(agent, "unlucky")[DEAD]
+                if good.bandwidth_bps > 0 and good.rtt_s > 0 and bad.probe_failures > 0:
+                    break
+                time.sleep(0.2)
+            assert good.rtt_s > 0 and good.rtt_p99_s >= good.rtt_s and good.source == "probe"
+            assert 0.85 * RATE_BPS < good.bandwidth_bps < 1.05 * RATE_BPS
+            assert bad.probe_failures > 0 and bad.bandwidth_bps == 0
+            me = peers_of(agent, "probed")[here.address]
+            assert (me.source, me.bandwidth_bps, me.rtt_s, me.probe_failures) == ("self", 0, 0, 0)
+            net = stub.GetNetwork(pb.GetNetworkRequest(job_id="probed"), timeout=5)
+            assert net.bottleneck.known and net.bottleneck.bandwidth_bps == pytest.approx(good.bandwidth_bps)
+            assert net.bottleneck.evidence == "probe"
+            assert not stub.GetNetwork(pb.GetNetworkRequest(job_id="unlucky"), timeout=5).bottleneck.known
+            body = metrics_text(agent, here)
+            assert f'flexcomm_agent_peer_rtt_seconds{{peer="{there.address}"}}' in body
+            assert f'flexcomm_agent_peer_bandwidth_bps{{peer="{there.address}"}}' in body
+            assert re.search(rf'flexcomm_agent_probe_failures_total{{kind="\w+",peer="{DEAD}"}} [1-9]', body)
+            assert here.address not in body
+            assert agent.health() == 1
+            assert agent.terminate() == 0
+            # A restarted agent (probing off now) knows the figures from its store.
+            in_namespace(agent, here, probe=False)
+            agent.start()
+            restored = peers_of(agent, "probed")[there.address]
+            assert restored.bandwidth_bps > 0 and restored.rtt_s > 0
+            assert agent.terminate() == 0
+        finally:
+            agent.stop()
     with Store(agent.db) as store:
-        kinds = {m.kind: m for m in store.latest_measurements("127.0.0.1")}
+        kinds = {m.kind: m for m in store.latest_measurements(there.address)}
         assert kinds["bandwidth"].ok and kinds["latency"].ok
-        assert not store.latest_measurements("127.0.0.2")[0].ok
+        assert not store.latest_measurements(DEAD)[0].ok
+        assert store.measurements(peer=here.address) == [], "the agent probed its own host"

@@ -239,8 +239,10 @@ def test_status_command_shows_jobs_network_and_decisions(agent: AgentProcess) ->
     job = data["jobs"][0]
     assert job["job_id"] == "shown" and job["decision"]["collective"] == "dense_ring"
     assert job["network"]["bottleneck"]["bandwidth_bps"] == SLOW[1]
+    assert job["network"]["bottleneck"]["evidence"] == "report"
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "shown" in text and "dense_ring" in text and "100 Mbit/s" in text
+    assert "(last moved on: report)" in text
 
     down = subprocess.run([*cmd[:-1], str(Path(agent.socket).with_name("none.sock"))],
                           capture_output=True, text=True, timeout=60)

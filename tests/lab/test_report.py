@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
 from flexcomm.lab.plan import DEFAULT_POLICIES, parse_policies, parse_policy
 from flexcomm.lab.report import build_summary, format_table
 from flexcomm.lab.runner import LabConfig, policy_dir
@@ -143,6 +144,26 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
     assert "1 Gbit/s: 2x120 ms dense@dense_ring" in table and "10 Mbit/s: 2x250 ms topk:0.01@ag_topk" in table
+
+
+def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
+    cfg = LabConfig(out=tmp_path, policies=parse_policies("moo"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    write_run(tmp_path, "moo", (0.1, 0.5), (1.0, 0.01), [0.5, 0.6, 0.7, 0.8])
+    goodput = 1e7 * TCP_PAYLOAD_SHARE
+    estimates = [(100.5, 0.93e9, "probe"), (201.0, 0.93e9, "probe"), (206.0, 1.5 * goodput, "passive"),
+                 (213.0, 1.05 * goodput, "passive+probe"), (214.0, 0.97 * goodput, "passive+probe")]
+    (policy_dir(tmp_path, "moo") / "estimates.jsonl").write_text("".join(
+        json.dumps({"wall": w, "bandwidth_bps": b, "evidence": e}) + "\n" for w, b, e in estimates))
+    summary = build_summary(tmp_path)
+    fast, slow = summary["moo"]["estimate_tracking"]
+    assert (fast["shaped_bps"], fast["estimated_bps"], fast["seconds_to_within_10pct"]) == (1e9, 0.93e9, 0.5)
+    assert (slow["shaped_bps"], slow["seconds_to_within_10pct"], slow["deadline_s"]) == (1e7, 13.0, 10.0)
+    assert slow["estimated_bps"] == pytest.approx(1.275 * goodput) and not slow["reached"]
+    assert slow["evidence"] == ["passive", "passive+probe", "probe"]
+    assert summary["lab"]["estimate_tracking"] == {"phases": 2, "reached": 1,
+                                                   "bandwidth_probe_share_of_wall": None}
+    assert "10 Mbit/s: 12.19/9.564, 13.0 s" in format_table(summary)
 
 
 def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:

@@ -99,6 +99,10 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     # over; at CR 0.01 (15 KB) it fits the 16 KB bucket and the difference is noise.
     fixed = {p["rate_bps"]: p for p in summary["topk-0.1"]["phases"]}
     assert fixed[SLOW]["mean_step_s"] > fixed[FAST]["mean_step_s"]
+    # The agent's estimate was recorded beside the shaped rate, and followed the drop.
+    tracked = {e["shaped_bps"]: e for e in summary["moo"]["estimate_tracking"]}
+    assert set(tracked) == {FAST, SLOW}
+    assert tracked[SLOW]["seconds_to_within_10pct"] is not None, tracked[SLOW]
 
     assert_nothing_left(out)
 

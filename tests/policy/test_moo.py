@@ -105,6 +105,13 @@ def test_a_network_change_explores_only_when_it_would_change_the_choice() -> Non
     assert "network moved" in policy.decide().reason
 
 
+def test_the_exploration_names_the_evidence_the_network_moved_on() -> None:
+    policy = moo()
+    settle(policy, Job(policy), 1e-3, 100e6)
+    policy.observe_network(NetworkObservation(50e-6, 8 / 50e9, 4, evidence="passive+probe"))
+    assert "network moved (passive+probe): bandwidth 100 -> 5e+04 Mbit/s" in policy.decide().reason
+
+
 def test_small_moves_are_no_change() -> None:
     policy = moo()
     settle(policy, Job(policy), 20e-6, 100e6)

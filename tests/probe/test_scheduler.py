@@ -1,7 +1,8 @@
 """The probe scheduler: its logic under a fake clock (fake probes that advance
 that clock, named as such), then for real with iperf3 between namespaces: a busy
-server (back off, then success) and a peer that does not answer (recorded as a
-failure while probing goes on)."""
+server (back off, then success), a peer that does not answer (recorded as a
+failure while probing goes on) and a test sized to a quarter second that reads
+the shaped rate."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
-from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.addresses import local_addresses
 from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer
 from flexcomm.probe.scheduler import DutyBudget, ProbeConfig, ProbeScheduler, TargetLocks
 from flexcomm.store import Measurement, Store
@@ -82,16 +83,17 @@ def make(peers, clock, probes, **config) -> ProbeScheduler:
 
 def test_duty_cycle_holds_in_every_window_over_two_hours():
     clock = FakeClock()
-    probes = FakeProbes(clock)
+    probes = FakeProbes(clock, test_s=1.0)
     peers = [f"10.0.0.{i}" for i in range(1, 9)]
-    sched = make(peers, clock, probes, bandwidth_interval_s=60.0)  # asks for far more than 1%
+    # whole-second tests, asked for far more often than 1% allows
+    sched = make(peers, clock, probes, bandwidth_interval_s=60.0, sized_test_s=0.0)
     start = clock.now
     run_for(sched, clock, 7200)
     starts = [t for _, t in probes.bandwidth_calls]
     assert len(starts) > 20
-    for t0 in starts:  # any 600 s window starting at a test: at most 6 s of testing
-        assert sum(probes.test_s for t in starts if t0 <= t < t0 + 600) <= 6.0 + 1e-9
-    assert len(starts) * probes.test_s <= 0.01 * (clock.now - start) + 6.0
+    for t0 in starts:  # any 120 s window starting at a test: at most 1.2 s of testing
+        assert sum(probes.test_s for t in starts if t0 <= t < t0 + 120) <= 1.2 + 1e-9
+    assert len(starts) * probes.test_s <= 0.01 * (clock.now - start) + 1.2
     # tests never overlap (the fake clock runs one at a time; check their spacing)
     assert all(b - a >= probes.test_s - 1e-9 for a, b in itertools.pairwise(starts))
     # every peer gets its turn
@@ -129,10 +131,10 @@ def test_failed_peer_is_recorded_and_the_rest_goes_on(tmp_path):
     clock = FakeClock()
     probes = FakeProbes(clock)
     probes.fail_peers = {"dead"}
-    est = Estimator()
+    seen: list[Measurement] = []
     with Store(tmp_path / "s.db") as store:
         sched = ProbeScheduler(["dead", "live"], ProbeConfig(bandwidth_interval_s=300.0),
-                               store=store, estimator=est, bandwidth_probe=probes.bandwidth,
+                               store=store, on_measurement=seen.append, bandwidth_probe=probes.bandwidth,
                                latency_probe=probes.latency, clock=clock, rng=random.Random(2),
                                locks=TargetLocks())
         run_for(sched, clock, 1200)
@@ -141,7 +143,8 @@ def test_failed_peer_is_recorded_and_the_rest_goes_on(tmp_path):
         assert dead and not any(m.ok for m in dead) and "unable to connect" in dead[0].error
         assert len(live) >= 2 and all(m.ok for m in live)
         assert len(store.measurements(peer="live", kind="latency", limit=10**6)) > 50
-    assert est.peer("live").beta_s_per_byte == 8e-8 and est.peer("dead").beta_s_per_byte is None
+    assert all(m.id is not None for m in seen), "the sink gets each measurement as stored"
+    assert {m.peer for m in seen if m.kind == "bandwidth" and m.ok} == {"live"}
 
 
 def test_exceptions_from_a_probe_become_failed_measurements():
@@ -184,6 +187,41 @@ def test_target_lock_refuses_a_second_test_to_the_same_target():
         release.set()
         first.join()
     assert b.measure_bandwidth("t").ok  # free again once the first finished
+
+
+def test_own_addresses_are_never_probed():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    own = sorted(local_addresses())
+    sched = make(["127.0.0.1", "10.255.0.7", *own], clock, probes, bandwidth_interval_s=60.0)
+    assert list(sched.schedule) == ["10.255.0.7"] and set(sched.skipped) == {"127.0.0.1", *own}
+    run_for(sched, clock, 600)
+    assert {p for p, _ in probes.bandwidth_calls + probes.latency_calls} == {"10.255.0.7"}
+    with pytest.raises(ValueError, match=r"^peer: 127\.0\.0\.1 is an address of this host"):
+        sched.measure_bandwidth("127.0.0.1")
+    assert sched.request_bandwidth(["127.0.0.1"]) == float("inf")  # never probed: never comes
+
+
+def test_requested_tests_run_at_once_and_sized_ones_within_the_budget():
+    clock = FakeClock()
+    probes = FakeProbes(clock, test_s=0.25)  # a test sized to a quarter second
+    sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=300.0)
+    run_for(sched, clock, 5)
+    assert sched.expected_bps("p") == 1e8  # its last reading sizes the next test
+    start, ran = clock.now, 0
+    for i in range(60):  # a request every 10 s, far more than 1% allows
+        clock.now = max(clock.now, start + 10 * i)
+        wait = sched.request_bandwidth(["p", "q"], expected_bps=5e7)
+        assert wait == pytest.approx(sched.budget.wait_for(0.5, clock.now))  # told how soon
+        before = len(probes.bandwidth_calls)
+        sched.tick(), sched.tick()  # the loop, woken by the request
+        ran += len(probes.bandwidth_calls) - before
+        budget_left = sched.budget.wait_for(0.5, clock.now) == 0  # a sized test, start-up included
+        assert len(probes.bandwidth_calls) - before == 2 or not budget_left, "a request waited"
+    starts = [t for _, t in probes.bandwidth_calls]
+    for t0 in starts:
+        assert sum(0.25 for t in starts if t0 <= t < t0 + 120) <= 1.2 + 1e-9
+    assert ran >= 15  # sized: 3-4 tests per 120 s, where whole-second ones would allow 1
 
 
 def test_peers_can_change_while_running():
@@ -231,7 +269,7 @@ def test_duty_budget_wait():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match=r"^duty_cycle:.*less than one 2 s bandwidth test"):
+    with pytest.raises(ValueError, match=r"^duty_cycle:.*less than one 1 s bandwidth test"):
         ProbeConfig(duty_cycle=0.001, budget_window_s=600)
     with pytest.raises(ValueError, match=r"^jitter:"):
         ProbeConfig(jitter=1.5)
@@ -293,7 +331,7 @@ def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binar
     dead = "10.201.0.120"  # in the pair's subnet, nobody there
     with Store(tmp_path / "s.db") as store:
         sched = ProbeScheduler([dead, b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
-                               estimator=Estimator(), locks=TargetLocks())
+                               locks=TargetLocks())
         sched.start()
         try:
             wait_until(lambda: len(store.measurements(kind="bandwidth")) >= 2
@@ -306,5 +344,21 @@ def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binar
     assert not failed.ok and "unable to connect" in failed.error
     assert ok.ok and ok.bandwidth_bps > 50e6
     assert lat and not lat[0].ok and lat[0].loss == 1.0
-    net = sched.estimator.bottleneck([b.address])
-    assert net is not None and net.bandwidth_bps == pytest.approx(ok.bandwidth_bps)
+
+
+@pytest.mark.privileged
+def test_real_sized_test_reads_the_shaped_rate_in_a_fraction_of_a_second(privileged, iperf3_binary,
+                                                                        served_pair, tmp_path):
+    a, b, _ = served_pair
+    with Store(tmp_path / "s.db") as store:
+        sched = ProbeScheduler([b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
+                               locks=TargetLocks())
+        for expected in (100e6, 20e6):  # right, and 5x too slow (re-tested at the size it reads)
+            before = len(store.measurements(kind="bandwidth"))
+            sched.request_bandwidth([b.address], expected_bps=expected)
+            start = time.monotonic()
+            wait_until(lambda n=before: (sched.tick() or True) and len(store.measurements(kind="bandwidth")) > n)
+            m = store.measurements(kind="bandwidth")[0]
+            assert m.ok and 88e6 < m.bandwidth_bps < 105e6, m  # 100 Mbit/s shaped, ~96 of it goodput
+            assert time.monotonic() - start < 1.5
+    assert sched.budget.used_s(sched.clock()) < 2.0
