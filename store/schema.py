@@ -74,7 +74,15 @@ def _v1_to_v2(db: sqlite_utils.Database) -> None:
         db[name].create_index(["ts"], if_not_exists=True)
 
 
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2)
+def _v2_to_v3(db: sqlite_utils.Database) -> None:
+    # A job that ended (its client said so, or it sat idle past the agent's expiry)
+    # keeps its row and its history; a restarted agent resumes only running ones.
+    table = db["jobs"]
+    table.add_column("ended", float)
+    table.add_column("end_reason", str)
+
+
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
 LATEST_VERSION = len(MIGRATIONS)
 
 
