@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from flexcomm.probe.estimate import Estimator
-from flexcomm.probe.iperf import DEFAULT_PORT, IperfBusy, bandwidth_measurement, run_test
+from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
 from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
 
@@ -76,6 +76,7 @@ class ProbeConfig:
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
     netns: str | None = None  # probe from inside this namespace (lab, tests)
+    auth: ClientAuth | None = None  # iperf3's own authentication, when the peers' servers ask for it
 
     def __post_init__(self) -> None:
         for name in ("test_duration_s", "latency_timeout_s", "connect_timeout_s", "latency_interval_s",
@@ -106,7 +107,7 @@ def iperf_probe(config: ProbeConfig) -> Probe:
         return bandwidth_measurement(run_test(
             peer, port=config.iperf_port, duration_s=config.test_duration_s,
             streams=config.streams, reverse=config.reverse,
-            connect_timeout_s=config.connect_timeout_s, netns=config.netns))
+            connect_timeout_s=config.connect_timeout_s, netns=config.netns, auth=config.auth))
     return probe
 
 
