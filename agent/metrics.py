@@ -1,15 +1,20 @@
 """The agent's Prometheus metrics, in a registry of its own, served on /metrics.
 
 Names follow Prometheus conventions: seconds and bits per second in the names,
-_total for counters. Labels are bounded: jobs (max_jobs), peers (their nodes),
-RPC methods and status codes.
+_total for counters. Labels are bounded: jobs (max_jobs; an ended job's series
+are removed), peers (their nodes), RPC methods and status codes. Every metric is
+documented in docs/CONFIGURATION.md (a test checks).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from flexcomm.agent.config import split_host_port
+from flexcomm.policy.types import StepReport
 
 # RPC latency buckets from 25 us to 1 s: GetDecision should sit in the first few.
 _LATENCY_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25, 1.0)
@@ -33,7 +38,28 @@ class Metrics:
                                  "by job (policies with a model)", ["job"], registry=r)
         self.reports = Counter("flexcomm_agent_step_reports_total", "Step reports ingested", ["job"],
                                registry=r)
-        self.jobs = Gauge("flexcomm_agent_jobs", "Registered jobs", registry=r)
+        self.jobs = Gauge("flexcomm_agent_jobs", "Running jobs", registry=r)
+        self.jobs_ended = Counter("flexcomm_agent_jobs_ended_total", "Jobs ended, by reason "
+                                  "(ended: the client said so; expired: idle past job_idle_expiry_s)",
+                                  ["reason"], registry=r)
+        job = ["job"]
+        self.job_step = Gauge("flexcomm_agent_job_step_seconds", "Mean step time (compute + compression + "
+                              "sync) over the latest batch of reports", job, registry=r)
+        self.job_sync = Gauge("flexcomm_agent_job_sync_seconds", "Mean sync (collective) time over the "
+                              "latest batch of reports", job, registry=r)
+        self.job_compress = Gauge("flexcomm_agent_job_compress_seconds", "Mean compression time over the "
+                                  "latest batch of reports", job, registry=r)
+        self.job_compute = Gauge("flexcomm_agent_job_compute_seconds", "Mean forward+backward time over "
+                                 "the latest batch of reports (0 when the client does not measure it)",
+                                 job, registry=r)
+        self.job_gain = Gauge("flexcomm_agent_job_gain", "Mean compression gain over the latest batch of "
+                              "reports (1 for dense)", job, registry=r)
+        self.job_cr = Gauge("flexcomm_agent_job_cr", "Compression ratio the job ran at its latest report",
+                            job, registry=r)
+        self.job_collective = Gauge("flexcomm_agent_job_collective", "1 for the collective the job ran at "
+                                    "its latest report", ["job", "collective"], registry=r)
+        self._collective_of: dict[str, str] = {}
+        self._decided: dict[str, set[str]] = {}
         self.peer_bandwidth = Gauge("flexcomm_agent_peer_bandwidth_bps", "Latest bandwidth to a peer",
                                     ["peer"], registry=r)
         self.peer_rtt = Gauge("flexcomm_agent_peer_rtt_seconds", "Latest median RTT to a peer",
@@ -44,6 +70,45 @@ class Metrics:
                                     registry=r)
         self.policy_errors = Counter("flexcomm_agent_policy_errors_total",
                                      "Reports or observations a policy refused", ["job"], registry=r)
+
+    def observe_steps(self, job_id: str, reports: Sequence[StepReport]) -> None:
+        """A batch of a job's reports into its gauges (means; the last one's CR and collective)."""
+        n = len(reports)
+        if not n:
+            return
+        sync = sum(r.t_sync_s for r in reports) / n
+        comp = sum(r.t_comp_s for r in reports) / n
+        compute = sum(r.t_compute_s for r in reports) / n
+        self.job_step.labels(job_id).set(compute + comp + sync)
+        self.job_sync.labels(job_id).set(sync)
+        self.job_compress.labels(job_id).set(comp)
+        self.job_compute.labels(job_id).set(compute)
+        self.job_gain.labels(job_id).set(sum(r.gain for r in reports) / n)
+        last = reports[-1]
+        self.job_cr.labels(job_id).set(last.cr)
+        before = self._collective_of.get(job_id)
+        if before != last.collective:
+            if before is not None:
+                self.job_collective.remove(job_id, before)
+            self.job_collective.labels(job_id, last.collective).set(1)
+            self._collective_of[job_id] = last.collective
+
+    def forget_job(self, job_id: str) -> None:
+        """Remove every series of an ended job."""
+        for metric in (self.decision_cr, self.decision_version, self.model_error, self.reports,
+                       self.policy_errors, self.job_step, self.job_sync, self.job_compress,
+                       self.job_compute, self.job_gain, self.job_cr):
+            with contextlib.suppress(KeyError):  # never set for this job
+                metric.remove(job_id)
+        collective = self._collective_of.pop(job_id, None)
+        if collective is not None:
+            self.job_collective.remove(job_id, collective)
+        for collective in self._decided.pop(job_id, ()):
+            self.decisions.remove(job_id, collective)
+
+    def count_decision(self, job_id: str, collective: str) -> None:
+        self.decisions.labels(job_id, collective).inc()
+        self._decided.setdefault(job_id, set()).add(collective)
 
     def serve(self, listen: str) -> tuple[object, int]:
         """Start the /metrics HTTP server (a daemon thread); return it and its port."""

@@ -7,9 +7,11 @@ counting the tests it already ran. Measurements are stored by the scheduler, smo
 Estimator, and handed to the event loop, where the
 network view, the metrics and the affected jobs' policies are updated.
 
-The agent also keeps an iperf3 server on `probe_port` so that the agents of
-other nodes can measure the path to this one. Without the iperf3 binary that
-is said once and the agent serves on (latency probes need no iperf3).
+The agent also keeps iperf3 servers on `probe_port` so that the agents of
+other nodes can measure the path to this one, bound only to the addresses the
+jobs' nodes reach this node by, or to `probe_serve_bind` (flexcomm.probe.serving).
+Without the iperf3 binary that is said once and the agent serves on (latency
+probes need no iperf3).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from flexcomm.agent.config import AgentConfig
+from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.estimate import Estimator
-from flexcomm.probe.iperf import IperfError, IperfServer
 from flexcomm.probe.scheduler import ProbeConfig, ProbeScheduler
+from flexcomm.probe.serving import ProbeServers
 from flexcomm.store import Measurement
 
 if TYPE_CHECKING:
@@ -36,10 +39,11 @@ class Probing:
             iperf_port=config.probe_port, latency_port=config.probe_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
-            test_duration_s=config.probe_test_duration_s)
+            test_duration_s=config.probe_test_duration_s, auth=config.client_auth())
         self.estimator = Estimator()
-        self.server = (IperfServer(config.probe_port, bind=config.probe_serve_bind or None)
-                       if config.probe_serve else None)
+        self.servers = (ProbeServers(config.probe_port, auth=config.server_auth(),
+                                     networks=parse_networks("probe_serve_bind", config.probe_serve_bind))
+                        if config.probe_serve else None)
         self.scheduler: ProbeScheduler | None = None
         self.peers: tuple[str, ...] = ()
         self._agent: Agent | None = None
@@ -48,13 +52,8 @@ class Probing:
     async def start(self, agent: Agent) -> None:
         self._agent = agent
         self._loop = asyncio.get_running_loop()
-        if self.server is not None:
-            try:
-                await asyncio.to_thread(self.server.start)
-            except IperfError as exc:  # IperfMissing included
-                log.error("not serving iperf3; peers cannot measure this node",
-                          extra={"fields": {"error": str(exc)}})
-                self.server = None
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.serve_for, ())
         await self.update_peers()
 
     async def update_peers(self) -> None:
@@ -64,6 +63,8 @@ class Probing:
         if peers == self.peers:
             return
         self.peers = peers
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.serve_for, peers)
         if self.scheduler is None:
             self.scheduler = ProbeScheduler(peers, self.probe_config, store=self._agent.persister.store,
                                             estimator=self.estimator,
@@ -102,5 +103,5 @@ class Probing:
     async def stop(self) -> None:
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.stop)

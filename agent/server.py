@@ -19,6 +19,8 @@ import grp
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -26,13 +28,15 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from flexcomm import __version__
 from flexcomm.agent import sdnotify
-from flexcomm.agent.config import AgentConfig
+from flexcomm.agent.config import AgentConfig, split_host_port
 from flexcomm.agent.jobs import Jobs
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network import NetworkView
 from flexcomm.agent.persist import Persister
 from flexcomm.agent.service import AgentService
+from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto.validate import policy_for
@@ -93,7 +97,7 @@ class Agent:
         self.network = NetworkView(config.link_bucket())
         self.persister = Persister(config.db)
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    policy_for, on_epoch=None)
+                                    policy_for, on_epoch=None, agent_info=self.info)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()
@@ -106,6 +110,7 @@ class Agent:
         self.service.on_decision = self._flush_soon.set
         # Parts with start(agent)/stop(), started after the bind, stopped before the last flush.
         self.extensions: list = []
+        self._iperf3_listeners: Callable[[], list[str]] = list
         if config.emulation_schedule:
             from flexcomm.agent.emulation import EpochEmulation
 
@@ -116,12 +121,16 @@ class Agent:
             from flexcomm.agent.probing import Probing
 
             probing = Probing(config)
-            self.service.on_registered = probing.update_peers
+            self.service.on_jobs_changed = probing.update_peers
             self.extensions.append(probing)
+            self._iperf3_listeners = lambda: probing.servers.listeners() if probing.servers else []
 
     async def start(self) -> None:
         await self.persister.open()
         for job in await self.persister.load_jobs(policy_for):
+            if job.idle_s(time.time()) > self.config.job_idle_expiry_s:  # its client died meanwhile
+                await self.service.write_end(job, "expired")
+                continue
             self.jobs.add(job)
             self.service.publish(job)
             log.info("job resumed", extra={"fields": {
@@ -151,14 +160,31 @@ class Agent:
         for ext in self.extensions:
             await ext.start(self)
         self._tasks = [asyncio.create_task(self._flush_loop(), name="flush"),
-                       asyncio.create_task(self._prune_loop(), name="prune")]
+                       asyncio.create_task(self._prune_loop(), name="prune"),
+                       asyncio.create_task(self._expiry_loop(), name="expiry")]
         interval = sdnotify.watchdog_interval_s()
         if interval:
             self._tasks.append(asyncio.create_task(self._watchdog_loop(interval), name="watchdog"))
         log.info("agent ready", extra={"fields": {
-            "socket": self.config.socket, "tcp": self.config.tcp or None, "db": self.config.db,
-            "metrics_port": self.metrics_port, "jobs": len(self.jobs), "pid": os.getpid()}})
+            "listening": [f"{kind} {address}" for kind, address in self.listeners()],
+            "db": self.config.db, "jobs": len(self.jobs), "pid": os.getpid()}})
         sdnotify.notify(f"READY=1\nSTATUS=serving {len(self.jobs)} job(s)\nMAINPID={os.getpid()}")
+
+    def listeners(self) -> list[tuple[str, str]]:
+        """(kind, address) of everything this agent listens on now."""
+        out = [("api", f"unix:{self.config.socket}")]
+        if self.config.tcp:
+            out.append(("tcp", self.config.tcp))
+        if self.metrics_port is not None:
+            host, _ = split_host_port("metrics", self.config.metrics)
+            out.append(("metrics", listen_address(host, self.metrics_port)))
+        out += [("iperf3", address) for address in self._iperf3_listeners()]
+        return out
+
+    def info(self) -> pb.AgentInfo:
+        return pb.AgentInfo(listeners=[pb.Listener(kind=k, address=a) for k, a in self.listeners()],
+                            max_jobs=self.config.max_jobs, job_idle_expiry_s=self.config.job_idle_expiry_s,
+                            pid=os.getpid(), version=__version__)
 
     def _bind(self) -> None:
         assert self.server is not None
@@ -206,6 +232,15 @@ class Agent:
                 self.metrics.store_errors.inc()
                 log.error("store prune failed", extra={"fields": {"error": str(exc)}})
             await asyncio.sleep(min(3600.0, self.config.retention_s / 10))
+
+    async def _expiry_loop(self) -> None:
+        expiry = self.config.job_idle_expiry_s
+        while True:
+            await asyncio.sleep(min(30.0, expiry / 4))
+            now = time.time()
+            for job in [j for j in self.jobs if j.idle_s(now) > expiry]:
+                if self.jobs.find(job.job_id) is job:  # not ended by its client meanwhile
+                    await self.service.end_job(job, "expired")
 
     async def _watchdog_loop(self, interval: float) -> None:
         while True:

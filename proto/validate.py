@@ -39,6 +39,8 @@ MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
 MAX_BYTES_PER_STEP = 1 << 44
 MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
 MAX_ALPHA_S = 60.0
+MAX_HISTORY = 1000
+DEFAULT_HISTORY = 10
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,13 @@ def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
     bandwidth = _bounded_float("network.bandwidth_bps", msg.bandwidth_bps, MAX_BANDWIDTH_BPS,
                                positive=True)
     return alpha, bandwidth
+
+
+def history_limit(value: int) -> int:
+    """GetHistory's limit: 0 means DEFAULT_HISTORY."""
+    if value > MAX_HISTORY:
+        raise ValueError(f"limit: must be in 1..{MAX_HISTORY} (0: {DEFAULT_HISTORY}), got {value}")
+    return value or DEFAULT_HISTORY
 
 
 def policy_for(spec: JobSpec) -> Policy:
