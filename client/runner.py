@@ -17,6 +17,7 @@ from flexcomm.client.compress import check_selector
 from flexcomm.client.controller import Controller, check_group, resolve_source
 from flexcomm.client.decisions import DecisionSource
 from flexcomm.client.engine import FlatSync, StepStats
+from flexcomm.client.nodes import share_nodes
 from flexcomm.policy.types import ROOT_STAR, Decision, Policy
 
 
@@ -50,6 +51,7 @@ class Runner:
                 f"{self._warmup_why()}, got {warmup_steps!r}"
             )
         check_group(process_group)
+        share_nodes(decided_by, process_group)  # every rank: one gather of the nodes' addresses
         self.process_group = process_group
         self.controller = Controller(
             process_group,
