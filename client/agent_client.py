@@ -125,6 +125,7 @@ class AgentClient:
         self.refused_batches = 0
         self.ended = False
         self._stop = threading.Event()
+        self._answered = threading.Event()  # the first registration answer (or refusal) came
         self._channel = (grpc.secure_channel(self.target, credentials) if credentials
                          else grpc.insecure_channel(self.target))
         self._stub = pb_grpc.AgentStub(self._channel)
@@ -139,7 +140,18 @@ class AgentClient:
     def use_nodes(self, nodes: Sequence[str]) -> None:
         """The job's nodes, gathered from its process group (client/nodes.py); taken
         only when none were given. After a registration without them (none came in
-        time) the job registers again, with them."""
+        time) the job registers again, with them.
+
+        The hook calls it once when it is built, before the first step, and it waits
+        there (at most `timeout_s`) for the agent's first answer, so that the job's
+        first agreement already carries the agent's decision."""
+        self._take_nodes(nodes)
+        self._answered.wait(self.timeout_s)
+
+    def _take_nodes(self, nodes: Sequence[str]) -> None:
+        if not self._nodes_given and not nodes:
+            log.warning("job %s: no node addresses ($MASTER_ADDR unset or unresolvable); the agent "
+                        "cannot probe this job's network (give nodes=)", self.job_id)
         if not self._nodes_given and list(nodes) != list(self.nodes):
             spec = pb.JobSpec()
             spec.CopyFrom(self._register.spec)
@@ -218,6 +230,7 @@ class AgentClient:
         self._registered = self._ever_registered = True
         self.refusal = None
         self._adopt(response.decision)
+        self._answered.set()
         if response.replaced:
             log.warning("job %s replaced its earlier registration at the agent (changed: %s); "
                         "its policy starts anew", self.job_id, ", ".join(response.changed),
@@ -305,6 +318,7 @@ class AgentClient:
                       extra={"fields": {"job": self.job_id, "error": exc.details()}})
         self.refusal = exc.details()
         self.reachable = True
+        self._answered.set()
         self._stop.wait(self.retry_max_s)
         return self.retry_max_s
 

@@ -14,14 +14,12 @@ the gather, then the list handed to rank 0's source if it asks for one (an
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 from typing import Any
 
 import torch.distributed as dist
 
-log = logging.getLogger("flexcomm.client.nodes")
 DISCARD_PORT = 9  # any port: a UDP connect only picks a route
 
 
@@ -78,8 +76,5 @@ def share_nodes(source: object, group: dist.ProcessGroup | None = None) -> list[
     nodes = job_nodes(group)
     use = getattr(source, "use_nodes", None)
     if callable(use):
-        if not nodes:
-            log.warning("no node addresses found ($MASTER_ADDR unset or unresolvable); "
-                        "the agent cannot probe this job's network")
         use(nodes)
     return nodes
