@@ -11,7 +11,7 @@ import os
 
 EXAMPLES = """examples:
   flexcomm agent --config /etc/flexcomm/agent.toml
-  flexcomm agent --socket /tmp/agent.sock --db /tmp/agent.db --no-probe
+  flexcomm agent --socket agent.sock --db agent.db --no-probe
 """
 
 

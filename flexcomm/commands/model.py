@@ -25,10 +25,15 @@ from flexcomm.units import (
     parse_rate,
 )
 
+EXAMPLES = """examples:
+  flexcomm model --nodes 8 --size 100MB --latency 1ms --bandwidth 1Gbit --sweep
+  flexcomm model --nodes 4 --size 25MB --latency 50us --bandwidth 200Mbit --gains 0.1=0.95,0.01=0.7
+"""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="predict sync time per collective and CR, and the choice",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, required=True, help="number of workers N (>= 2)")
     p.add_argument("--size", required=True, help="dense gradient size, e.g. 100MB, 25MiB")
     p.add_argument("--latency", required=True, help="per-message latency alpha, e.g. 1ms, 50us")
@@ -40,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cr", help="consider only this compression ratio (0 < cr < 1)")
     p.add_argument("--t-comp", help="compression time of a Top-k option (default: the model's estimate)")
     p.add_argument("--t-compute", default="0s", help="forward+backward time per step (default 0s)")
-    p.add_argument("--gains", help="compression gains per CR, e.g. 0.1=0.95,0.01=0.7 (default: unknown)")
+    p.add_argument("--gains", help="compression gains per CR, e.g. 0.1=0.95,0.01=0.7; CRs between are "
+                   "interpolated in log CR (default: unknown)")
     p.add_argument("--ag-form", choices=AG_FORMS, default="paper", help="AllGather formula (default paper)")
     p.add_argument("--tree-form", choices=TREE_FORMS, default="paper", help="tree formula (default paper)")
     p.add_argument("--sweep", action="store_true", help="show where the choice changes across bandwidths")
@@ -79,6 +85,25 @@ def _gains(text: str | None) -> dict[float, float]:
     return gains
 
 
+def fill_gains(given: dict[float, float], crs: tuple[float, ...]) -> dict[float, float]:
+    """A gain for every candidate CR: the given ones, the others on the line in log
+    CR through the nearest two of the given ones and gain 1 at CR 1 (extended below
+    the smallest, kept within [0.01, 1]). Nothing given: nothing filled."""
+    if not given:
+        return {}
+    points = sorted({**given, 1.0: given.get(1.0, 1.0)}.items())
+    out = {}
+    for cr in crs:
+        if cr in given:
+            out[cr] = given[cr]
+            continue
+        i = next((k for k, (c, _) in enumerate(points) if c > cr), len(points) - 1)
+        (c0, g0), (c1, g1) = points[max(i - 1, 0)], points[max(i, 1)]
+        where = math.log(cr / c0) / math.log(c1 / c0)
+        out[cr] = min(1.0, max(0.01, g0 + where * (g1 - g0)))
+    return out
+
+
 def decide(config: MooConfig, size: float, net: NetworkObservation, t_compute: float,
            gains: dict[float, float]) -> dict[str, Any]:
     """The MOO's choice from the model alone, as plain data."""
@@ -87,9 +112,7 @@ def decide(config: MooConfig, size: float, net: NetworkObservation, t_compute: f
     policy = MooPolicy(size, config)
     policy.observe_network(net)
     if t_compute > 0 or gains:
-        missing = [c for c in config.crs if c not in gains]
-        if gains and missing:
-            raise ValueError(f"gains: no gain given for cr {missing[0]:g} (give one per candidate CR)")
+        gains = fill_gains(gains, config.crs)
         policy.observe_step(StepReport(step=0, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.0,
                                        gain=1.0, t_compute_s=t_compute, gains=gains))
     rows = policy.evaluate()
@@ -143,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {
         "inputs": {"nodes": args.nodes, "size_bytes": size, "latency_s": latency, "bandwidth_bps": bandwidth,
                    "link_bucket": asdict(bucket), "ag_form": args.ag_form, "tree_form": args.tree_form,
-                   "t_comp_model": "fixed" if args.t_comp else "estimated"},
+                   "t_comp_model": "fixed" if args.t_comp else "estimated",
+                   "gains": {f"{cr:g}": g for cr, g in fill_gains(gains, config.crs).items()},
+                   "gains_given": sorted(f"{cr:g}" for cr in gains)},
         "decision": decide(config, size, net, t_compute, gains),
         "table": table(config, size, net),
     }
@@ -160,6 +185,9 @@ def _print(out: dict[str, Any]) -> None:
     i = out["inputs"]
     print(f"N={i['nodes']}  M={format_bytes(i['size_bytes'])}  alpha={format_seconds(i['latency_s'])}  "
           f"bandwidth={format_rate(i['bandwidth_bps'])}  forms: ag={i['ag_form']} tree={i['tree_form']}")
+    if i["gains"]:
+        print("gains: " + "  ".join(f"{cr}={g:.2f}{'' if cr in i['gains_given'] else '*'}"
+                                    for cr, g in i["gains"].items()) + "  (* interpolated)")
     b = i["link_bucket"]
     if not LinkBucket(**b).plain:
         print(f"link: token bucket, {b['peak_over_rate']:g}x the bandwidth for {format_seconds(b['burst_s'])} "

@@ -93,3 +93,21 @@ def test_bad_input_exits_2_naming_the_field_without_traceback(flags: list[str], 
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"error: {field}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gains_between_and_below_the_given_ones_are_filled_in_log_cr() -> None:
+    from flexcomm.commands.model import fill_gains
+
+    filled = fill_gains({0.1: 0.95, 0.01: 0.7}, (0.1, 0.0316, 0.01, 0.001, 1e-5))
+    assert filled[0.1] == 0.95 and filled[0.01] == 0.7
+    assert filled[0.0316] == pytest.approx(0.825, abs=1e-3)  # halfway in log CR
+    assert filled[0.001] == pytest.approx(0.45)  # the 0.01-0.1 line, extended
+    assert filled[1e-5] == 0.01  # kept above zero
+    assert fill_gains({0.01: 0.7}, (0.1,))[0.1] == pytest.approx(0.85)  # toward gain 1 at CR 1
+    assert fill_gains({}, (0.1,)) == {}
+
+
+def test_a_partial_gains_flag_is_taken_and_shown(capsys) -> None:
+    assert main(["model", "--nodes", "4", "--size", "25MB", "--latency", "50us", "--bandwidth", "200Mbit",
+                 "--gains", "0.1=0.95,0.01=0.7"]) == 0
+    assert "0.033=0.83*" in capsys.readouterr().out
