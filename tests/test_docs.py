@@ -1,19 +1,56 @@
-"""docs/CONFIGURATION.md documents every policy option the code accepts."""
+"""The docs name what the code has: docs/CONFIGURATION.md every policy option, agent
+setting and metric; docs/DEPLOYMENT.md and the Kubernetes manifest only real
+settings; the README links the deployment guide."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from flexcomm.agent.config import ENV_PREFIX, AgentConfig
+from flexcomm.agent.metrics import Metrics
 from flexcomm.policy.gravac import GravacConfig
 from flexcomm.policy.moo import MooConfig
 
-CONFIG = (Path(__file__).resolve().parents[1] / "docs" / "CONFIGURATION.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = (ROOT / "docs" / "CONFIGURATION.md").read_text()
 
 
 @pytest.mark.parametrize("cls", [MooConfig, GravacConfig], ids=lambda c: c.__name__)
 def test_every_policy_option_is_documented(cls: type) -> None:
     missing = [f.name for f in fields(cls) if f"| `{f.name}` | `" not in CONFIG]
     assert not missing, f"docs/CONFIGURATION.md lacks {missing}"
+
+
+def table_keys(text: str) -> set[str]:
+    """Every `name` in the first cell of a Markdown table row."""
+    keys = set()
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            keys.update(re.findall(r"`([a-z0-9_]+)`", line.split("|")[1]))
+    return keys
+
+
+def test_every_agent_setting_is_documented() -> None:
+    missing = {f.name for f in fields(AgentConfig)} - table_keys(CONFIG)
+    assert not missing, f"docs/CONFIGURATION.md lacks the agent settings {sorted(missing)}"
+
+
+def test_every_metric_is_documented() -> None:
+    names = {m.name.removesuffix("_total") for m in Metrics().registry.collect()}
+    documented = {n.removesuffix("_total") for n in table_keys(CONFIG)}
+    assert names and not names - documented, f"undocumented metrics: {sorted(names - documented)}"
+
+
+@pytest.mark.parametrize("path", ["docs/DEPLOYMENT.md", "deploy/kubernetes/flexcomm-agent.yaml", "README.md"])
+def test_deployment_uses_only_real_settings(path: str) -> None:
+    settings = {f.name for f in fields(AgentConfig)}
+    named = {v[len(ENV_PREFIX):].lower() for v in re.findall(rf"{ENV_PREFIX}[A-Z0-9_]+", (ROOT / path).read_text())}
+    assert not named - settings, f"{path} names settings the agent does not have: {sorted(named - settings)}"
+
+
+def test_the_readme_links_the_deployment_guide() -> None:
+    assert "(docs/DEPLOYMENT.md)" in (ROOT / "README.md").read_text()
