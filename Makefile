@@ -29,6 +29,7 @@ bench: bootstrap
 	$(PY) bench/hook_overhead.py
 	$(PY) bench/agent_load.py
 	$(PY) bench/shaper_fidelity.py
+	$(PY) bench/job_lifecycle.py
 
 clean-lab: bootstrap
 	$(VENV)/bin/flexcomm lab clean

@@ -209,3 +209,13 @@ def test_history_and_agent_info(tmp_path: Path) -> None:
         assert {(x.kind, x.address) for x in info.listeners} == {
             ("api", f"unix:{agent.socket}"), ("metrics", f"127.0.0.1:{agent.metrics_port}")}
         assert info.max_jobs == 1024 and info.job_idle_expiry_s == 600 and info.pid == agent.proc.pid
+
+
+def test_short_jobs_in_a_row_leave_only_the_running_one_listed() -> None:
+    """bench/job_lifecycle.py (100 jobs there), on a few."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "job_lifecycle.py"
+    proc = subprocess.run([sys.executable, str(bench), "--jobs", "4", "--steps", "5"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["goal_met"] and result["status_jobs"] == ["long"] and result["with_history"] == 4
