@@ -8,12 +8,7 @@ import socket
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import listening
 from flexcomm.probe.serving import ProbeServers, listen_address
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.agent_process import free_port
 
 
 def listening_addresses(port: int) -> set[str]:
