@@ -111,6 +111,7 @@ def test_a_restarted_agent_resumes_only_running_jobs_and_probes_only_their_nodes
         assert job_ids(agent) == {"running"}
         with Store(agent.db, create=False) as store:
             assert store.job("stale").end_reason == "expired" and store.job("ended").end_reason == "ended"
+        wait_for(lambda: probed_peers(agent.log.read_text()[before:]), what="probing started")  # after SERVING
         assert probed_peers(agent.log.read_text()[before:]) == [["127.0.0.4"]]
     finally:
         agent.stop()
@@ -128,8 +129,8 @@ def test_max_jobs_is_a_loud_error_naming_the_limit(tmp_path: Path, caplog: pytes
                 errors = [r for r in caplog.records if r.levelno == logging.ERROR]
                 assert len(errors) == 1 and "max_jobs=1" in errors[0].getMessage()
                 first.close()  # ends "first": a slot frees and "second" takes it
-                wait_for(lambda: job_ids(agent) == {"second"}, what="the second job registered")
-                assert second.refusal is None
+                wait_for(lambda: second.refusal is None and second.latest() is not None, what="second registered")
+                assert job_ids(agent) == {"second"}
             finally:
                 second.close()
 
