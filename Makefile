@@ -28,6 +28,8 @@ bench: bootstrap
 	$(PY) bench/store.py
 	$(PY) bench/hook_overhead.py
 	$(PY) bench/agent_load.py
+	$(PY) bench/agent_fuzz.py
+	$(PY) bench/agent_durability.py
 	$(PY) bench/shaper_fidelity.py
 	$(PY) bench/job_lifecycle.py
 

@@ -30,7 +30,8 @@ class Metrics:
                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
         self.decisions = Counter("flexcomm_agent_decisions_total", "Decision changes, by job",
                                  ["job", "collective"], registry=r)
-        self.decision_cr = Gauge("flexcomm_agent_decision_cr", "Current compression ratio", ["job"],
+        self.decision_cr = Gauge("flexcomm_agent_decision_cr", "Share of values the current decision sends "
+                                 "(its Top-k CR; 1 for other families)", ["job"],
                                  registry=r)
         self.decision_version = Gauge("flexcomm_agent_decision_version", "Current decision version",
                                       ["job"], registry=r)
@@ -49,16 +50,16 @@ class Metrics:
                               "latest batch of reports", job, registry=r)
         self.job_compress = Gauge("flexcomm_agent_job_compress_seconds", "Mean compression time over the "
                                   "latest batch of reports", job, registry=r)
-        self.job_compute = Gauge("flexcomm_agent_job_compute_seconds", "Mean forward+backward time over "
-                                 "the latest batch of reports (0 when the client does not measure it)",
-                                 job, registry=r)
+        self.job_compute = Gauge("flexcomm_agent_job_compute_seconds", "Mean forward+backward time (the "
+                                 "rest of the step) over the latest batch of reports", job, registry=r)
         self.job_gain = Gauge("flexcomm_agent_job_gain", "Mean compression gain over the latest batch of "
                               "reports (1 for dense)", job, registry=r)
-        self.job_cr = Gauge("flexcomm_agent_job_cr", "Compression ratio the job ran at its latest report",
-                            job, registry=r)
-        self.job_collective = Gauge("flexcomm_agent_job_collective", "1 for the collective the job ran at "
-                                    "its latest report", ["job", "collective"], registry=r)
-        self._collective_of: dict[str, str] = {}
+        self.job_cr = Gauge("flexcomm_agent_job_cr", "Share of values the job's latest report sent "
+                            "(Top-k's CR; 1 for the other families)", job, registry=r)
+        self.job_collective = Gauge("flexcomm_agent_job_collective", "1 for the compression and collective "
+                                    "of the job's latest report", ["job", "compression", "collective"],
+                                    registry=r)
+        self._running: dict[str, tuple[str, str]] = {}
         self._decided: dict[str, set[str]] = {}
         self.peer_bandwidth = Gauge("flexcomm_agent_peer_bandwidth_bps", "Latest bandwidth to a peer",
                                     ["peer"], registry=r)
@@ -85,13 +86,13 @@ class Metrics:
         self.job_compute.labels(job_id).set(compute)
         self.job_gain.labels(job_id).set(sum(r.gain for r in reports) / n)
         last = reports[-1]
-        self.job_cr.labels(job_id).set(last.cr)
-        before = self._collective_of.get(job_id)
-        if before != last.collective:
+        self.job_cr.labels(job_id).set(last.compression.cr)
+        running, before = (last.compression.name, last.collective), self._running.get(job_id)
+        if before != running:
             if before is not None:
-                self.job_collective.remove(job_id, before)
-            self.job_collective.labels(job_id, last.collective).set(1)
-            self._collective_of[job_id] = last.collective
+                self.job_collective.remove(job_id, *before)
+            self.job_collective.labels(job_id, *running).set(1)
+            self._running[job_id] = running
 
     def forget_job(self, job_id: str) -> None:
         """Remove every series of an ended job."""
@@ -100,9 +101,9 @@ class Metrics:
                        self.job_compute, self.job_gain, self.job_cr):
             with contextlib.suppress(KeyError):  # never set for this job
                 metric.remove(job_id)
-        collective = self._collective_of.pop(job_id, None)
-        if collective is not None:
-            self.job_collective.remove(job_id, collective)
+        running = self._running.pop(job_id, None)
+        if running is not None:
+            self.job_collective.remove(job_id, *running)
         for collective in self._decided.pop(job_id, ()):
             self.decisions.remove(job_id, collective)
 
@@ -113,5 +114,8 @@ class Metrics:
     def serve(self, listen: str) -> tuple[object, int]:
         """Start the /metrics HTTP server (a daemon thread); return it and its port."""
         host, port = split_host_port("metrics", listen)
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ValueError(f"metrics: cannot listen on {listen}: {exc.strerror or exc}") from None
         return server, server.server_port

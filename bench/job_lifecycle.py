@@ -40,8 +40,8 @@ socket, job_id, steps, close = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.a
 client = AgentClient(socket, job_id=job_id, world_size=4, grad_bytes=10_000_000, nodes=["127.0.0.1"],
                      poll_interval_s=0.05)
 for i in range(steps):
-    client.report(StepReport(step=i, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.02,
-                             t_compute_s=0.05, gain=1.0, bytes_sent=10_000_000))
+    client.report(StepReport(step=i, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                             t_sync_s=0.02, t_compute_s=0.05, gain=1.0, bytes_sent=10_000_000))
 deadline = time.monotonic() + 30
 while client.latest() is None and time.monotonic() < deadline:
     time.sleep(0.01)

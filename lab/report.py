@@ -94,7 +94,7 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
     out = {}
     for key, steps in grouped.items():
         seconds = sum(s["step_s"] for s in steps)
-        choice = Counter((s.get("cr"), s.get("collective")) for s in steps).most_common(1)[0][0]
+        choice = Counter((s.get("compression"), s.get("collective")) for s in steps).most_common(1)[0][0]
         predicted = [s["predicted_sync_s"] for s in steps if s.get("predicted_sync_s")]
         measured = [s["t_sync_s"] for s in steps if "t_sync_s" in s]
         out[key] = {
@@ -103,7 +103,7 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
             "steps": len(steps),
             "seconds": seconds,
             "mean_step_s": seconds / len(steps),
-            "cr": choice[0],
+            "compression": choice[0],
             "collective": choice[1],
             "predicted_sync_s": statistics.fmean(predicted) if predicted else None,
             "measured_sync_s": statistics.fmean(measured) if measured else None,
@@ -269,10 +269,8 @@ def _phase_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _choice(phase: dict[str, Any]) -> str:
-    cr, collective = phase["cr"], phase["collective"]
-    if cr is None:
-        return str(collective)
-    return f"{collective}" if cr == 1.0 else f"{cr:.3g}@{collective}"
+    compression, collective = phase["compression"], phase["collective"]
+    return str(collective) if compression is None else f"{compression}@{collective}"
 
 
 def _policies(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -113,7 +113,9 @@ def _ago(now: float, ts: float) -> str:
 
 
 def _what(d: dict[str, Any]) -> str:
-    return "dense" if d["cr"] == 1.0 else f"Top-k cr={d['cr']:g}"
+    from flexcomm.policy.types import Compression
+
+    return Compression(d["family"], d["param"]).name
 
 
 def _render_job(j: dict[str, Any], now: float) -> list[str]:

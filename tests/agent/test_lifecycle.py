@@ -24,9 +24,9 @@ from support.agent_process import AgentProcess, free_port, job_ids, metrics_text
 GRAD_BYTES = 4_000_000
 
 
-def report(step: int, cr: float = 1.0, collective: int = pb.COLLECTIVE_DENSE_RING) -> pb.StepReport:
-    return pb.StepReport(step=step, cr=cr, collective=collective, t_comp_s=0.002, t_sync_s=0.05,
-                         t_compute_s=0.1, gain=1.0, bytes_sent=GRAD_BYTES)
+def report(step: int) -> pb.StepReport:
+    return pb.StepReport(step=step, family="dense", collective=pb.COLLECTIVE_DENSE_RING, t_comp_s=0.002,
+                         t_sync_s=0.05, t_compute_s=0.1, gain=1.0, bytes_sent=GRAD_BYTES)
 
 
 def register(agent: AgentProcess, job_id: str, **kw: object) -> None:
@@ -52,7 +52,7 @@ def test_an_ended_job_leaves_the_agent_and_keeps_its_history(tmp_path: Path) -> 
         body = metrics_text(agent)
         assert 'flexcomm_agent_job_sync_seconds{job="done"} 0.05' in body
         assert 'flexcomm_agent_job_step_seconds{job="done"} 0.152' in body
-        assert 'flexcomm_agent_job_collective{collective="dense_ring",job="done"} 1.0' in body
+        assert 'flexcomm_agent_job_collective{collective="dense_ring",compression="dense",job="done"} 1.0' in body
 
         ended = agent.stub.EndJob(pb.EndJobRequest(job_id="done"), timeout=5)
         assert ended.job.reports == 5 and ended.job.last_step == 4
@@ -162,7 +162,8 @@ from flexcomm.policy.types import StepReport
 c = AgentClient(sys.argv[1], job_id="exits", world_size=2, grad_bytes=4_000_000, nodes=["127.0.0.1"],
                 poll_interval_s=0.1)
 for i in range(20):
-    c.report(StepReport(step=i, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.01, gain=1.0))
+    c.report(StepReport(step=i, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.01,
+                        gain=1.0))
 deadline = time.monotonic() + 30
 while c.latest() is None and time.monotonic() < deadline:
     time.sleep(0.02)

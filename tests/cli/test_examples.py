@@ -29,7 +29,8 @@ FLEXCOMM = str(Path(sys.executable).with_name("flexcomm"))
 
 AS_USER = {
     "flexcomm model --nodes 8 --size 100MB --latency 1ms --bandwidth 1Gbit --sweep",
-    "flexcomm model --nodes 4 --size 25MB --latency 50us --bandwidth 200Mbit --gains 0.1=0.95,0.01=0.7",
+    "flexcomm model --nodes 4 --size 64MB --latency 100us --bandwidth 20Mbit --matrices 1024x4096*2,4096x1024"
+    " --gains topk:0.011=0.4,powersgd:4=0.8,powersgd:1=0.6",
     "flexcomm status",
     "flexcomm status --json --history 20",
     "flexcomm probe history --db probes.db --since 1h",

@@ -22,9 +22,9 @@ CLI = [sys.executable, "-m", "flexcomm.cli"]
 
 def decide_twice(stub, job_id: str) -> None:
     """A static job, then the same id replaced with another CR: two decisions."""
-    for cr in (0.1, 0.01):
+    for compression in ("topk:0.1", "topk:0.01"):
         request = pb.RegisterJobRequest(spec=spec(job_id, policy="static", nodes=["10.9.0.2"]), replace=True)
-        request.spec.options.update({"cr": cr, "collective": "ag_topk"})
+        request.spec.options.update({"compression": compression, "collective": "ag_topk"})
         stub.RegisterJob(request, timeout=5)
 
 
@@ -42,7 +42,7 @@ def test_status_shows_listeners_recent_decisions_and_peer_history(tmp_path: Path
         listening = {(x["kind"], x["address"]) for x in data["agent"]["listening"]}
         assert listening == {("api", f"unix:{agent.socket}"), ("metrics", f"127.0.0.1:{agent.metrics_port}")}
         job = data["jobs"][0]
-        assert [d["cr"] for d in job["recent_decisions"]] == [0.01, 0.1]
+        assert [(d["family"], d["param"]) for d in job["recent_decisions"]] == [("topk", 0.01), ("topk", 0.1)]
         assert job["peer_history"]["10.9.0.2"]["bandwidth_bps"] == [[10.0, 9e8], [11.0, 4e8], [12.0, 1e8]]
         peer = job["network"]["peers"][0]
         assert isinstance(peer["probe_failures"], int) and isinstance(peer["bandwidth_bps"], float)
@@ -50,7 +50,7 @@ def test_status_shows_listeners_recent_decisions_and_peer_history(tmp_path: Path
 
         text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
         assert f"listening: api unix:{agent.socket}, metrics 127.0.0.1:{agent.metrics_port}" in text
-        assert "earlier decisions:" in text and "Top-k cr=0.1 over ag_topk" in text
+        assert "earlier decisions:" in text and "topk:0.1 over ag_topk" in text
         assert "█▄▁" in text  # the peer's bandwidth, falling
 
         piped = subprocess.run(f"{' '.join(cmd)} | head -n 1", shell=True, capture_output=True, text=True,

@@ -21,13 +21,14 @@ def test_default_policies_parse() -> None:
     specs = parse_policies(" ".join(DEFAULT_POLICIES))
     assert [s.label for s in specs] == list(DEFAULT_POLICIES)
     kinds = {s.label: (s.kind, s.options, s.fixed) for s in specs}
-    assert kinds["topk-0.01"] == ("static", {"cr": 0.01, "collective": "ag_topk"}, True)
+    assert kinds["topk-0.01"] == ("static", {"compression": "topk:0.01", "collective": "ag_topk"}, True)
     assert kinds["moo"] == ("moo", {}, False)
     assert kinds["powersgd"][0] == "powersgd" and not kinds["powersgd"][2]
 
 
 def test_policy_options_and_collectives() -> None:
-    assert parse_policy("topk-0.004-art_ring").options == {"cr": 0.004, "collective": "art_ring"}
+    assert parse_policy("topk-0.004-art_ring").options == {"compression": "topk:0.004", "collective": "art_ring"}
+    assert parse_policy("static:compression=powersgd:2").options == {"compression": "powersgd:2"}
     spec = parse_policy("moo:objective=progress,warmup_steps=5")
     assert spec.options == {"objective": "progress", "warmup_steps": 5}
     assert [s.label for s in parse_policies("dense,moo")] == ["dense", "moo"]
@@ -93,8 +94,10 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
         phase = 0 if i < 2 else 1
         t += step_s[phase]
         collective = "dense_ring" if cr[phase] == 1.0 else "ag_topk"
+        compression = "dense" if cr[phase] == 1.0 else f"topk:{cr[phase]!r}"
         records.append({"kind": "step", "step": i, "epoch": phase, "t": t, "wall": wall,
-                        "step_s": step_s[phase], "cr": cr[phase], "collective": collective,
+                        "step_s": step_s[phase], "cr": cr[phase], "compression": compression,
+                        "collective": collective,
                         "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2, "version": version,
                         "predicted_sync_s": step_s[phase] / 4})
         records.append({"kind": "eval", "step": i + 1, "t": t, "accuracy": accuracies[i]})
@@ -122,8 +125,8 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert moo["bytes_sent"] == 4000
     assert moo["wall_s"] == pytest.approx(2 * 0.12 + 2 * 0.25)
     fast, slow = moo["phases"]
-    assert (fast["rate_bps"], fast["steps"], fast["cr"]) == (1e9, 2, 1.0)
-    assert (slow["rate_bps"], slow["steps"], slow["cr"]) == (1e7, 2, 0.01)
+    assert (fast["rate_bps"], fast["steps"], fast["compression"]) == (1e9, 2, "dense")
+    assert (slow["rate_bps"], slow["steps"], slow["compression"]) == (1e7, 2, "topk:0.01")
     assert slow["predicted_sync_s"] == pytest.approx(0.0625)
     assert slow["measured_sync_s"] == pytest.approx(0.125)
     # Best fixed per phase: dense when fast (0.1 s/step), Top-k when slow (0.2 s/step);
@@ -139,7 +142,7 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert all(summary[p]["warnings"] == [] for p in policies)
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
-    assert "1 Gbit/s: 2x120 ms dense_ring" in table
+    assert "1 Gbit/s: 2x120 ms dense@dense_ring" in table and "10 Mbit/s: 2x250 ms topk:0.01@ag_topk" in table
 
 
 def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:
