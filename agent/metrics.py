@@ -20,6 +20,15 @@ from flexcomm.policy.types import StepReport
 _LATENCY_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.25, 1.0)
 
 
+JOB_MEANS = {
+    "step_seconds": "step time (compute + compression + sync)",
+    "sync_seconds": "sync (collective) time",
+    "compress_seconds": "compression time",
+    "compute_seconds": "forward+backward time (the rest of the step)",
+    "gain": "compression gain (1 for dense)",
+}
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -44,16 +53,9 @@ class Metrics:
                                   "(ended: the client said so; expired: idle past job_idle_expiry_s)",
                                   ["reason"], registry=r)
         job = ["job"]
-        self.job_step = Gauge("flexcomm_agent_job_step_seconds", "Mean step time (compute + compression + "
-                              "sync) over the latest batch of reports", job, registry=r)
-        self.job_sync = Gauge("flexcomm_agent_job_sync_seconds", "Mean sync (collective) time over the "
-                              "latest batch of reports", job, registry=r)
-        self.job_compress = Gauge("flexcomm_agent_job_compress_seconds", "Mean compression time over the "
-                                  "latest batch of reports", job, registry=r)
-        self.job_compute = Gauge("flexcomm_agent_job_compute_seconds", "Mean forward+backward time (the "
-                                 "rest of the step) over the latest batch of reports", job, registry=r)
-        self.job_gain = Gauge("flexcomm_agent_job_gain", "Mean compression gain over the latest batch of "
-                              "reports (1 for dense)", job, registry=r)
+        # Means over each batch of a job's reports, by what they are of.
+        self.job_means = {name: Gauge(f"flexcomm_agent_job_{name}", f"Mean {what} over the job's latest "
+                                      "batch of reports", job, registry=r) for name, what in JOB_MEANS.items()}
         self.job_cr = Gauge("flexcomm_agent_job_cr", "Share of values the job's latest report sent "
                             "(Top-k's CR; 1 for the other families)", job, registry=r)
         self.job_collective = Gauge("flexcomm_agent_job_collective", "1 for the compression and collective "
@@ -77,14 +79,13 @@ class Metrics:
         n = len(reports)
         if not n:
             return
-        sync = sum(r.t_sync_s for r in reports) / n
-        comp = sum(r.t_comp_s for r in reports) / n
-        compute = sum(r.t_compute_s for r in reports) / n
-        self.job_step.labels(job_id).set(compute + comp + sync)
-        self.job_sync.labels(job_id).set(sync)
-        self.job_compress.labels(job_id).set(comp)
-        self.job_compute.labels(job_id).set(compute)
-        self.job_gain.labels(job_id).set(sum(r.gain for r in reports) / n)
+        means = {"sync_seconds": sum(r.t_sync_s for r in reports) / n,
+                 "compress_seconds": sum(r.t_comp_s for r in reports) / n,
+                 "compute_seconds": sum(r.t_compute_s for r in reports) / n,
+                 "gain": sum(r.gain for r in reports) / n}
+        means["step_seconds"] = means["sync_seconds"] + means["compress_seconds"] + means["compute_seconds"]
+        for name, value in means.items():
+            self.job_means[name].labels(job_id).set(value)
         last = reports[-1]
         self.job_cr.labels(job_id).set(last.compression.cr)
         running, before = (last.compression.name, last.collective), self._running.get(job_id)
@@ -97,8 +98,7 @@ class Metrics:
     def forget_job(self, job_id: str) -> None:
         """Remove every series of an ended job."""
         for metric in (self.decision_cr, self.decision_version, self.model_error, self.reports,
-                       self.policy_errors, self.job_step, self.job_sync, self.job_compress,
-                       self.job_compute, self.job_gain, self.job_cr):
+                       self.policy_errors, self.job_cr, *self.job_means.values()):
             with contextlib.suppress(KeyError):  # never set for this job
                 metric.remove(job_id)
         running = self._running.pop(job_id, None)
