@@ -31,6 +31,7 @@ bench: bootstrap
 	$(PY) bench/agent_fuzz.py
 	$(PY) bench/agent_durability.py
 	$(PY) bench/shaper_fidelity.py
+	$(PY) bench/job_lifecycle.py
 
 clean-lab: bootstrap
 	$(VENV)/bin/flexcomm lab clean

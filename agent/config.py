@@ -20,6 +20,8 @@ from typing import Any
 
 from flexcomm.files import read_text
 from flexcomm.policy.types import LinkBucket
+from flexcomm.probe.addresses import parse_networks
+from flexcomm.probe.iperf import ClientAuth, ServerAuth
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
@@ -70,10 +72,20 @@ class AgentConfig:
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
     probe_port: int = 5201
-    # Run an iperf3 server on probe_port for the other nodes' agents.
+    # Run iperf3 servers on probe_port for the other nodes' agents.
     probe_serve: bool = True
-    # Address the iperf3 server binds to ("" = every address).
+    # Where they listen: comma-separated addresses or networks of this node ("10.0.0.0/24"),
+    # one server per matching address; "" = the addresses the jobs' nodes reach this node by.
     probe_serve_bind: str = ""
+    # iperf3's own authentication of the tests this node serves: RSA private key (PEM)
+    # and authorized users file, given together.
+    probe_auth_private_key: str = ""
+    probe_auth_users: str = ""
+    # ... and of the tests this node runs against its peers: user name, the peers' RSA
+    # public key (PEM), a file holding the password; given together.
+    probe_auth_username: str = ""
+    probe_auth_public_key: str = ""
+    probe_auth_password_file: str = ""
     # The paths' token bucket, when they have one (a policed cloud NIC, tc shaping):
     # after idle a link runs at link_peak_over_rate times its probed rate until
     # link_burst_s of that rate is spent. 1.0 and 0: a plain link. Links shaped by
@@ -85,6 +97,9 @@ class AgentConfig:
     emulation_interface: str = ""
     emulation_netns: str = ""
     max_jobs: int = 1024
+    # A job the agent has not heard from for this long (its process died without
+    # ending it) is ended as expired: it leaves the agent, its history stays.
+    job_idle_expiry_s: float = 600.0
     log_level: str = "info"
     log_format: str = "json"
 
@@ -105,6 +120,10 @@ class AgentConfig:
         require_finite_positive("retention_s", self.retention_s)
         require_finite_positive("probe_interval_s", self.probe_interval_s)
         require_finite_positive("probe_bandwidth_interval_s", self.probe_bandwidth_interval_s)
+        require_finite_positive("job_idle_expiry_s", self.job_idle_expiry_s)
+        parse_networks("probe_serve_bind", self.probe_serve_bind)
+        self.server_auth()
+        self.client_auth()
         if self.probe_test_duration_s < 1 or not float(self.probe_test_duration_s).is_integer():
             raise ValueError(f"probe_test_duration_s: iperf3 runs whole seconds >= 1, "
                              f"got {self.probe_test_duration_s!r}")
@@ -128,10 +147,41 @@ class AgentConfig:
         if self.emulation_schedule and not self.emulation_interface:
             raise ValueError("emulation_interface: needed with emulation_schedule")
 
+    def server_auth(self) -> ServerAuth | None:
+        """iperf3 authentication of served tests, or None (ValueError naming the key)."""
+        given = _given(self, "probe_auth_private_key", "probe_auth_users")
+        _readable(self, "probe_auth_private_key", "probe_auth_users")
+        return ServerAuth(*given) if given else None
+
+    def client_auth(self) -> ClientAuth | None:
+        """iperf3 authentication of this node's own tests, or None."""
+        given = _given(self, "probe_auth_username", "probe_auth_public_key", "probe_auth_password_file")
+        _readable(self, "probe_auth_public_key", "probe_auth_password_file")
+        return ClientAuth(*given) if given else None
+
     def link_bucket(self) -> LinkBucket:
         """The token bucket the cost model gives every path (ValueError naming the key)."""
         return LinkBucket.checked(self.link_peak_over_rate, self.link_burst_s,
                                   ("link_peak_over_rate", "link_burst_s"))
+
+
+def _given(config: AgentConfig, *keys: str) -> tuple[str, ...]:
+    """The values of `keys`, all set, or () when none is; ValueError naming the first missing."""
+    values = tuple(getattr(config, k) for k in keys)
+    if not any(values):
+        return ()
+    missing = [k for k, v in zip(keys, values, strict=True) if not v]
+    if missing:
+        raise ValueError(f"{missing[0]}: needed with {', '.join(k for k in keys if k not in missing)} "
+                         f"(give {', '.join(keys)} together)")
+    return values
+
+
+def _readable(config: AgentConfig, *keys: str) -> None:
+    for key in keys:
+        path = getattr(config, key)
+        if path and not os.access(path, os.R_OK):
+            raise ValueError(f"{key}: cannot read {path}")
 
 
 def split_host_port(field: str, text: str) -> tuple[str, int]:

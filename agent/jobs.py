@@ -43,6 +43,10 @@ class Job:
         self.reports = 0
         self.last_report_unix = 0.0
         self.policy_errors = 0
+        # When the job's client was last heard from, and its open WatchDecisions
+        # streams: what the idle expiry judges.
+        self.last_seen_unix = self.registered_unix
+        self.watchers = 0
         # The job's own estimate of its network: (alpha_s, bandwidth_bps).
         self.reported_network: tuple[float, float] | None = None
         self.network: NetworkObservation | None = None
@@ -92,6 +96,15 @@ class Job:
         self.closed = True
         self._changed.set()
 
+    # -- liveness ---------------------------------------------------------------
+    def touch(self, now: float | None = None) -> None:
+        """The job's client was heard from."""
+        self.last_seen_unix = time.time() if now is None else now
+
+    def idle_s(self, now: float) -> float:
+        """Seconds since the client was last heard from (0 while a watcher is open)."""
+        return 0.0 if self.watchers else max(0.0, now - self.last_seen_unix)
+
     # -- observations ---------------------------------------------------------
     def observe_network(self, net: NetworkObservation) -> bool:
         """Feed the bottleneck to the policy if it differs; True if the decision changed."""
@@ -134,6 +147,7 @@ class Job:
             "last_epoch": self.last_epoch,
             "reports": self.reports,
             "last_report_unix": self.last_report_unix,
+            "last_seen_unix": self.last_seen_unix,
             "reported_network": list(self.reported_network) if self.reported_network else None,
             "network": self.network.to_dict() if self.network else None,
         }
@@ -148,6 +162,8 @@ class Job:
         self.last_epoch = int(state["last_epoch"])
         self.reports = int(state["reports"])
         self.last_report_unix = float(state["last_report_unix"])
+        self.last_seen_unix = max(float(state.get("last_seen_unix", 0.0)), self.last_report_unix,
+                                  self.registered_unix)
         rn = state.get("reported_network")
         self.reported_network = (float(rn[0]), float(rn[1])) if rn else None
         net = state.get("network")
@@ -202,7 +218,8 @@ class Jobs:
     def check_room(self, job_id: str) -> None:
         """OverflowError when `job_id` is new and the agent is full."""
         if job_id not in self._jobs and len(self._jobs) >= self.max_jobs:
-            raise OverflowError(f"job_id: the agent already holds max_jobs={self.max_jobs} jobs")
+            raise OverflowError(f"job_id: the agent already runs max_jobs={self.max_jobs} jobs; "
+                                f"{job_id!r} gets no decisions until one ends (or raise max_jobs)")
 
     def add(self, job: Job) -> None:
         self.check_room(job.job_id)
@@ -210,3 +227,10 @@ class Jobs:
         if old is not None:
             old.close()
         self._jobs[job.job_id] = job
+
+    def remove(self, job_id: str) -> Job:
+        """Take the job out (its watchers end); JobNotFound if it is not here."""
+        job = self.get(job_id)
+        del self._jobs[job_id]
+        job.close()
+        return job

@@ -77,8 +77,9 @@ class NetworkFeed:
         estimate.wants_probe = True  # the paths as they are now, before the job loads them
         self._ask_probes(job.job_id)
 
-    async def forget(self, job: Job, existing: Job | None) -> None:
-        """A registration the store refused: back to the job held before, if any."""
+    async def forget(self, job: Job, existing: Job | None = None) -> None:
+        """Stop following a job (it ended), or, after a registration the store
+        refused, go back to the job held before (`existing`)."""
         self.estimator.remove_job(job.job_id)
         self._reading.pop(job.job_id, None)
         if existing is not None:

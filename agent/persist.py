@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from flexcomm.agent.jobs import Job
 from flexcomm.policy.types import Decision, Policy, StepReport
 from flexcomm.proto.validate import JobSpec
-from flexcomm.store import Measurement, Store, StoreDamaged
+from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store, StoreDamaged
 from flexcomm.store.damage import move_aside, what_it_held
 
 log = logging.getLogger("flexcomm.agent.persist")
@@ -98,6 +98,17 @@ class Persister:
             self.store.add_job(spec["job_id"], spec, created=created)
             self._write_batches([batch])
 
+    async def save_end(self, job: Job, reason: str, ts: float) -> None:
+        """Write what the job has not written yet, then mark it ended."""
+        reports, decisions, _ = job.take_pending()
+        await self._run(self._write_end, (job.job_id, reports, decisions, job.state()), reason, ts)
+
+    def _write_end(self, batch: Batch, reason: str, ts: float) -> None:
+        assert self.store is not None
+        with self.store.transaction():
+            self._write_batches([batch])
+            self.store.end_job(batch[0], reason, ts=ts)
+
     async def flush(self, jobs: Iterable[Job]) -> int:
         """Write every job's pending reports, decisions and changed state in one
         transaction; return how many reports were written. A failed write is
@@ -146,12 +157,29 @@ class Persister:
         assert self.store is not None
         return await self._run(self.store.latest_measurements)
 
+    async def history(self, job_id: str, peers: list[str], limit: int) -> tuple[list, dict[str, list]]:
+        """The job's newest `limit` decisions (DecisionRecords, newest first) and each
+        peer's newest `limit` successful probes of each kind (store rows, oldest first)."""
+        assert self.store is not None
+        return await self._run(self._read_history, job_id, peers, limit)
+
+    def _read_history(self, job_id: str, peers: list[str], limit: int) -> tuple[list, dict[str, list]]:
+        assert self.store is not None
+        decisions = self.store.decisions(job_id, limit=limit)
+        probes = {}
+        for peer in peers:
+            rows = []
+            for kind in (BANDWIDTH, LATENCY):
+                rows += self.store.history("measurements", peer=peer, kind=kind, ok=1, limit=limit)
+            probes[peer] = sorted(rows, key=lambda r: r["ts"])
+        return decisions, probes
+
     async def load_jobs(self, create_policy: Callable[[JobSpec], Policy]) -> list[Job]:
-        """Every stored job with its policy resumed; a job that cannot be resumed
+        """Every running stored job with its policy resumed; a job that cannot be resumed
         (its policy is gone from this build, its state is damaged) is logged and
         skipped, and its rows are left alone."""
         assert self.store is not None
-        records = await self._run(self.store.jobs)
+        records = await self._run(lambda: self.store.jobs(running=True))
         jobs = []
         for rec in records:
             try:

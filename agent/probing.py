@@ -7,9 +7,11 @@ replaced, so its duty-cycle budget keeps counting the tests it already ran.
 Measurements are stored by the scheduler and handed to the event loop
 (`on_measurement`); `request_bandwidth` asks for tests now.
 
-The agent also keeps an iperf3 server on `probe_port` so that the agents of
-other nodes can measure the path to this one. Without the iperf3 binary that
-is said once and the agent serves on (latency probes need no iperf3).
+The agent also keeps iperf3 servers on `probe_port` so that the agents of
+other nodes can measure the path to this one, bound only to the addresses the
+jobs' nodes reach this node by, or to `probe_serve_bind` (flexcomm.probe.serving).
+Without the iperf3 binary that is said once and the agent serves on (latency
+probes need no iperf3).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from flexcomm.agent.config import AgentConfig
-from flexcomm.probe.iperf import IperfError, IperfServer
+from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.scheduler import ProbeConfig, ProbeScheduler
+from flexcomm.probe.serving import ProbeServers
 from flexcomm.store import Measurement, Store
 
 log = logging.getLogger("flexcomm.agent.probing")
@@ -35,10 +38,11 @@ class Probing:
             iperf_port=config.probe_port, latency_port=config.probe_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
-            test_duration_s=config.probe_test_duration_s)
+            test_duration_s=config.probe_test_duration_s, auth=config.client_auth())
         self.on_measurement = on_measurement
-        self.server = (IperfServer(config.probe_port, bind=config.probe_serve_bind or None)
-                       if config.probe_serve else None)
+        self.servers = (ProbeServers(config.probe_port, auth=config.server_auth(),
+                                     networks=parse_networks("probe_serve_bind", config.probe_serve_bind))
+                        if config.probe_serve else None)
         self.scheduler: ProbeScheduler | None = None
         self.peers: tuple[str, ...] = ()
         self._store: Store | None = None
@@ -48,13 +52,8 @@ class Probing:
         """Serve iperf3 and probe `peers`; measurements are written to `store`."""
         self._store = store
         self._loop = asyncio.get_running_loop()
-        if self.server is not None:
-            try:
-                await asyncio.to_thread(self.server.start)
-            except IperfError as exc:  # IperfMissing included
-                log.error("not serving iperf3; peers cannot measure this node",
-                          extra={"fields": {"error": str(exc)}})
-                self.server = None
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.serve_for, ())
         await self.update_peers(peers)
 
     async def update_peers(self, peers: Iterable[str]) -> None:
@@ -64,6 +63,8 @@ class Probing:
         if peers == self.peers or self._loop is None:
             return
         self.peers = peers
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.serve_for, peers)
         if self.scheduler is None:
             self.scheduler = await asyncio.to_thread(
                 ProbeScheduler, peers, self.probe_config, store=self._store,
@@ -89,5 +90,5 @@ class Probing:
     async def stop(self) -> None:
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.stop)

@@ -24,6 +24,7 @@ import grp
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -31,6 +32,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from flexcomm import __version__
 from flexcomm.agent import sdnotify
 from flexcomm.agent.commit import GroupCommit
 from flexcomm.agent.config import AgentConfig, split_host_port
@@ -42,6 +44,7 @@ from flexcomm.agent.persist import Persister
 from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
 from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto.validate import policy_for
@@ -109,7 +112,7 @@ class Agent:
         self.network = NetworkFeed(Estimator(config.link_bucket()), self.metrics,
                                    redecide=lambda job_id: self.service.refresh_job(job_id))
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    policy_for, self.commits.commit)
+                                    policy_for, self.commits.commit, agent_info=self.info)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()
@@ -131,7 +134,7 @@ class Agent:
         if config.probe:
             self.probing = Probing(config, on_measurement=self.network.measured)
             self.network.request_probes = self.probing.request_bandwidth
-            self.service.on_registered = self._probe_job_nodes
+            self.service.on_jobs_changed = self._probe_job_nodes
 
     @property
     def extensions(self) -> list[EpochEmulation | Probing]:
@@ -144,6 +147,10 @@ class Agent:
         assert self.probing is not None
         await self.probing.update_peers(self._job_nodes())
 
+    def _iperf3_listeners(self) -> list[str]:
+        servers = self.probing.servers if self.probing is not None else None
+        return servers.listeners() if servers is not None else []
+
     def _record_emulation_step(self, step: EmulationStep) -> None:
         store = self.persister.store
         if store is not None:
@@ -152,6 +159,9 @@ class Agent:
     async def start(self) -> None:
         await self.persister.open()
         for job in await self.persister.load_jobs(policy_for):
+            if job.idle_s(time.time()) > self.config.job_idle_expiry_s:  # its client died meanwhile
+                await self.service.write_end(job, "expired")
+                continue
             self.jobs.add(job)
             await self.network.add_job(job)
             self.service.publish(job)
@@ -182,15 +192,32 @@ class Agent:
         if self.probing is not None:
             await self.probing.start(self.persister.store, self._job_nodes())
         self._tasks = [asyncio.create_task(self._flush_loop(), name="flush"),
-                       asyncio.create_task(self._prune_loop(), name="prune")]
+                       asyncio.create_task(self._prune_loop(), name="prune"),
+                       asyncio.create_task(self._expiry_loop(), name="expiry")]
         interval = sdnotify.watchdog_interval_s()
         if interval:
             self._tasks.append(asyncio.create_task(self._watchdog_loop(interval), name="watchdog"))
         log.info("agent ready", extra={"fields": {
-            "socket": self.config.socket, "tcp": self.config.tcp or None, "db": self.config.db,
-            "metrics_port": self.metrics_port, "jobs": len(self.jobs), "pid": os.getpid()}})
+            "listening": [f"{kind} {address}" for kind, address in self.listeners()],
+            "db": self.config.db, "jobs": len(self.jobs), "pid": os.getpid()}})
         self.ready = True
         sdnotify.notify(f"READY=1\nSTATUS=serving {len(self.jobs)} job(s)\nMAINPID={os.getpid()}")
+
+    def listeners(self) -> list[tuple[str, str]]:
+        """(kind, address) of everything this agent listens on now."""
+        out = [("api", f"unix:{self.config.socket}")]
+        if self.config.tcp:
+            out.append(("tcp", self.config.tcp))
+        if self.metrics_port is not None:
+            host, _ = split_host_port("metrics", self.config.metrics)
+            out.append(("metrics", listen_address(host, self.metrics_port)))
+        out += [("iperf3", address) for address in self._iperf3_listeners()]
+        return out
+
+    def info(self) -> pb.AgentInfo:
+        return pb.AgentInfo(listeners=[pb.Listener(kind=k, address=a) for k, a in self.listeners()],
+                            max_jobs=self.config.max_jobs, job_idle_expiry_s=self.config.job_idle_expiry_s,
+                            pid=os.getpid(), version=__version__)
 
     def _bind(self) -> None:
         assert self.server is not None
@@ -251,6 +278,15 @@ class Agent:
                 self.metrics.store_errors.inc()
                 log.error("store prune failed", extra={"fields": {"error": str(exc)}})
             await asyncio.sleep(min(3600.0, self.config.retention_s / 10))
+
+    async def _expiry_loop(self) -> None:
+        expiry = self.config.job_idle_expiry_s
+        while True:
+            await asyncio.sleep(min(30.0, expiry / 4))
+            now = time.time()
+            for job in [j for j in self.jobs if j.idle_s(now) > expiry]:
+                if self.jobs.find(job.job_id) is job:  # not ended by its client meanwhile
+                    await self.service.end_job(job, "expired")
 
     async def _watchdog_loop(self, interval: float) -> None:
         while True:

@@ -34,7 +34,9 @@ from flexcomm.policy.types import Policy
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
+from flexcomm.proto.convert import decision_to_proto
 from flexcomm.proto.validate import JobSpec
+from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")
 
@@ -139,13 +141,15 @@ def server_stream(fn: Callable) -> Callable:
 
 class AgentService(pb_grpc.AgentServicer):
     """`on_epoch(epoch)` is told each new highest epoch a job reports;
-    `on_registered()` runs after each registration (e.g. to probe the new nodes)."""
+    `on_jobs_changed()` runs after each registration and end (e.g. to probe the
+    jobs' nodes as they are now)."""
 
     def __init__(self, jobs: Jobs, network: NetworkFeed, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy],
                  commit: Callable[[], Awaitable[None]],
                  on_epoch: Callable[[int], None] | None = None,
-                 on_registered: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_jobs_changed: Callable[[], Awaitable[None]] | None = None,
+                 agent_info: Callable[[], pb.AgentInfo] = pb.AgentInfo) -> None:
         self.jobs = jobs
         # Awaited before a report stream is acknowledged: what it carried is on disk.
         self.commit = commit
@@ -155,7 +159,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.instrumented = _Instrumented(metrics)
         self.create_policy = create_policy
         self.on_epoch = on_epoch
-        self.on_registered = on_registered
+        self.on_jobs_changed = on_jobs_changed  # after a job is registered or ended
+        self.agent_info = agent_info
         self.on_decision: Callable[[], None] | None = None  # e.g. to write it out soon
         self._report_counters: dict[str, Any] = {}
 
@@ -166,7 +171,7 @@ class AgentService(pb_grpc.AgentServicer):
         self.metrics.decision_version.labels(job.job_id).set(job.version)
 
     def decision_changed(self, job: Job) -> None:
-        self.metrics.decisions.labels(job.job_id, job.decision.collective).inc()
+        self.metrics.count_decision(job.job_id, job.decision.collective)
         self.publish(job)
         if self.on_decision is not None:
             self.on_decision()
@@ -198,9 +203,11 @@ class AgentService(pb_grpc.AgentServicer):
         spec = validate.spec(request.spec)
         existing = self.jobs.find(spec.job_id)
         if existing is not None and existing.spec == spec:
+            existing.touch()
             return pb.RegisterJobResponse(job=existing.info(), decision=existing.decision_pb, resumed=True)
-        if existing is not None and not request.replace:
-            differ = [k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
+        differ = ([k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
+                  if existing is not None else [])
+        if differ and not request.replace:
             raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
                                f"{', '.join(differ)}; set replace to start it anew")
         job = Job(spec, self.create_policy(spec))
@@ -217,19 +224,48 @@ class AgentService(pb_grpc.AgentServicer):
             await self.network.forget(job, existing)
             raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
         self.jobs.add(job)
+        if existing is not None:
+            self.metrics.forget_job(spec.job_id)
         self.decision_changed(job)
         self.metrics.jobs.set(len(self.jobs))
-        if self.on_registered is not None:
-            await self.on_registered()
-        log.info("job registered", extra={"fields": {
+        if self.on_jobs_changed is not None:
+            await self.on_jobs_changed()
+        log.info("job replaced" if differ else "job registered", extra={"fields": {
             "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
-            "nodes": list(spec.nodes), "replaced": existing is not None}})
-        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=False)
+            "nodes": list(spec.nodes), "changed": differ}})
+        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=False,
+                                      replaced=bool(differ), changed=differ)
+
+    async def end_job(self, job: Job, reason: str) -> None:
+        """Take the job out of the agent (listing, probing, metrics) and write its end:
+        `reason` is "ended" (its client said so) or "expired" (idle too long)."""
+        self.jobs.remove(job.job_id)
+        await self.network.forget(job)
+        self.metrics.forget_job(job.job_id)
+        self._report_counters.pop(job.job_id, None)
+        self.metrics.jobs.set(len(self.jobs))
+        await self.write_end(job, reason)
+        if self.on_jobs_changed is not None:
+            await self.on_jobs_changed()
+
+    async def write_end(self, job: Job, reason: str) -> None:
+        """Store that a job (no longer in the agent) ended, with what it had not written."""
+        self.metrics.jobs_ended.labels(reason).inc()
+        try:
+            await self.persister.save_end(job, reason, time.time())
+        except Exception as exc:  # the job is out either way; a restart expires it again
+            self.metrics.store_errors.inc()
+            log.error("store write failed", extra={"fields": {"job": job.job_id, "error": str(exc)}})
+        log.info(f"job {reason}", extra={"fields": {
+            "job": job.job_id, "last_step": job.last_step, "reports": job.reports,
+            "idle_s": round(job.idle_s(time.time()), 3), "version": job.version}})
 
     @unary
     async def GetDecision(self, request: pb.JobRef, context: Any) -> pb.Decision:
         validate.job_id(request.job_id)
-        return self.jobs.get(request.job_id).decision_pb
+        job = self.jobs.get(request.job_id)
+        job.touch()
+        return job.decision_pb
 
     @unary
     async def ReportSteps(self, request_iterator: AsyncIterator[pb.ReportStepsRequest],
@@ -240,6 +276,7 @@ class AgentService(pb_grpc.AgentServicer):
                 job = self.jobs.get(validate.job_id(request.job_id))
             reports = validate.reports(request)
             network = validate.network(request.network) if request.HasField("network") else None
+            job.touch()
             accepted += self._ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
@@ -254,6 +291,7 @@ class AgentService(pb_grpc.AgentServicer):
             if counter is None:
                 counter = self._report_counters[job.job_id] = self.metrics.reports.labels(job.job_id)
             counter.inc(n)
+            self.metrics.observe_steps(job.job_id, reports)
             error = job.policy.model_error()
             if error is not None:
                 self.metrics.model_error.labels(job.job_id).set(error)
@@ -274,11 +312,16 @@ class AgentService(pb_grpc.AgentServicer):
                              context: Any) -> AsyncIterator[pb.Decision]:
         job = self.jobs.get(validate.job_id(request.job_id))
         after = request.after_version
-        while not job.closed:
-            if job.version > after:
-                after = job.version
-                yield job.decision_pb
-            await job.wait_change(after)
+        job.watchers += 1  # a job someone watches is not idle
+        try:
+            while not job.closed:
+                if job.version > after:
+                    after = job.version
+                    yield job.decision_pb
+                await job.wait_change(after)
+        finally:
+            job.watchers -= 1
+            job.touch()
 
     @unary
     async def GetNetwork(self, request: pb.GetNetworkRequest, context: Any) -> pb.NetworkState:
@@ -289,3 +332,33 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
         return pb.ListJobsResponse(jobs=[job.info() for job in self.jobs])
+
+    @unary
+    async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
+        job = self.jobs.get(validate.job_id(request.job_id))
+        await self.end_job(job, "ended")
+        return pb.EndJobResponse(job=job.info())
+
+    @unary
+    async def GetHistory(self, request: pb.GetHistoryRequest, context: Any) -> pb.JobHistory:
+        job = self.jobs.get(validate.job_id(request.job_id))
+        limit = validate.history_limit(request.limit)
+        decisions, probes = await self.persister.history(job.job_id, list(job.spec.nodes), limit)
+        return pb.JobHistory(
+            decisions=[decision_to_proto(r.decision, job.job_id, r.ts or 0.0) for r in decisions],
+            peers=[peer_history(address, rows) for address, rows in probes.items()])
+
+    @unary
+    async def GetAgentInfo(self, request: pb.GetAgentInfoRequest, context: Any) -> pb.AgentInfo:
+        return self.agent_info()
+
+
+def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:
+    """A peer's successful probes (store rows, oldest first) as bandwidth and RTT series."""
+    out = pb.PeerHistory(address=address)
+    for r in rows:
+        if r["kind"] == BANDWIDTH and r["bandwidth_bps"]:
+            out.bandwidth_bps.add(ts_unix=r["ts"], value=r["bandwidth_bps"])
+        elif r["kind"] == LATENCY and r["rtt_p50_s"] is not None:
+            out.rtt_s.add(ts_unix=r["ts"], value=r["rtt_p50_s"])
+    return out

@@ -1,28 +1,43 @@
 """The training side of the agent: a `DecisionSource` backed by the local agent.
 
-    source = AgentClient("/run/flexcomm/agent.sock", job_id="resnet-42", world_size=8,
-                         layout=layout_of(model), nodes=["10.0.0.1", "10.0.0.2"], policy="moo")
+    source = AgentClient(job_id="resnet-42", world_size=8, layout=layout_of(model), policy="moo")
     source.latest()        # the newest Decision, or None before the first answer
     source.report(step)    # a StepReport; returns at once
-    source.close()
+    source.close()         # ends the job at the agent (also done at interpreter exit)
 
-Only rank 0 uses it. The gradient is described by its layout
+Only rank 0 uses it (docs/ARCHITECTURE.md). The agent is at $FLEXCOMM_AGENT_SOCKET,
+else /run/flexcomm/agent.sock, unless `target` names it (a socket path or
+host:port). The gradient is described by its layout
 (`flexcomm.client.layout.layout_of(model)`: the matrices PowerSGD's cost depends
-on, the bytes of a value) or, less well, by grad_bytes alone. Every call from the training loop
-returns at once: `latest()` reads one attribute, `report()` appends to a bounded
-deque (the oldest reports are dropped when the agent is away long enough to fill
-it). A background thread registers the job, streams the reports in batches and
-fetches the decision, each RPC with a timeout. When the agent cannot be reached
-the job keeps its last decision, says so once in its log, retries with backoff,
-and re-registers when the agent answers again (a restarted agent resumes the job
-from its store).
+on, the bytes of a value) or, less well, by grad_bytes alone. Without `nodes`,
+the job's nodes come from its process group: the hook gathers every rank's
+address when it is built (client/nodes.py) and hands them over with
+`use_nodes`; registration waits for them (up to `nodes_wait_s`).
+
+Every call from the training loop returns at once: `latest()` reads one
+attribute, `report()` appends to a bounded deque (the oldest reports are dropped
+when the agent is away long enough to fill it). A background thread registers
+the job, streams the reports in batches and fetches the decision, each RPC with
+a timeout. When the agent cannot be reached the job keeps its last decision,
+says so once in its log, retries with backoff, and re-registers when the agent
+answers again (a restarted agent resumes the job from its store).
+
+Lifecycle: `close()`, and the interpreter's exit if close was not called, end
+the job at the agent (EndJob): it leaves the agent's list of jobs, its history
+stays in the store. A job id registered with another spec (a new world size, a
+restart with other nodes) is replaced (`replace=True`, the default), and the log
+says so. An agent that refuses the job (it holds `max_jobs` jobs already) is an
+error in the log, naming the limit; the job runs its last decision (dense at
+first) and registers as soon as a slot frees.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +54,12 @@ from flexcomm.units import require_finite_positive
 
 log = logging.getLogger("flexcomm.client.agent")
 MAX_BATCH = 4096  # the agent's per-message limit
+DEFAULT_SOCKET = "/run/flexcomm/agent.sock"
+
+
+def default_target() -> str:
+    """$FLEXCOMM_AGENT_SOCKET (the agent's own setting), else the systemd unit's socket."""
+    return os.environ.get("FLEXCOMM_AGENT_SOCKET") or DEFAULT_SOCKET
 
 
 def channel_target(target: str) -> str:
@@ -73,14 +94,14 @@ def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str
 class AgentClient:
     """A DecisionSource that asks the agent at `target` (socket path or host:port)."""
 
-    def __init__(self, target: str, *, job_id: str, world_size: int, grad_bytes: int | None = None,
-                 layout: GradientLayout | None = None, nodes: Sequence[str] = (), policy: str = "moo",
-                 options: Mapping[str, Any] | None = None,
+    def __init__(self, target: str | None = None, *, job_id: str, world_size: int, grad_bytes: int | None = None,
+                 layout: GradientLayout | None = None, nodes: Sequence[str] | None = None, policy: str = "moo",
+                 options: Mapping[str, Any] | None = None, replace: bool = True,
                  credentials: grpc.ChannelCredentials | None = None,
                  timeout_s: float = 1.0, poll_interval_s: float = 0.5, retry_max_s: float = 5.0,
-                 max_pending: int = 100_000) -> None:
+                 nodes_wait_s: float = 10.0, max_pending: int = 100_000) -> None:
         for name, value in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s),
-                            ("retry_max_s", retry_max_s)):
+                            ("retry_max_s", retry_max_s), ("nodes_wait_s", nodes_wait_s)):
             require_finite_positive(name, value)
         if layout is not None and not isinstance(layout, GradientLayout):
             raise ValueError(f"layout: expected a GradientLayout (client.layout.layout_of(model)), got {layout!r}")
@@ -88,30 +109,71 @@ class AgentClient:
             if layout is None:
                 raise ValueError("grad_bytes: give the gradient's layout (layout_of(model)) or its size in bytes")
             grad_bytes = layout.grad_bytes
-        spec = _job_spec(job_id, world_size, grad_bytes, nodes, policy, options, layout)
-        self.target = channel_target(target)
+        spec = _job_spec(job_id, world_size, grad_bytes, nodes or (), policy, options, layout)
+        self.target = channel_target(target or default_target())
         # The agent's own checks, here: a bad spec fails in the caller's code at
         # construction, not as a refusal logged by a background thread.
         validate.policy_for(validate.spec(spec))
-        self._register = pb.RegisterJobRequest(spec=spec)
+        self._register = pb.RegisterJobRequest(spec=spec, replace=replace)
+        self._nodes_given = nodes is not None
+        self._nodes_known = threading.Event()
+        if self._nodes_given:
+            self._nodes_known.set()
         self.job_id = job_id
         self.timeout_s = timeout_s
         self.poll_interval_s = poll_interval_s
         self.retry_max_s = retry_max_s
+        self.nodes_wait_s = nodes_wait_s
         self._latest: Decision | None = None
         self._pending: collections.deque[StepReport] = collections.deque(maxlen=max_pending)
         self._inflight: list[StepReport] = []
         self._network: tuple[float, float] | None = None
         self._network_sent: tuple[float, float] | None = None
         self._registered = False
+        self._ever_registered = False
         self.reachable: bool | None = None  # None until the first attempt
+        self.refusal: str | None = None  # why the agent refuses the job, while it does
         self.refused_batches = 0
+        self.ended = False
         self._stop = threading.Event()
+        self._answered = threading.Event()  # the first registration answer (or refusal) came
         self._channel = (grpc.secure_channel(self.target, credentials) if credentials
                          else grpc.insecure_channel(self.target))
         self._stub = pb_grpc.AgentStub(self._channel)
         self._thread = threading.Thread(target=self._run, name="flexcomm-agent-client", daemon=True)
         self._thread.start()
+        atexit.register(self.close)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(self._register.spec.nodes)
+
+    def use_nodes(self, nodes: Sequence[str]) -> None:
+        """The job's nodes, gathered from its process group (client/nodes.py); taken
+        only when none were given. After a registration without them (none came in
+        time) the job registers again, with them.
+
+        The hook calls it once when it is built, before the first step, and it waits
+        there (at most `timeout_s`) for the agent's first answer, so that the job's
+        first agreement already carries the agent's decision."""
+        self._take_nodes(nodes)
+        self._answered.wait(self.timeout_s)
+
+    def _take_nodes(self, nodes: Sequence[str]) -> None:
+        if not self._nodes_given and not nodes:
+            log.warning("job %s: no node addresses ($MASTER_ADDR unset or unresolvable); the agent "
+                        "cannot probe this job's network (give nodes=)", self.job_id)
+        if not self._nodes_given and list(nodes) != list(self.nodes):
+            spec = pb.JobSpec()
+            spec.CopyFrom(self._register.spec)
+            del spec.nodes[:]
+            spec.nodes.extend(nodes)
+            validate.spec(spec)
+            # One assignment: the background thread sees the old request or the new.
+            self._register = pb.RegisterJobRequest(spec=spec, replace=self._register.replace)
+            if self._ever_registered:
+                self._registered = False
+        self._nodes_known.set()
 
     # -- DecisionSource (called from the training loop: never blocks) -----------
     def latest(self) -> Decision | None:
@@ -125,15 +187,21 @@ class AgentClient:
         self._network = (float(alpha_s), float(bandwidth_bps))
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Stop the thread (sending what it can within its RPC timeout)."""
+        """Stop the thread, sending what it can and ending the job at the agent
+        (each within its RPC timeout). Called at interpreter exit if not before."""
+        atexit.unregister(self.close)
+        if self._stop.is_set():
+            return
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._nodes_known.set()
+        self._thread.join(timeout_s + 2 * self.timeout_s)
         self._channel.close()
 
     # -- the background thread --------------------------------------------------
     def _run(self) -> None:
         backoff = 0.05
         last_poll = 0.0
+        self._wait_for_nodes()
         while not self._stop.is_set():
             try:
                 if not self._registered:
@@ -160,15 +228,36 @@ class AgentClient:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.retry_max_s)
         self._final_send()
+        self._end_job()
+
+    def _wait_for_nodes(self) -> None:
+        if not self._nodes_known.wait(self.nodes_wait_s):
+            log.warning("job %s: no node list after %gs; registering without one, so the agent "
+                        "probes nothing for it (give nodes=, or build the flexcomm hook)",
+                        self.job_id, self.nodes_wait_s, extra={"fields": {"job": self.job_id}})
 
     def _do_register(self) -> None:
         response = self._stub.RegisterJob(self._register, timeout=self.timeout_s)
-        self._registered = True
+        self._registered = self._ever_registered = True
+        self.refusal = None
         self._adopt(response.decision)
-        log.info("registered job %s with the agent at %s (resumed: %s)", self.job_id, self.target,
-                 response.resumed, extra={"fields": {
+        self._answered.set()
+        if response.replaced:
+            log.warning("job %s replaced its earlier registration at the agent (changed: %s); "
+                        "its policy starts anew", self.job_id, ", ".join(response.changed),
+                        extra={"fields": {"job": self.job_id, "changed": list(response.changed)}})
+        log.info("registered job %s with the agent at %s (resumed: %s); nodes: %s", self.job_id,
+                 self.target, response.resumed, ", ".join(self.nodes) or "none", extra={"fields": {
             "job": self.job_id, "agent": self.target, "resumed": response.resumed,
-            "version": response.decision.version}})
+            "nodes": list(self.nodes), "version": response.decision.version}})
+
+    def _end_job(self) -> None:
+        if not self._registered or not self.reachable:
+            return
+        with contextlib.suppress(grpc.RpcError):  # an agent gone meanwhile expires it instead
+            self._stub.EndJob(pb.EndJobRequest(job_id=self.job_id), timeout=self.timeout_s)
+            self.ended = True
+            log.info("ended job %s at the agent", self.job_id, extra={"fields": {"job": self.job_id}})
 
     def _take_batch(self) -> list[StepReport]:
         if not self._inflight:
@@ -209,6 +298,8 @@ class AgentClient:
         if code == grpc.StatusCode.NOT_FOUND:  # the agent lost the job: register again
             self._registered = False
             return backoff
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._registered:
+            return self._refused(exc)
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
             # Retrying the same data would fail forever: drop it, say why.
             self.refused_batches += 1
@@ -229,6 +320,18 @@ class AgentClient:
         self._registered = False  # a restarted agent may need it (it resumes from its store)
         self._stop.wait(backoff)
         return min(backoff * 2, self.retry_max_s)
+
+    def _refused(self, exc: grpc.RpcError) -> float:
+        """The agent runs max_jobs jobs: say so (once per refusal spell), retry slowly."""
+        if self.refusal is None:
+            log.error("the agent at %s refuses job %s: %s. The job runs without its decisions "
+                      "(dense) until it registers.", self.target, self.job_id, exc.details(),
+                      extra={"fields": {"job": self.job_id, "error": exc.details()}})
+        self.refusal = exc.details()
+        self.reachable = True
+        self._answered.set()
+        self._stop.wait(self.retry_max_s)
+        return self.retry_max_s
 
     def _final_send(self) -> None:
         if (self._inflight or self._pending) and self.reachable:

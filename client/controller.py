@@ -188,7 +188,12 @@ class Controller:
         self._pending = None
         agreed = self.agreement.finish(pending)
         # Rank 0 keeps its full decision (probes, reason); the others get the numbers.
-        self.decision = proposal if proposal is not None and proposal.same_choice(agreed) else agreed
+        before, self.decision = self.decision, (
+            proposal if proposal is not None and proposal.same_choice(agreed) else agreed)
+        if self.rank == 0 and (self.decision.version, self.decision.reason) != (before.version, before.reason):
+            d = self.decision
+            log.info("step %d: adopted decision v%d: %s over %s, root %s (%s)", self.step, d.version,
+                     d.compression.name, d.collective, d.root, d.reason or "no reason given")
 
     def end_step(self) -> StepStats | None:
         """Close the open step: record it, advance the counter. Rank 0 reports it

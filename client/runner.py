@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from flexcomm.client.controller import Controller, check_group, resolve_source
 from flexcomm.client.decisions import DecisionSource
+from flexcomm.client.nodes import share_nodes
 from flexcomm.client.selection import check_selector
 from flexcomm.client.stats import StepStats
 from flexcomm.client.step import GradientStep
@@ -56,6 +57,7 @@ class Runner:
                 f"{self._warmup_why()}, got {warmup_steps!r}"
             )
         check_group(process_group)
+        share_nodes(decided_by, process_group)  # every rank: one gather of the nodes' addresses
         self.process_group = process_group
         self.controller = Controller(
             process_group,

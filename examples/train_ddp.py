@@ -5,7 +5,7 @@ CPU (gloo) and GPU (NCCL) alike; the backend follows the hardware:
     torchrun --nproc-per-node 4 examples/train_ddp.py --compression topk:0.01 --collective ag_topk
     torchrun --nproc-per-node 4 examples/train_ddp.py --policy moo \
         --latency 1ms --bandwidth 200Mbit
-    torchrun --nproc-per-node 4 examples/train_ddp.py --agent /run/flexcomm/agent.sock
+    torchrun --nproc-per-node 4 examples/train_ddp.py --agent      # the node's flexcomm agent
 
 What a user copies into their own script is marked "flexcomm:" below; it is two
 or three lines after wrapping the model in DistributedDataParallel.
@@ -17,6 +17,7 @@ CI machines (no GPU there).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -39,7 +40,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--policy", help="in-process policy: dense, static, moo, gravac")
     ap.add_argument("--latency", help="for --policy: the network's latency, e.g. 1ms")
     ap.add_argument("--bandwidth", help="for --policy: the network's bandwidth, e.g. 200Mbit")
-    ap.add_argument("--agent", help="the node agent's socket or host:port")
+    ap.add_argument("--agent", nargs="?", const="", default=None, metavar="SOCKET",
+                    help="ask the node's agent (default socket: $FLEXCOMM_AGENT_SOCKET, else "
+                    "/run/flexcomm/agent.sock; or host:port)")
     ap.add_argument("--global-topk", action="store_true", help="one Top-k over all buckets")
     ap.add_argument("--control-interval", type=int, default=10)
     return ap.parse_args()
@@ -63,11 +66,13 @@ def hook_options(args: argparse.Namespace, model: nn.Module, world: int) -> dict
     in-process policy, or the node's agent."""
     options: dict = {"control_interval": args.control_interval, "global_topk": args.global_topk}
     layout = layout_of(model)  # the gradient's matrices and value width, for the cost model
-    if args.agent:
+    if args.agent is not None:
         from flexcomm.client.agent_client import AgentClient
 
+        # flexcomm: only rank 0 asks its node's agent; the nodes' addresses are gathered
+        # by register() on every rank, and close() (or the exit) ends the job there.
         options["source"] = AgentClient(
-            args.agent, job_id=os.environ.get("TORCHELASTIC_RUN_ID", "example"),
+            args.agent or None, job_id=os.environ.get("TORCHELASTIC_RUN_ID", "example"),
             world_size=world, layout=layout,
             policy=args.policy or "moo") if dist.get_rank() == 0 else None
     elif args.policy:
@@ -88,6 +93,8 @@ def hook_options(args: argparse.Namespace, model: nn.Module, world: int) -> dict
 
 def main() -> None:
     args = parse_args()
+    # flexcomm logs (rank 0) each decision it adopts, with the policy's reason.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,13 +6,16 @@ imports (torch, grpc, pyroute2) happen inside the handlers, so `flexcomm model`
 starts fast and the daemon side runs without torch.
 
 Exit codes: 0 success, 1 a failure at run time, 2 bad input (flag, file, unit):
-the message names what was wrong and no traceback is printed.
+the message names what was wrong and no traceback is printed; 141 when the
+reader of the output went away (`flexcomm status | head`), silently, as a
+program ended by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +23,7 @@ from flexcomm import __version__
 
 # Subcommand modules, in the order `flexcomm --help` lists them.
 COMMANDS = ("model", "probe", "emulate", "agent", "status", "lab")
+EXIT_BROKEN_PIPE = 128 + 13  # as if ended by SIGPIPE
 
 
 class UsageError(ValueError):
@@ -51,7 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write
+        return EXIT_BROKEN_PIPE
     except ValueError as exc:  # UsageError included: bad input, named by the raiser
         print(f"flexcomm {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,8 @@ def render() -> str:
             os.environ["COLUMNS"] = saved
     lines = ["# CLI reference", "",
              "Generated from the parsers by `python -m flexcomm.clidoc > docs/CLI.md`; do not edit by hand.",
-             "Exit codes: 0 success, 1 failure at run time, 2 bad input (the message names what was wrong).", ""]
+             "Exit codes: 0 success, 1 failure at run time, 2 bad input (the message names what was wrong), "
+             "141 the output's reader went away (`flexcomm status | head`).", ""]
     return "\n".join(lines + body).rstrip() + "\n"
 
 

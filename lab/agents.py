@@ -32,13 +32,18 @@ class AgentHandle:
     log: Path
 
 
-def agent_command(sock: Path, db: Path, probe: bool, bucket: LinkBucket = PLAIN_LINK) -> list[str]:
-    """The agent's command line; `bucket` is the lab links' token bucket, for its cost model."""
+def agent_command(sock: Path, db: Path, probe: bool, bucket: LinkBucket = PLAIN_LINK,
+                  serve_on: str = "") -> list[str]:
+    """The agent's command line; `bucket` is the lab links' token bucket, for its cost model;
+    `serve_on` the node's address, where it serves iperf3 (the other nodes' agents have no
+    job to tell them where, as on a real cluster; docs/DEPLOYMENT.md)."""
     cmd = [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", str(sock), "--db", str(db),
            "--metrics", "", "--log-format", "text",
            "--link-peak-over-rate", repr(bucket.peak_over_rate), "--link-burst", f"{bucket.burst_s!r}s"]
     if not probe:
         cmd.append("--no-probe")
+    elif serve_on:
+        cmd += ["--probe-serve-bind", serve_on]
     return cmd
 
 
@@ -53,8 +58,8 @@ def start_agents(lab: LabCluster, socket_dir: Path, db_dir: Path,
         handle = AgentHandle(i, socket_dir / f"node{i}.sock", db_dir / f"node{i}.db",
                              db_dir / f"node{i}.log")
         handle.socket.unlink(missing_ok=True)
-        proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped, bucket=lab.bucket),
-                         log=handle.log)
+        proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped, bucket=lab.bucket,
+                                          serve_on=lab.nodes[i].address), log=handle.log)
         handles.append((handle, proc))
     deadline = time.monotonic() + timeout_s
     for handle, proc in handles:

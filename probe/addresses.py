@@ -5,11 +5,18 @@ pyroute2, in the calling process's network namespace).
   (loopback included), so that a prober can refuse to measure a path to itself.
 - `source_address_toward(peer)`: the address the kernel's routing would send
   from to reach `peer`, so that a server can listen where that peer connects.
+- `serving_addresses(peers)`: the addresses a set of peers (a job's nodes) reach
+  this host by, and `addresses_within(networks)`: this host's addresses in
+  configured networks. A server bound to each of these is never on the wildcard.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+from collections.abc import Iterable, Sequence
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _ipr():
@@ -53,6 +60,79 @@ def source_address_toward(peer: str) -> str | None:
         if src:
             return _normal(src)
     return None
+
+
+def host_of(node: str) -> str:
+    """The host of a job's node entry: "10.0.0.2", "10.0.0.2:5201", "[fd00::2]:5201",
+    "fd00::2" or a name."""
+    if node.startswith("["):
+        return node[1:].split("]", 1)[0]
+    if node.count(":") == 1:
+        return node.split(":", 1)[0]
+    return node
+
+
+def resolve(host: str) -> str | None:
+    """An IP literal as is (normalised), a name through the resolver; None if it
+    does not resolve."""
+    try:
+        return _normal(host)
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return None
+    return _normal(str(infos[0][4][0])) if infos else None
+
+
+def serving_addresses(peers: Iterable[str], local: frozenset[str] | None = None) -> list[str]:
+    """The addresses `peers` reach this host by: a peer that is this host at that
+    address, any other at this host's source address toward it. Peers that do not
+    resolve or that no route reaches are left out."""
+    local = local_addresses() if local is None else local
+    found = set()
+    for node in peers:
+        ip = resolve(host_of(node))
+        if ip is None:
+            continue
+        source = ip if is_local(ip, local) and not ipaddress.ip_address(ip).is_unspecified else (
+            source_address_toward(ip))
+        if source is not None:
+            found.add(source)
+    return _sorted(found)
+
+
+def parse_networks(field: str, text: str) -> tuple[Network, ...]:
+    """Comma-separated addresses or networks ("10.0.0.5, 10.1.0.0/16"); ValueError
+    naming `field`. The wildcard address is refused: it is not one address."""
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            net = ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ValueError(f"{field}: {item!r} is not an IP address or network (e.g. 10.0.0.5, "
+                             "10.0.0.0/24)") from None
+        if net.prefixlen == net.max_prefixlen and net.network_address.is_unspecified:
+            raise ValueError(f"{field}: {item} is the wildcard; give this node's addresses or "
+                             "networks (e.g. 10.0.0.0/24)")
+        out.append(net)
+    return tuple(out)
+
+
+def addresses_within(networks: Sequence[Network], local: frozenset[str] | None = None) -> list[str]:
+    """This host's addresses that lie in any of `networks`."""
+    local = local_addresses() if local is None else local
+    inside = {a for a in local if any(ipaddress.ip_address(a) in net for net in networks)}
+    return _sorted(inside)
+
+
+def _sorted(addresses: Iterable[str]) -> list[str]:
+    """IPv4 first, each family in numeric order."""
+    ips = [ipaddress.ip_address(a) for a in addresses]
+    return [str(ip) for ip in sorted(ips, key=lambda ip: (ip.version, ip))]
 
 
 def _normal(address: str) -> str:

@@ -14,6 +14,11 @@ bandwidth tests must be exclusive per target (see `scheduler`).
 
 `netns=NAME` runs the process inside a network namespace (`ip netns exec`), for
 the lab and the tests; the daemon on a real node leaves it None.
+
+iperf3's own authentication is optional: a server given a `ServerAuth` (its RSA
+private key and a file of authorized users) runs only tests whose client gives a
+`ClientAuth` (user name, the server's RSA public key, the password from a file,
+handed to iperf3 in $IPERF3_PASSWORD, never on its command line).
 """
 
 from __future__ import annotations
@@ -60,6 +65,40 @@ class IperfTimeout(IperfError):
     def __init__(self, message: str, pid: int) -> None:
         super().__init__(message)
         self.pid = pid
+
+
+@dataclass(frozen=True)
+class ServerAuth:
+    """iperf3 server authentication: PEM RSA private key, and the authorized users
+    file (lines `user,sha256("{user}password")`)."""
+
+    private_key: str
+    authorized_users: str
+
+    def argv(self) -> list[str]:
+        return ["--rsa-private-key-path", self.private_key, "--authorized-users-path", self.authorized_users]
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    """iperf3 client authentication: user name, the servers' PEM RSA public key, and
+    a file holding the password (read at each test, so it can be rotated)."""
+
+    username: str
+    public_key: str
+    password_file: str
+
+    def argv(self) -> list[str]:
+        return ["--username", self.username, "--rsa-public-key-path", self.public_key]
+
+    def env(self) -> dict[str, str]:
+        try:
+            with open(self.password_file) as fh:
+                password = fh.read().rstrip("\n")
+        except OSError as exc:
+            raise IperfError(f"iperf3: cannot read the password file {self.password_file}: "
+                             f"{exc.strerror}") from None
+        return {**os.environ, "IPERF3_PASSWORD": password}
 
 
 @dataclass(frozen=True)
@@ -152,7 +191,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, bytes_: int | None = None,
              streams: int = 1, reverse: bool = False, omit_s: int = 0, timeout_s: float | None = None,
              connect_timeout_s: float = CONNECT_TIMEOUT_S, netns: str | None = None,
-             binary: str = "iperf3") -> IperfResult:
+             binary: str = "iperf3", auth: ClientAuth | None = None) -> IperfResult:
     """One TCP test to `peer`'s iperf3 server: `duration_s` long, or until
     `bytes_` are sent (then `duration_s` bounds how long that may take, with the
     usual slack). Raises IperfError (IperfBusy, IperfTimeout, IperfMissing) on failure."""
@@ -170,10 +209,13 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
         argv += ["-O", str(int(omit_s))]
     if reverse:
         argv.append("-R")
+    if auth is not None:
+        argv += auth.argv()
     if timeout_s is None:
         timeout_s = duration_s + omit_s + connect_timeout_s + TIMEOUT_SLACK_S
     proc = subprocess.Popen(in_netns(netns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env=auth.env() if auth is not None else None,
                             preexec_fn=_die_with_parent_thread)
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -243,10 +285,11 @@ class IperfServer:
     LOG_LIMIT_BYTES = 64 * 1024
 
     def __init__(self, port: int = DEFAULT_PORT, *, bind: str | None = None,
-                 netns: str | None = None, binary: str = "iperf3",
+                 netns: str | None = None, binary: str = "iperf3", auth: ServerAuth | None = None,
                  check_interval_s: float = 1.0, ready_timeout_s: float = 10.0) -> None:
         self.port = port
         self.bind = bind
+        self.auth = auth
         self.netns = netns
         self.binary = binary
         self.check_interval_s = check_interval_s
@@ -302,7 +345,8 @@ class IperfServer:
 
     def _argv(self) -> list[str]:
         argv = [find_iperf3(self.binary), "-s", "-p", str(self.port)]
-        return in_netns(self.netns, argv + (["-B", self.bind] if self.bind else []))
+        argv += ["-B", self.bind] if self.bind else []
+        return in_netns(self.netns, argv + (self.auth.argv() if self.auth else []))
 
     def _spawn(self) -> None:
         if self._log is None:

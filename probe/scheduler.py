@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from flexcomm.probe.addresses import is_local
-from flexcomm.probe.iperf import DEFAULT_PORT, IperfBusy, bandwidth_measurement, run_test
+from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
 from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
 
@@ -91,6 +91,7 @@ class ProbeConfig:
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
     netns: str | None = None  # probe from inside this namespace (lab, tests)
+    auth: ClientAuth | None = None  # iperf3's own authentication, when the peers' servers ask for it
 
     def __post_init__(self) -> None:
         for name in ("test_duration_s", "latency_timeout_s", "connect_timeout_s", "latency_interval_s",
@@ -128,7 +129,7 @@ def iperf_probe(config: ProbeConfig,
         return bandwidth_measurement(run_test(
             peer, port=config.iperf_port, duration_s=config.test_duration_s, bytes_=size,
             streams=config.streams, reverse=config.reverse, timeout_s=timeout,
-            connect_timeout_s=config.connect_timeout_s, netns=config.netns))
+            connect_timeout_s=config.connect_timeout_s, netns=config.netns, auth=config.auth))
 
     def probe(peer: str) -> Measurement:
         expected = expected_bps(peer) if config.sized_test_s else None

@@ -41,6 +41,8 @@ MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
 # 1 kbit/s: a slower estimate is a broken one, and a subnormal one made beta infinite.
 MIN_BANDWIDTH_BPS = 1e3
 MAX_ALPHA_S = 60.0
+MAX_HISTORY = 1000
+DEFAULT_HISTORY = 10
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,13 @@ def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
     if bandwidth < MIN_BANDWIDTH_BPS:
         raise ValueError(f"network.bandwidth_bps: must be >= {MIN_BANDWIDTH_BPS:g} bit/s, got {bandwidth!r}")
     return alpha, bandwidth
+
+
+def history_limit(value: int) -> int:
+    """GetHistory's limit: 0 means DEFAULT_HISTORY."""
+    if value > MAX_HISTORY:
+        raise ValueError(f"limit: must be in 1..{MAX_HISTORY} (0: {DEFAULT_HISTORY}), got {value}")
+    return value or DEFAULT_HISTORY
 
 
 def policy_for(spec: JobSpec) -> Policy:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flexcomm needs on a fresh Debian machine, idempotently:
-# Debian's iperf3 and iproute2, then a virtual environment in .venv with
+# Debian's iperf3 and iproute2 (and systemd, for the unit's systemd-analyze
+# check), then a virtual environment in .venv with
 # torch==2.13.0 (the CPU wheel; an unpinned torch pulls gigabytes of CUDA) and
 # flexcomm itself in editable mode with the client, lab and dev extras.
 set -euo pipefail
@@ -13,6 +14,7 @@ STAMP="$VENV/.flexcomm-installed"
 need_apt=()
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2

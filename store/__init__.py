@@ -16,7 +16,8 @@ forward migrations); the records in `flexcomm.store.records`.
         store.add_step_reports(job_id, reports)   # StepReports -> aggregated rows
         store.step_reports(job_id)
         store.add_emulation_step(EmulationStep(interface="veth0", step_index=3, ...))
-        store.add_job(job_id, spec_dict); store.job(job_id); store.jobs()
+        store.add_job(job_id, spec_dict); store.job(job_id); store.jobs(running=True)
+        store.end_job(job_id, "ended")            # the row and its history stay
         store.save_policy_state(job_id, state_dict)   # atomic replace
         store.load_policy_state(job_id)               # -> dict | None
         store.history("decisions", job_id=..., since=..., limit=...)  # plain dicts

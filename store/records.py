@@ -124,9 +124,17 @@ class EmulationStep:
 
 @dataclass(frozen=True)
 class JobRecord:
+    """A registered job; `ended` (Unix seconds) and `end_reason` once it ended."""
+
     job_id: str
     spec: dict[str, Any]
     created: float
+    ended: float | None = None
+    end_reason: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.ended is None
 
 
 def aggregate_steps(job_id: str, reports: Iterable[StepReport]) -> list[StepAggregate]:

@@ -87,7 +87,16 @@ def _v2_to_v3(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE decisions ADD COLUMN exploring INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
+def _v3_to_v4(db: sqlite_utils.Database) -> None:
+    # A job that ended (its client said so, or it sat idle past the agent's expiry)
+    # keeps its row and its history; a restarted agent resumes only running ones.
+    table = db["jobs"]
+    table.add_column("ended", float)
+    table.add_column("end_reason", str)
+
+
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
+    _v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4)
 LATEST_VERSION = len(MIGRATIONS)
 
 

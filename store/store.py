@@ -57,6 +57,9 @@ def _measurement(row: Mapping[str, Any]) -> Measurement:
     return Measurement(**d)
 
 
+def _job(row: Mapping[str, Any]) -> JobRecord:
+    return JobRecord(row["job_id"], json.loads(row["spec"]), row["created"], row["ended"],
+                     row["end_reason"] or "")
 def _check_place(path: Path, create: bool) -> None:
     """ValueError naming what stops a store living at `path` (a directory, a
     read-only file system, a directory that cannot be made)."""
@@ -267,20 +270,29 @@ class Store:
 
     # -- jobs and policy state -------------------------------------------------
     def add_job(self, job_id: str, spec: Mapping[str, Any], created: float | None = None) -> JobRecord:
-        """Register (or re-register, replacing the spec) a job."""
+        """Register (or re-register, replacing the spec) a job; it is running again."""
         rec = JobRecord(job_id=job_id, spec=dict(spec), created=self._ts(created))
         with self._write() as db:
             db["jobs"].upsert({"job_id": job_id, "spec": json.dumps(rec.spec, sort_keys=True),
-                               "created": rec.created}, pk="job_id")
+                               "created": rec.created, "ended": None, "end_reason": None}, pk="job_id")
         return rec
+
+    def end_job(self, job_id: str, reason: str, ts: float | None = None) -> None:
+        """Mark the job ended (its row and history stay); ValueError if unknown."""
+        with self._write() as db:
+            cursor = db.execute("UPDATE jobs SET ended = ?, end_reason = ? WHERE job_id = ?",
+                                [self._ts(ts), reason, job_id])
+            if cursor.rowcount != 1:
+                raise ValueError(f"job_id: no job {job_id!r} in the store")
 
     def job(self, job_id: str) -> JobRecord | None:
         rows = self._query("SELECT * FROM jobs WHERE job_id = ?", [job_id])
-        return JobRecord(job_id, json.loads(rows[0]["spec"]), rows[0]["created"]) if rows else None
+        return _job(rows[0]) if rows else None
 
-    def jobs(self) -> list[JobRecord]:
-        rows = self._query("SELECT * FROM jobs ORDER BY created")
-        return [JobRecord(r["job_id"], json.loads(r["spec"]), r["created"]) for r in rows]
+    def jobs(self, *, running: bool | None = None) -> list[JobRecord]:
+        """Jobs oldest first: every one, or only the running (True) or ended (False) ones."""
+        where = {None: "", True: "WHERE ended IS NULL", False: "WHERE ended IS NOT NULL"}[running]
+        return [_job(r) for r in self._query(f"SELECT * FROM jobs {where} ORDER BY created")]
 
     def save_policy_state(self, job_id: str, state: Mapping[str, Any], ts: float | None = None) -> None:
         """Replace the job's policy state in one transaction: a reader (or an

@@ -24,11 +24,19 @@ from typing import Any
 
 from flexcomm.units import parse_duration, parse_fraction, parse_rate
 
+EXAMPLES = """examples:
+  flexcomm emulate validate examples/schedules/bandwidth-drop.toml
+  flexcomm emulate run examples/schedules/bandwidth-drop.toml --dev eth0 --dry-run
+  flexcomm emulate apply --dev eth0 --rate 50Mbit --db emulation.db
+  flexcomm emulate show --dev eth0
+  flexcomm emulate clear --dev eth0
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "emulate", help="emulate a network: shape an interface with rate/delay/jitter/loss",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="emulate_command", metavar="ACTION", required=True)
 
     apply = sub.add_parser("apply", help="shape an interface now (lasts until `clear`)")

@@ -21,6 +21,12 @@ from typing import Any
 from flexcomm.commands.lab_calibrate import add_parser as add_calibrate_parser
 from flexcomm.units import format_rate
 
+EXAMPLES = """examples:
+  flexcomm lab run --out runs/lab
+  flexcomm lab calibrate --quick
+  flexcomm lab clean
+"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULTS
@@ -28,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = DEFAULTS
     parser = subparsers.add_parser(
         "lab", help="emulated multi-node cluster: train under a network schedule, compare policies",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
     run = sub.add_parser("run", help="run the lab and write its report")

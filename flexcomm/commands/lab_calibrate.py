@@ -1,6 +1,6 @@
 """`flexcomm lab calibrate`: validate the cost model on the emulated cluster.
 
-    flexcomm lab calibrate --out DIR [--quick] [--rates 1Gbit,10Mbit] [--nodes 2,4]
+    flexcomm lab calibrate [--out DIR] [--quick] [--rates 1Gbit,10Mbit] [--nodes 2,4]
                            [--sizes 1MB,16MB] [--crs 0.1,0.001] [--repeats 3]
     flexcomm lab calibrate --out DIR --from EARLIER_RUN   # re-analyse, measure nothing
 
@@ -8,11 +8,11 @@ Times dense ring AllReduce, AG-Topk, AR-Topk Ring and AR-Topk Tree over a grid o
 link rates, node counts, gradient sizes and CRs (`flexcomm.lab.calibrate`), then
 compares the cost model's predictions, raw and calibrated on a held-out half, and
 the regret of its choices (`flexcomm.lab.model_accuracy`). Writes measured.json,
-table.csv, predicted_vs_measured.png and model_accuracy.json to --out.
-
-Not a top-level command: `flexcomm/commands/lab.py` adds it under `lab` with
-`add_parser(sub)`; `bench/model_accuracy.py` is the same code.
+table.csv, predicted_vs_measured.png and model_accuracy.json to --out (default
+runs/calibrate-<time>). Needs root (network namespaces and shaped links).
 """
+# Not a top-level command: flexcomm/commands/lab.py adds it under `lab` with
+# add_parser(sub); bench/model_accuracy.py is the same code.
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ SUBNET = "10.215.0.0/24"
 
 
 def add_arguments(p: argparse.ArgumentParser, prefix: str = PREFIX, subnet: str = SUBNET) -> None:
-    p.add_argument("--out", required=True, type=Path, help="run directory")
+    p.add_argument("--out", type=Path, help="run directory (default runs/calibrate-<time>)")
     p.add_argument("--quick", action="store_true", help="a small grid (about 2 minutes)")
     p.add_argument("--rates", help="link rates, e.g. 1Gbit,200Mbit (default 1Gbit,200Mbit,50Mbit,10Mbit)")
     p.add_argument("--nodes", help="node counts, e.g. 2,4 (default 2,4)")
@@ -111,6 +111,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> dict[st
     from flexcomm.lab.accuracy_report import load_measured, write_report
     from flexcomm.lab.calibrate import run_grid
 
+    if args.out is None:
+        args.out = Path(f"runs/calibrate-{time.strftime('%Y%m%d-%H%M%S')}")
+        say(f"run directory: {args.out}")
     meta: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(),
                             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.link_bucket and not args.from_dir:

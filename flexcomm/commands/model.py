@@ -10,11 +10,6 @@ them; options without a gain are then left out of the choice.
 PowerSGD's cost depends on the gradient's matrices: give them with --matrices
 (e.g. 4096x1024*24,1024x4096*24); without them the gradient is one flat vector,
 in which PowerSGD finds nothing to compress.
-
-Examples:
-  flexcomm model --nodes 8 --size 100MB --latency 1ms --bandwidth 1Gbit
-  flexcomm model --nodes 4 --size 64MB --latency 100us --bandwidth 20Mbit \\
-      --matrices 1024x4096*2,4096x1024 --gains topk:0.011=0.4,powersgd:4=0.8,powersgd:1=0.6
 """
 
 from __future__ import annotations
@@ -48,10 +43,17 @@ from flexcomm.units import (
     parse_rate,
 )
 
+EXAMPLES = (
+    "examples:\n"
+    "  flexcomm model --nodes 8 --size 100MB --latency 1ms --bandwidth 1Gbit --sweep\n"
+    "  flexcomm model --nodes 4 --size 64MB --latency 100us --bandwidth 20Mbit --matrices 1024x4096*2,4096x1024"
+    " --gains topk:0.011=0.4,powersgd:4=0.8,powersgd:1=0.6\n"
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="predict every option's step time, and the choice",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, required=True, help="number of workers N (>= 2)")
     p.add_argument("--size", required=True, help="dense gradient size, e.g. 100MB, 25MiB")
     p.add_argument("--latency", required=True, help="per-message latency alpha, e.g. 1ms, 50us")

@@ -22,12 +22,17 @@ from typing import Any
 from flexcomm.units import format_rate, format_seconds, parse_duration
 
 TABLES = ("measurements", "decisions", "step_reports", "emulation_steps")
+EXAMPLES = """examples:
+  flexcomm probe 10.0.0.2
+  flexcomm probe 10.0.0.2 --time 3s --reverse --db probes.db
+  flexcomm probe history --db probes.db --since 1h
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "probe", help="measure bandwidth, RTT, alpha and beta to a peer; or show the history",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("peer", metavar="PEER|history", help="address of a peer running iperf3 -s, or `history`")
     p.add_argument("--db", help="store to record to (PEER) or read (history)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,5 +1,6 @@
-"""The systemd unit: systemd-analyze verify accepts it (with ExecStart pointed at
-this checkout's flexcomm), and it asks for what the issue asks."""
+"""The systemd unit: systemd-analyze verify accepts it and its hardening (with
+ExecStart pointed at this checkout's flexcomm), it asks for what the agent needs,
+and docs/DEPLOYMENT.md installs flexcomm where its ExecStart looks."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from support.privilege import skip_or_fail
 
-UNIT = Path(__file__).resolve().parents[2] / "systemd" / "flexcomm-agent.service"
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd" / "flexcomm-agent.service"
+INSTALLED = "/opt/flexcomm/bin/flexcomm"
 
 
 def directives(text: str) -> dict[str, list[str]]:
@@ -25,7 +28,7 @@ def directives(text: str) -> dict[str, list[str]]:
 def verify(tmp_path: Path, text: str) -> str:
     flexcomm = Path(sys.executable).with_name("flexcomm")
     unit = tmp_path / UNIT.name
-    unit.write_text(text.replace("/usr/local/bin/flexcomm", str(flexcomm)))
+    unit.write_text(text.replace(INSTALLED, str(flexcomm)))
     out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
                          timeout=60)
     # verify exits 0 on some parse errors (it ignores the line): its words count too.
@@ -45,7 +48,19 @@ def test_unit_asks_for_what_the_agent_needs() -> None:
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed here")
+        skip_or_fail("systemd-analyze is not installed here (Debian's systemd; scripts/bootstrap.sh installs it)")
     assert verify(tmp_path, UNIT.read_text()) == ""
-    # The check can fail: a broken line is caught.
+    # The check can fail: a broken line is caught, hardening lines included.
     assert "service type" in verify(tmp_path, UNIT.read_text().replace("Type=notify", "Type=bogus"))
+    assert "protect system" in verify(tmp_path, UNIT.read_text().replace("ProtectSystem=strict",
+                                                                          "ProtectSystem=bogus"))
+    assert "system call group" in verify(tmp_path, UNIT.read_text().replace("SystemCallFilter=@system-service",
+                                                                             "SystemCallFilter=@no-such-set"))
+
+
+def test_deployment_installs_what_the_unit_runs() -> None:
+    exec_start = directives(UNIT.read_text())["ExecStart"][0]
+    assert exec_start.startswith(INSTALLED + " ")
+    deployment = (ROOT / "docs" / "DEPLOYMENT.md").read_text()
+    assert f"ExecStart={exec_start}" in deployment
+    assert "python3 -m venv /opt/flexcomm" in deployment

@@ -127,3 +127,4 @@ def test_bad_input_exits_2_naming_the_field_without_traceback(flags: list[str], 
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"error: {field}" in proc.stderr and "Traceback" not in proc.stderr
+

@@ -17,11 +17,13 @@ import pytest
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import ip, netns_pair
 from flexcomm.probe.iperf import (
+    ClientAuth,
     IperfBusy,
     IperfError,
     IperfMissing,
     IperfServer,
     IperfTimeout,
+    ServerAuth,
     bandwidth_measurement,
     first_json_object,
     run_test,
@@ -225,3 +227,37 @@ def test_loopback_round_trip_with_real_server(iperf3_binary):
             run_test("127.0.0.1", port=server.port, duration_s=1)
         t.join()
         assert results and results[0].bandwidth_bps > 0
+
+
+def iperf3_credentials(tmp_path, user: str = "alice", password: str = "s3cret") -> tuple[ServerAuth, ClientAuth]:
+    """An RSA key pair (openssl), the authorized users file iperf3 reads
+    (user,sha256("{user}password")) and a password file."""
+    import hashlib
+    import shutil
+
+    if shutil.which("openssl") is None:
+        skip_or_fail("needs the openssl command to make an RSA key pair")
+    private, public = tmp_path / "private.pem", tmp_path / "public.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True)
+    subprocess.run(["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)], check=True,
+                   capture_output=True)
+    users = tmp_path / "users.csv"
+    users.write_text(f"{user},{hashlib.sha256(f'{{{user}}}{password}'.encode()).hexdigest()}\n")
+    secret = tmp_path / "password"
+    secret.write_text(password + "\n")
+    return ServerAuth(str(private), str(users)), ClientAuth(user, str(public), str(secret))
+
+
+def test_authentication_admits_the_authorized_user_only(iperf3_binary, tmp_path):
+    server_auth, client_auth = iperf3_credentials(tmp_path)
+    with IperfServer(free_loopback_port(), bind="127.0.0.1", auth=server_auth) as server:
+        assert "--rsa-private-key-path" in server._argv()
+        assert run_test("127.0.0.1", port=server.port, duration_s=1, auth=client_auth).bandwidth_bps > 0
+        with pytest.raises(IperfError, match="authori"):
+            run_test("127.0.0.1", port=server.port, duration_s=1)
+        (tmp_path / "wrong").write_text("guess")
+        wrong = ClientAuth(client_auth.username, client_auth.public_key, str(tmp_path / "wrong"))
+        with pytest.raises(IperfError, match="authori"):
+            run_test("127.0.0.1", port=server.port, duration_s=1, auth=wrong)
+    with pytest.raises(IperfError, match="cannot read the password file"):
+        run_test("127.0.0.1", duration_s=1, auth=ClientAuth("a", "b", str(tmp_path / "none")))

@@ -112,6 +112,22 @@ def test_emulation_steps_jobs_and_policy_state(store):
     assert store.load_policy_state("job") == {"phase": "exploit", "cr": 0.01}
 
 
+def test_an_ended_job_keeps_its_row_and_history_and_runs_again_when_re_registered(store):
+    store.add_job("a", {"n": 1}, created=1.0)
+    store.add_job("b", {"n": 2}, created=2.0)
+    store.add_decision("a", Decision("topk", 0.01, "ag_topk", version=1), ts=3.0)
+    store.end_job("a", "ended", ts=4.0)
+    assert [j.job_id for j in store.jobs(running=True)] == ["b"]
+    ended = store.jobs(running=False)
+    assert [(j.job_id, j.ended, j.end_reason, j.running) for j in ended] == [("a", 4.0, "ended", False)]
+    assert [j.job_id for j in store.jobs()] == ["a", "b"]
+    assert store.decisions("a")[0].decision.param == 0.01
+    store.add_job("a", {"n": 3}, created=5.0)
+    assert store.job("a").running and store.job("a").spec == {"n": 3}
+    with pytest.raises(ValueError, match="job_id: no job 'zz'"):
+        store.end_job("zz", "ended")
+
+
 def test_policy_state_survives_reopen(tmp_path):
     with Store(tmp_path / "r.db") as s:
         s.save_policy_state("job", {"step": 42})

@@ -1,5 +1,5 @@
 """A real `flexcomm agent` process for tests: temp socket, temp store, a free
-metrics port, probing off (tests that want probes turn it on)."""
+metrics port, probing off (tests that want probes turn it on: probe=True)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,14 @@ def free_port() -> int:
 
 
 class AgentProcess:
-    def __init__(self, workdir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, *extra: str, env: dict[str, str] | None = None,
+                 probe: bool = False) -> None:
         self.workdir = workdir
         self.socket = str(workdir / "agent.sock")
         self.db = str(workdir / "agent.db")
         self.metrics_port = free_port()
         self.extra = list(extra)
+        self.probe = probe
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "agent.log"
@@ -40,7 +42,7 @@ class AgentProcess:
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", self.socket, "--db", self.db,
-                "--metrics", f"127.0.0.1:{self.metrics_port}", "--no-probe",
+                "--metrics", f"127.0.0.1:{self.metrics_port}", *([] if self.probe else ["--no-probe"]),
                 "--flush-interval", "200ms", *self.extra]
 
     def start(self, timeout_s: float = 30.0) -> AgentProcess:
@@ -108,9 +110,10 @@ def spec(job_id: str = "job-1", policy: str = "moo", **kw: object) -> pb.JobSpec
 
 
 @contextmanager
-def running(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[AgentProcess]:
+def running(workdir: Path, *extra: str, env: dict[str, str] | None = None,
+            probe: bool = False) -> Iterator[AgentProcess]:
     """An agent serving for the duration of the block, killed after it."""
-    proc = AgentProcess(workdir, *extra, env=env)
+    proc = AgentProcess(workdir, *extra, env=env, probe=probe)
     try:
         yield proc.start()
     finally:
@@ -124,3 +127,14 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def metrics_text(agent: AgentProcess) -> str:
+    import urllib.request
+
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+    return urllib.request.urlopen(url, timeout=5).read().decode()
+
+
+def job_ids(agent: AgentProcess) -> set[str]:
+    return {j.spec.job_id for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}

@@ -64,6 +64,21 @@ class AgentStub:
                 request_serializer=flexcomm_dot_v1_dot_agent__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=flexcomm_dot_v1_dot_agent__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.EndJob = channel.unary_unary(
+                '/flexcomm.v1.Agent/EndJob',
+                request_serializer=flexcomm_dot_v1_dot_agent__pb2.EndJobRequest.SerializeToString,
+                response_deserializer=flexcomm_dot_v1_dot_agent__pb2.EndJobResponse.FromString,
+                _registered_method=True)
+        self.GetHistory = channel.unary_unary(
+                '/flexcomm.v1.Agent/GetHistory',
+                request_serializer=flexcomm_dot_v1_dot_agent__pb2.GetHistoryRequest.SerializeToString,
+                response_deserializer=flexcomm_dot_v1_dot_agent__pb2.JobHistory.FromString,
+                _registered_method=True)
+        self.GetAgentInfo = channel.unary_unary(
+                '/flexcomm.v1.Agent/GetAgentInfo',
+                request_serializer=flexcomm_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
+                response_deserializer=flexcomm_dot_v1_dot_agent__pb2.AgentInfo.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -107,7 +122,31 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The running jobs (ended and expired ones are only in the store's history).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndJob(self, request, context):
+        """End a job: its training finished or its process exits. The job leaves the agent
+        (ListJobs, probing, per-job metrics); its history stays in the store. A job the
+        agent has not heard from for job_idle_expiry_s is ended the same way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHistory(self, request, context):
+        """A job's recent decisions and its peers' probe history, from the store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgentInfo(self, request, context):
+        """What the agent listens on, and its limits.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,6 +183,21 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=flexcomm_dot_v1_dot_agent__pb2.ListJobsRequest.FromString,
                     response_serializer=flexcomm_dot_v1_dot_agent__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'EndJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndJob,
+                    request_deserializer=flexcomm_dot_v1_dot_agent__pb2.EndJobRequest.FromString,
+                    response_serializer=flexcomm_dot_v1_dot_agent__pb2.EndJobResponse.SerializeToString,
+            ),
+            'GetHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHistory,
+                    request_deserializer=flexcomm_dot_v1_dot_agent__pb2.GetHistoryRequest.FromString,
+                    response_serializer=flexcomm_dot_v1_dot_agent__pb2.JobHistory.SerializeToString,
+            ),
+            'GetAgentInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentInfo,
+                    request_deserializer=flexcomm_dot_v1_dot_agent__pb2.GetAgentInfoRequest.FromString,
+                    response_serializer=flexcomm_dot_v1_dot_agent__pb2.AgentInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +362,87 @@ class Agent:
             '/flexcomm.v1.Agent/ListJobs',
             flexcomm_dot_v1_dot_agent__pb2.ListJobsRequest.SerializeToString,
             flexcomm_dot_v1_dot_agent__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flexcomm.v1.Agent/EndJob',
+            flexcomm_dot_v1_dot_agent__pb2.EndJobRequest.SerializeToString,
+            flexcomm_dot_v1_dot_agent__pb2.EndJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flexcomm.v1.Agent/GetHistory',
+            flexcomm_dot_v1_dot_agent__pb2.GetHistoryRequest.SerializeToString,
+            flexcomm_dot_v1_dot_agent__pb2.JobHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flexcomm.v1.Agent/GetAgentInfo',
+            flexcomm_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
+            flexcomm_dot_v1_dot_agent__pb2.AgentInfo.FromString,
             options,
             channel_credentials,
             insecure,
