@@ -8,8 +8,8 @@ queued before it, which stalls the step. So:
   once (a non-blocking copy and an event after it) and hands them over when the
   copy has finished: `ready()` asks without waiting, `get()` waits only if it
   must (at close). On the CPU it holds the tensors themselves.
-- `to_device(t, like)` copies a host tensor to `like`'s device from pinned
-  memory without waiting (a plain copy from pageable memory waits).
+- `to_device(t, device)` copies a host tensor to a GPU from pinned memory
+  without waiting (a plain copy from pageable memory waits).
 - `HostClock` and `CudaClock` time a span of the step: the host's clock, or
   CUDA events recorded on the current stream and read once they have completed
   (`clock_for(tensor)` picks by the tensor's device).
@@ -59,11 +59,12 @@ class Later:
             return [float(v) for t in tensors for v in t.reshape(-1).tolist()]
 
 
-def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Host tensor `t` on `like`'s device (and dtype), copied without waiting."""
-    if like.device.type != "cuda":
-        return t.to(like)
-    return t.pin_memory().to(like.device, non_blocking=True).to(like.dtype)
+def to_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host tensor `t` on `device` (as `dtype`), copied without waiting."""
+    dtype = dtype or t.dtype
+    if device.type != "cuda":
+        return t.to(device, dtype)
+    return t.pin_memory().to(device, non_blocking=True).to(dtype)
 
 
 class HostClock:

@@ -28,8 +28,9 @@ SMOOTHING = 0.3  # VAR's EWMA weight on the past; low, so the hot rank wins
 
 def local_grad(rank: int, step: int, numel: int, world: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1000 * rank + step)
-    # One "hot" rank per step, so VAR's root moves around.
-    return torch.randn(numel, generator=gen) * (5.0 if rank == step % world else 1.0)
+    # One "hot" rank per step, hotter every step (its variance outweighs what error
+    # feedback keeps of the earlier steps), so VAR's root moves around.
+    return torch.randn(numel, generator=gen) * (5.0 * (step + 1) if rank == step % world else 1.0)
 
 
 class Reference:
@@ -50,7 +51,7 @@ class Reference:
         if collective == "ag_topk":
             idx = [torch.topk(g.abs(), k).indices for g in g_e]
         else:
-            root_rank = step % self.world if root == "star" else self._var_root(g_e)
+            root_rank = step % self.world if root == "star" else self._var_root(g_e, step)
             idx = [torch.topk(g_e[root_rank].abs(), k).indices] * self.world
         g_c = []
         for r in range(self.world):
@@ -61,12 +62,14 @@ class Reference:
         self.residual = [e - c for e, c in zip(g_e, g_c, strict=True)]
         return result, g_e, g_c, root_rank
 
-    def _var_root(self, g_e) -> int:
+    def _var_root(self, g_e, step: int) -> int:
+        """The largest smoothed variance up to the previous step (star's root before any)."""
+        root = step % self.world if self.var[0] is None else max(range(self.world), key=lambda r: (self.var[r], -r))
         for r, g in enumerate(g_e):
             v = float(g.double().var(unbiased=False))
             prev = self.var[r]
             self.var[r] = v if prev is None else self.smoothing * prev + (1 - self.smoothing) * v
-        return max(range(self.world), key=lambda r: (self.var[r], -r))
+        return root
 
 
 def run_step(gradient_step, key, g, shapes, step, family, param, collective, root="star"):
