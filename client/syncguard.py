@@ -1,5 +1,5 @@
-"""Catching host synchronisations: `with no_host_sync(): ...` raises HostSyncError
-where the code inside reads a tensor's data back on the host.
+"""Catching host synchronisations: `with no_host_sync(): ...` raises where the
+code inside reads a tensor's data back on the host.
 
 On a GPU such a read waits until the device has run everything queued before it,
 so the step stalls. Two nets, because each sees what the other cannot:
@@ -59,14 +59,17 @@ class _NoHostReads(TorchFunctionMode):
 
 @contextmanager
 def no_host_sync() -> Iterator[None]:
-    """Raise HostSyncError at any host read of tensor data inside the block (see
-    the module docstring for what is caught where)."""
-    with _cuda_syncs_raise(), _NoHostReads():
+    """Raise at any host read of tensor data inside the block: HostSyncError for
+    a Python-level read on this thread, the CUDA warning as an error for a
+    synchronizing CUDA call (see the module docstring)."""
+    with no_cuda_sync(), _NoHostReads():
         yield
 
 
 @contextmanager
-def _cuda_syncs_raise() -> Iterator[None]:
+def no_cuda_sync() -> Iterator[None]:
+    """The CUDA net alone (a no-op without CUDA): for code that may read host
+    tensors, such as a whole training step with its statistics."""
     if not torch.cuda.is_available():
         yield
         return
