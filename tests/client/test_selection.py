@@ -124,3 +124,10 @@ def test_keep_largest_falls_back_on_ties():
     values = torch.ones(100_000)
     keep = FastSelector()._keep_largest(values, 90_000)  # no band between equal bounds
     assert int(keep.sum()) == 90_000
+
+
+def test_indices_are_as_wide_as_the_cost_model_counts_them():
+    from flexcomm.policy.costmodel import ModelForms
+
+    idx = make_selector("auto")(heavy_tailed(200_000), 100)
+    assert idx.element_size() == ModelForms().index_bytes == 4
