@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap lab test lint proto bench clean-lab
+.PHONY: bootstrap lab test lint proto bench gpu-check clean-lab
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -32,6 +32,12 @@ bench: bootstrap
 	$(PY) bench/agent_durability.py
 	$(PY) bench/shaper_fidelity.py
 	$(PY) bench/job_lifecycle.py
+
+# The client on CUDA tensors (bench/gpu_check.py), for a machine with an NVIDIA GPU
+# and a CUDA build of torch in $(VENV); without a GPU it says so and passes. CI
+# does not run it.
+gpu-check: bootstrap
+	$(PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean-lab: bootstrap
 	$(VENV)/bin/flexcomm lab clean

@@ -9,5 +9,6 @@
     collectives.py   the transports: ring (all_reduce, all_gather) and tree
     selection.py     Top-k selectors; gains.py: the gains of probed compressions
     stats.py         what a step measured; layout.py: a model's gradient layout
+    device.py        host/GPU moves and event clocks that never wait; syncguard.py: catching host reads
     decisions.py     the DecisionSource interface; agent_client.py: the node's agent as one
 """

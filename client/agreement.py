@@ -9,7 +9,10 @@ sum reproduces each filled number exactly and every rank decodes the same
 decision. Nothing else decides what a rank runs.
 
 `start` launches it without waiting and `finish` reads it, so the Controller can
-read it at the next step's start and hide its latency behind a step.
+read it at the next step's start and hide its latency behind a step. On NCCL the
+vector lives on the GPU: it goes there from pinned memory and comes back on a
+side stream as soon as the collective has run, so `finish` waits for that copy
+alone, not for the step's work queued on the GPU (untested here: no GPU).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from flexcomm.client.device import Later, to_device
 from flexcomm.policy.types import COLLECTIVES, FAMILIES, ROOT_SELECTIONS, Decision
 
 HEADER = 5
@@ -82,13 +86,26 @@ class Agreement:
             row[:HEADER] = encode(proposal)
         start = HEADER + self.rank * width
         row[start : start + width] = [float(s) for s in stats]
-        buf = torch.tensor(row, dtype=torch.float64, device=control_device(self.group))
-        return Pending(buf, dist.all_reduce(buf, group=self.group, async_op=True))
+        device = control_device(self.group)
+        host = torch.tensor(row, dtype=torch.float64)
+        if device.type == "cpu":
+            return Pending(host, dist.all_reduce(host, group=self.group, async_op=True))
+        buf = to_device(host, device)
+        work = dist.all_reduce(buf, group=self.group, async_op=True)
+        side = torch.cuda.Stream(device)
+        buf.record_stream(side)
+        with torch.cuda.stream(side):
+            work.wait()  # the side stream, not the step's, waits for the collective
+            back = Later([buf])
+        return Pending(buf, work, back)
 
     def finish(self, pending: Pending) -> Decision:
         """Wait for a started agreement; every rank gets rank 0's decision."""
-        pending.work.wait()
-        values = pending.buf.tolist()
+        if pending.back is not None:
+            values = pending.back.numbers()
+        else:
+            pending.work.wait()
+            values = pending.buf.tolist()
         width = len(RANK_STATS)
         self.rank_stats = [
             dict(zip(RANK_STATS, values[HEADER + r * width : HEADER + (r + 1) * width], strict=True))
@@ -107,10 +124,11 @@ class Pending:
 
     buf: torch.Tensor
     work: Any
+    back: Later | None = None  # on a GPU: the result on its way to the host
 
 
 def control_device(group: dist.ProcessGroup | None) -> torch.device:
-    """Where tiny control tensors live: NCCL only reduces GPU tensors (untested here)."""
+    """Where tiny control tensors live: NCCL only reduces GPU tensors."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -16,10 +16,17 @@ AR-Topk broadcasts the root's indices over its transport (`broadcast`), then
 all-reduces the values at them. Every `allreduce_mean` divides first, then sums,
 as PyTorch's `allreduce_hook` does (so dense_ring is bit-identical to it).
 
-Futures resolve once the data has arrived; the ring's never block the caller.
-gloo's point-to-point has no chaining, so the tree and every broadcast block.
-gloo cannot send CUDA tensors point to point: the tree stages them through host
-memory on gloo (NCCL sends them as they are).
+Futures resolve once the data has arrived; nothing here blocks the caller or
+the CUDA stream but where gloo must: the ring's collectives and the NCCL tree
+return at once (their callbacks run on streams that wait for the data, as
+PyTorch's own hooks chain them), and a broadcast on NCCL only makes the stream
+wait. gloo runs its collectives on the host, so a broadcast there waits for the
+data, and its point-to-point messages take host tensors only: the tree stages a
+CUDA tensor through pinned host memory, waiting on one event for the bucket's
+data (not for the whole device), and copies the result back without waiting.
+Launching a dependent collective from a callback instead would let ranks issue
+collectives in different orders on gloo, whose callbacks run when each
+collective completes.
 """
 
 from __future__ import annotations
@@ -30,13 +37,21 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from flexcomm.client.device import Later
+
 Future = torch.futures.Future
 # torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def new_future(like: torch.Tensor) -> Future:
+    """A future for tensors on `like`'s device (on CUDA, its waiters wait on the
+    streams its result was set on)."""
+    return torch.futures.Future(devices=[like.device]) if like.is_cuda else torch.futures.Future()
+
+
 def completed(value: torch.Tensor) -> Future:
-    fut: Future = torch.futures.Future()
+    fut = new_future(value)
     fut.set_result(value)
     return fut
 
@@ -75,41 +90,49 @@ class Tree(Ring):
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         super().__init__(group)
         self.backend = dist.get_backend(group)
-        self.nccl_group = _nccl_tree_group(group) if self.backend == "nccl" else None
+        # On NCCL the tree is the ring's collectives on a group that runs NCCL's Tree algorithm.
+        self.nccl = Ring(_nccl_tree_group(group)) if self.backend == "nccl" else None
 
     def allreduce_mean(self, t: torch.Tensor, then: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Future:
-        """Average `t` in place over the tree (blocking); a completed future of then(t)."""
+        """Average `t` in place over the tree; a future of then(t) (on gloo, completed:
+        its point-to-point messages block)."""
+        if self.nccl is not None:
+            return self.nccl.allreduce_mean(t, then)
         t.div_(self.size)
-        if self.nccl_group is not None:
-            dist.all_reduce(t, group=self.nccl_group)
-        else:
-            with _on_host(t) as host:
-                tree_reduce_(host, self.group)
-                tree_broadcast_(host, self.group, 0)
+        with _on_host(t) as host:
+            tree_reduce_(host, self.group)
+            tree_broadcast_(host, self.group, 0)
         return completed(then(t))
 
     def broadcast(self, t: torch.Tensor, root: int) -> None:
-        if self.nccl_group is not None:
-            dist.broadcast(t, group=self.nccl_group, group_src=root)
+        if self.nccl is not None:
+            self.nccl.broadcast(t, root)
             return
         with _on_host(t) as host:
             tree_broadcast_(host, self.group, root)
 
 
 class _on_host:
-    """`t` itself when it is in host memory, else a host copy written back on exit
-    (gloo's send/recv take host tensors only)."""
+    """`t` itself when it is in host memory; else a pinned host copy, which the
+    host waits for (gloo's send/recv take host tensors only), written back on exit
+    without waiting."""
 
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t
-        self.host = t.to("cpu") if t.device.type != "cpu" else t
+        self.host = t
+        if t.device.type != "cpu":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            arrived = torch.cuda.Event()
+            arrived.record()
+            arrived.synchronize()
 
     def __enter__(self) -> torch.Tensor:
         return self.host
 
     def __exit__(self, *exc: object) -> None:
         if self.host is not self.t:
-            self.t.copy_(self.host)
+            self.t.copy_(self.host, non_blocking=True)
 
 
 def tree_reduce_(t: torch.Tensor, group: dist.ProcessGroup | None) -> None:
@@ -167,14 +190,25 @@ def _nccl_tree_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     return tree
 
 
-def agree_argmax(local: float, group: dist.ProcessGroup | None) -> int:
-    """The group rank with the largest `local` (lowest rank on ties), agreed by
-    one tiny all-reduce. Used to pick VAR-Topk's root."""
-    from flexcomm.client.agreement import control_device
+class ArgmaxAgreement:
+    """The group rank with the largest of one number per rank (lowest rank on
+    ties): one tiny all-reduce launched now, whose answer is copied to the host as
+    soon as it arrives, so that `result()`, asked a step later, finds it there
+    instead of waiting on the device. Used to pick VAR-Topk's root."""
 
-    n, me = dist.get_world_size(group), dist.get_rank(group)
-    slots = torch.zeros(n, dtype=torch.float64)
-    slots[me] = local
-    slots = slots.to(control_device(group))
-    dist.all_reduce(slots, group=group)
-    return int(torch.argmax(slots))
+    def __init__(self, local: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+        n, me = dist.get_world_size(group), dist.get_rank(group)
+        slots = torch.zeros(n, dtype=torch.float64, device=local.device)
+        slots.select(0, me).copy_(local)
+        work = dist.all_reduce(slots, group=group, async_op=True)
+        self._winner: Later | None = None
+
+        def fetch(_fut: Future) -> None:
+            self._winner = Later([torch.argmax(slots)])
+
+        self._arrived = work.get_future().then(fetch)
+
+    def result(self) -> int:
+        self._arrived.wait()
+        assert self._winner is not None
+        return int(self._winner.numbers()[0])

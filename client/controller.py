@@ -6,7 +6,10 @@ its `DecisionSource` for the next decision and reports each step to it; errors
 from the source are logged and the last decision kept, so a broken source can
 neither stop nor desynchronise the job.
 
-A step's report goes out when the next step starts: only then is its wall time
+A finished step's statistics are folded in once the device has done its work
+(`StepStats.resolve`, at once for CPU tensors; on a GPU a step or two later,
+never waiting): then it joins the history and the agreement's means. Rank 0
+reports it once the next step has started too: only then is its wall time
 known, and t_compute_s is that wall time less the step's compression, probe and
 synchronisation times (forward, backward, optimizer, data loading).
 
@@ -122,8 +125,10 @@ class Controller:
         self.rejected = 0
         self._acc = dict.fromkeys(RANK_STATS, 0.0)  # sums since the last agreement
         self._pending = None
-        self._began = 0.0  # perf_counter at the open step's start
-        self._unreported: tuple[StepStats, float, int] | None = None  # rank 0: a finished step, its start, epoch
+        self._unresolved: deque[StepStats] = deque()  # finished, the device's work not yet read
+        self._unreported: deque[tuple[StepStats, int]] = deque()  # rank 0: resolved steps and their epoch
+        self._next_began: dict[int, float] = {}  # rank 0: a finished step -> the next step's start
+        self._last_finished: StepStats | None = None
 
     @property
     def running(self) -> Decision:
@@ -148,8 +153,9 @@ class Controller:
         decision applies from step 0; later ones apply from the step after they
         were launched, on every rank alike, and their latency hides behind a step."""
         now = time.perf_counter()
-        self._report_finished(now)
-        self._began = now
+        if self.rank == 0 and self._last_finished is not None:
+            self._next_began[self._last_finished.step] = now
+        self._fold_finished(wait=False)
         if self._pending is not None:
             self._adopt()
         if self.agreement.due(self.step):
@@ -157,7 +163,7 @@ class Controller:
             if self.step == 0:
                 self._adopt()
         d = self.running
-        self.stats = StepStats(self.step, d.family, d.param, d.collective, self.decision.version)
+        self.stats = StepStats(self.step, d.family, d.param, d.collective, self.decision.version, began=now)
         return self.stats
 
     def _proposal(self) -> Decision:
@@ -196,31 +202,42 @@ class Controller:
                      d.compression.name, d.collective, d.root, d.reason or "no reason given")
 
     def end_step(self) -> StepStats | None:
-        """Close the open step: record it, advance the counter. Rank 0 reports it
-        when the next step starts (or at close)."""
+        """Close the open step and advance the counter. Its statistics join the
+        history once the device has done its work; rank 0 reports it once that is
+        so and the next step has started (or at close)."""
         stats, self.stats = self.stats, None
         if stats is None:
             return None
-        self.history.append(stats)
-        for key, v in (("gain", stats.gain), ("t_sync_s", stats.t_sync_s), ("t_comp_s", stats.t_comp_s),
-                       ("bytes_sent", stats.bytes_sent), ("steps", 1)):
-            self._acc[key] += v
+        stats.seal()
+        self._unresolved.append(stats)
+        self._last_finished = stats
         if self.rank == 0:
-            self._unreported = (stats, self._began, self.epoch)
+            self._unreported.append((stats, self.epoch))
+        self._fold_finished(wait=False)
         self.step += 1
         self.steps_run += 1
         return stats
 
-    def _report_finished(self, now: float | None) -> None:
-        """Report the last finished step; `now` (the next step's start) gives its
-        wall time, None (closing) leaves its compute time unknown."""
-        if self._unreported is None:
-            return
-        stats, began, epoch = self._unreported
-        self._unreported = None
-        if now is not None:
+    def _fold_finished(self, wait: bool) -> None:
+        """Fold in the finished steps whose device work is done, in order (all of
+        them, waiting, if `wait`), and report what can be reported."""
+        while self._unresolved and self._unresolved[0].resolve(wait):
+            stats = self._unresolved.popleft()
+            self.history.append(stats)
+            for key, v in (("gain", stats.gain), ("t_sync_s", stats.t_sync_s), ("t_comp_s", stats.t_comp_s),
+                           ("bytes_sent", stats.bytes_sent), ("steps", 1)):
+                self._acc[key] += v
+        while self._unreported and self._unreported[0][0].resolved and (
+                wait or self._unreported[0][0].step in self._next_began):
+            stats, epoch = self._unreported.popleft()
+            self._report(stats, epoch, self._next_began.pop(stats.step, None))
+
+    def _report(self, stats: StepStats, epoch: int, next_began: float | None) -> None:
+        """Report a resolved step; the next step's start gives its wall time (None:
+        closing, its compute time unknown)."""
+        if next_began is not None and stats.began is not None:
             busy = stats.t_comp_s + stats.t_sync_s + stats.t_probe_s
-            stats.t_compute_s = max(0.0, now - began - busy)
+            stats.t_compute_s = max(0.0, next_began - stats.began - busy)
         try:
             report = StepReport(
                 step=stats.step, family=stats.family, param=stats.param, collective=stats.collective,
@@ -233,8 +250,8 @@ class Controller:
             log.exception("reporting step %d to the decision source failed", stats.step)
 
     def close(self) -> None:
-        """Report what is left and release the source."""
-        self._report_finished(None)
+        """Report what is left (waiting for the device) and release the source."""
+        self._fold_finished(wait=True)
         self.source.close()
 
     def state_dict(self) -> dict[str, Any]:

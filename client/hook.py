@@ -42,7 +42,10 @@ collective, version, roots); `state.history` holds recent ones; `state.rank_stat
 every rank's means from the last agreement. Rank 0 reports each step to its
 source as a `StepReport` when the next step starts, with the gains of the
 decision's probes every `probe_interval` steps. `state.set_epoch(e)` sets the
-epoch reports carry.
+epoch reports carry. On a GPU a step's times come from CUDA events and its norms
+and gains from device tensors, read once the device has done that work (a step
+or two later; nothing waits for them), so history, rank_stats and reports trail
+the step by that much.
 
 Checkpointing: `state.state_dict()` / `state.load_state_dict(...)` on every rank
 (step counter, adopted decision, residuals, PowerSGD's factors, and rank 0's
@@ -63,7 +66,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client.collectives import Future
+from flexcomm.client.collectives import Future, new_future
 from flexcomm.client.compressors import Bucket
 from flexcomm.client.runner import Runner
 from flexcomm.client.stats import StepStats
@@ -82,8 +85,9 @@ class FlexcommState(Runner):
         all means dense.
     control_interval: K, steps between agreements. probe_interval: steps between
         readings of the probes' gains (rank 0). warmup_steps: dense steps first
-        (>= 1). global_topk: one compression over all buckets. selector: "fast"
-        or "exact" (Top-k). var_smoothing: EWMA factor of VAR-Topk's variance.
+        (>= 1). global_topk: one compression over all buckets. selector: Top-k's
+        ("auto": "fast" on CPU tensors, "sync_free" on a GPU; or "exact", "fast",
+        "sync_free"; client/selection.py). var_smoothing: EWMA factor of VAR-Topk's variance.
         history: how many steps' StepStats to keep.
     """
 
@@ -158,7 +162,7 @@ class FlexcommState(Runner):
 
     def _run_global(self, g: torch.Tensor, shapes: list[torch.Size], last: bool, d: Decision,
                     stats: StepStats) -> Future:
-        held: Future = torch.futures.Future()
+        held = new_future(g)
         self._held.append((g, shapes, held))
         if not last:
             return held

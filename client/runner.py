@@ -40,7 +40,7 @@ class Runner:
         control_interval: int = 10,
         probe_interval: int = 10,
         warmup_steps: int = 0,
-        selector: str = "fast",
+        selector: str = "auto",
         var_smoothing: float = 0.9,
         history: int = 1000,
     ) -> None:

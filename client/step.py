@@ -11,11 +11,14 @@ gradient over the group in place and returns a future resolving to it:
 The decision is passed whole; the compressor is its family's, the transport its
 collective's. On the steps the controller asks for, the gains of the probed
 compressions are read off g_e before it is compressed (rank 0).
+
+On a GPU nothing here reads a number back from the device: norms, gains and
+times are device tensors and events that reach the step's statistics later
+(client/stats.py), and the default selector is the sync-free one.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +27,11 @@ import torch.distributed as dist
 
 from flexcomm.client.collectives import Future, Ring, Tree
 from flexcomm.client.compressors import Bucket, make_compressors
+from flexcomm.client.device import Generators
 from flexcomm.client.gains import probe_gains, squared_norm
 from flexcomm.client.memory import Memory
 from flexcomm.client.selection import make_selector
-from flexcomm.client.stats import StepStats
+from flexcomm.client.stats import StepStats, timed
 from flexcomm.policy.types import ART_TREE, DENSE_TREE, Compression, Decision
 
 TREE_COLLECTIVES = frozenset({DENSE_TREE, ART_TREE})
@@ -36,7 +40,7 @@ TREE_COLLECTIVES = frozenset({DENSE_TREE, ART_TREE})
 class GradientStep:
     """The compressors, the shared memory and the transports of one job."""
 
-    def __init__(self, group: dist.ProcessGroup | None, *, selector: str = "fast", var_smoothing: float = 0.9,
+    def __init__(self, group: dist.ProcessGroup | None, *, selector: str = "auto", var_smoothing: float = 0.9,
                  seed: int = 0) -> None:
         self.group = group
         rank = dist.get_rank(group)
@@ -45,7 +49,7 @@ class GradientStep:
         self.ring = Ring(group)
         self.tree = Tree(group)
         self.probe_select = make_selector(selector, seed=seed + rank + 7919)
-        self.probe_generator = torch.Generator().manual_seed(seed + 104729)
+        self.probe_generators = Generators(seed + 104729)
 
     def transport(self, collective: str) -> Ring:
         return self.tree if collective in TREE_COLLECTIVES else self.ring
@@ -68,15 +72,14 @@ class GradientStep:
             return bucket.g
         g_e = self.memory.compensate(bucket.key, bucket.g)
         bucket.norm_e = squared_norm(g_e)
-        stats.norm_e += bucket.norm_e
+        stats.add_norms(e=bucket.norm_e)
         return g_e
 
     def _probe(self, bucket: Bucket, g_e: torch.Tensor, probes: Sequence[Compression], stats: StepStats) -> None:
-        t0 = time.perf_counter()
-        norm = bucket.norm_e or squared_norm(g_e)
-        gains = probe_gains(g_e, bucket.shapes, probes, norm, self.probe_select, self.probe_generator)
-        stats.probes.append((gains, norm))
-        stats.add(t_probe_s=time.perf_counter() - t0)
+        with timed(stats, "t_probe_s", g_e):
+            norm = bucket.norm_e if bucket.norm_e is not None else squared_norm(g_e)
+            stats.add_probe(probe_gains(g_e, bucket.shapes, probes, norm, self.probe_select,
+                                        self.probe_generators.on(g_e.device)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict(),

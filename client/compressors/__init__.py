@@ -38,7 +38,7 @@ class Bucket:
     g: torch.Tensor
     shapes: Sequence[torch.Size]
     step: int
-    norm_e: float = 0.0  # ||g_e||^2, once the step has compensated a lossy bucket
+    norm_e: torch.Tensor | None = None  # ||g_e||^2 (0-dim, on g's device) once a lossy step compensated it
 
 
 @dataclass
@@ -72,6 +72,11 @@ class Compressor(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict returned."""
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """The bytes of `t`'s values at its dtype's width (what a collective moves)."""
+    return t.numel() * t.element_size()
 
 
 def make_compressors(group_rank: int, selector: str, var_smoothing: float, seed: int = 0) -> dict[str, Compressor]:

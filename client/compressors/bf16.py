@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from flexcomm.client.collectives import Future, Ring
-from flexcomm.client.compressors import Bucket, Payload
+from flexcomm.client.compressors import Bucket, Payload, nbytes
 from flexcomm.client.stats import StepStats, sync_timer, timed
 from flexcomm.policy.types import BF16, Decision
 
@@ -23,18 +23,18 @@ class Bf16:
 
     def compress(self, bucket: Bucket, g_e: torch.Tensor, decision: Decision, transport: Ring,
                  stats: StepStats) -> Payload:
-        with timed(stats, "t_comp_s"):
+        with timed(stats, "t_comp_s", g_e):
             wire = g_e.to(torch.bfloat16)
-        stats.bytes_sent += wire.numel() * wire.element_size()
+        stats.bytes_sent += nbytes(wire)
         return Payload(bucket, decision, wire)
 
     def communicate(self, payload: Payload, transport: Ring, stats: StepStats) -> Future:
         out = payload.bucket.g
-        record_sync = sync_timer(stats)
+        record_sync = sync_timer(stats, out)
 
         def decompress(wire: torch.Tensor) -> torch.Tensor:
             record_sync(wire)
-            with timed(stats, "t_comp_s"):
+            with timed(stats, "t_comp_s", out):
                 out.copy_(wire)
             return out
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from flexcomm.client.collectives import Future, Ring
-from flexcomm.client.compressors import Bucket, Payload
+from flexcomm.client.compressors import Bucket, Payload, nbytes
 from flexcomm.client.stats import StepStats, sync_timer
 from flexcomm.policy.types import DENSE, Decision
 
@@ -22,11 +22,11 @@ class Dense:
 
     def compress(self, bucket: Bucket, g_e: torch.Tensor, decision: Decision, transport: Ring,
                  stats: StepStats) -> Payload:
-        stats.bytes_sent += g_e.numel() * g_e.element_size()
+        stats.bytes_sent += nbytes(g_e)
         return Payload(bucket, decision, g_e)
 
     def communicate(self, payload: Payload, transport: Ring, stats: StepStats) -> Future:
-        return transport.allreduce_mean(payload.data, sync_timer(stats))
+        return transport.allreduce_mean(payload.data, sync_timer(stats, payload.data))
 
     def state_dict(self) -> dict[str, Any]:
         return {}

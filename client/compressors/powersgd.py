@@ -28,7 +28,8 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
 from flexcomm.client.collectives import Future, Ring
-from flexcomm.client.compressors import Bucket, Payload
+from flexcomm.client.compressors import Bucket, Payload, nbytes
+from flexcomm.client.device import to_device
 from flexcomm.client.gains import squared_norm
 from flexcomm.client.memory import ErrorFeedback
 from flexcomm.client.stats import StepStats, sync_timer, timed
@@ -80,21 +81,20 @@ class PowerSgd:
                  stats: StepStats) -> Payload:
         rank = int(decision.param)
         parts = split(g_e, bucket.shapes, rank)
-        with timed(stats, "t_comp_s"):
+        with timed(stats, "t_comp_s", g_e):
             qs = self._warm_q(bucket.key, rank, parts, g_e)
             ps = [m @ q for m, q in zip(parts.matrices, qs, strict=True)]
             flat_p = torch.cat([p.reshape(-1) for p in ps]) if ps else g_e.new_empty(0)
-        with timed(stats, "t_sync_s"):
+        with timed(stats, "t_sync_s", g_e):
             transport.allreduce_mean(flat_p).wait()  # round 1; its scale does not matter
-        with timed(stats, "t_comp_s"):
+        with timed(stats, "t_comp_s", g_e):
             ps = _views(flat_p, [p.shape for p in ps])
             for p in ps:
                 _orthogonalize(p.unsqueeze(0), EPSILON)
             local_qs = [m.T @ p for m, p in zip(parts.matrices, ps, strict=True)]
             wire = torch.cat([q.reshape(-1) for q in local_qs] + [d.reshape(-1) for d in parts.dense])
-        stats.norm_c += sum(squared_norm(q.reshape(-1)) for q in local_qs) + sum(
-            squared_norm(d) for d in parts.dense)
-        stats.bytes_sent += (flat_p.numel() + wire.numel()) * g_e.element_size()
+        stats.add_norms(c=squared_norm(wire))  # every local Q and the dense tensors: what this rank sends
+        stats.bytes_sent += nbytes(flat_p) + nbytes(wire)
 
         def sent(ef: ErrorFeedback) -> None:
             # The residual buffer is g_e: take off the local projection P Q^T of each
@@ -112,12 +112,12 @@ class PowerSgd:
         out_parts = split(payload.bucket.g, payload.bucket.shapes, payload.extra["rank"])
         ps, q_shapes = payload.extra["ps"], payload.extra["q_shapes"]
         q_numel = sum(s.numel() for s in q_shapes)
-        record_sync = sync_timer(stats)
+        record_sync = sync_timer(stats, payload.data)
         key, rank = payload.bucket.key, payload.extra["rank"]
 
         def decompress(mean: torch.Tensor) -> torch.Tensor:
             record_sync(mean)
-            with timed(stats, "t_comp_s"):
+            with timed(stats, "t_comp_s", mean):
                 qs = _views(mean[:q_numel], q_shapes)
                 for out, p, q in zip(out_parts.matrices, ps, qs, strict=True):
                     torch.matmul(p, q.T, out=out)
@@ -139,7 +139,8 @@ class PowerSgd:
             qs = [q.clone() for q in _views(kept.to(like.device), shapes)]
         else:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + _stable(key) * 1031 + rank)
-            qs = [torch.randn(s, generator=gen, dtype=torch.float32).to(like) for s in shapes]
+            drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]  # the same on any device
+            qs = [to_device(q, like.device, like.dtype) for q in drawn]
         for q in qs:
             _orthogonalize(q.unsqueeze(0), EPSILON)
         return qs

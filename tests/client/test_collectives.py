@@ -28,8 +28,9 @@ SMOOTHING = 0.3  # VAR's EWMA weight on the past; low, so the hot rank wins
 
 def local_grad(rank: int, step: int, numel: int, world: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1000 * rank + step)
-    # One "hot" rank per step, so VAR's root moves around.
-    return torch.randn(numel, generator=gen) * (5.0 if rank == step % world else 1.0)
+    # One "hot" rank per step, hotter every step (its variance outweighs what error
+    # feedback keeps of the earlier steps), so VAR's root moves around.
+    return torch.randn(numel, generator=gen) * (5.0 * (step + 1) if rank == step % world else 1.0)
 
 
 class Reference:
@@ -50,7 +51,7 @@ class Reference:
         if collective == "ag_topk":
             idx = [torch.topk(g.abs(), k).indices for g in g_e]
         else:
-            root_rank = step % self.world if root == "star" else self._var_root(g_e)
+            root_rank = step % self.world if root == "star" else self._var_root(g_e, step)
             idx = [torch.topk(g_e[root_rank].abs(), k).indices] * self.world
         g_c = []
         for r in range(self.world):
@@ -61,12 +62,14 @@ class Reference:
         self.residual = [e - c for e, c in zip(g_e, g_c, strict=True)]
         return result, g_e, g_c, root_rank
 
-    def _var_root(self, g_e) -> int:
+    def _var_root(self, g_e, step: int) -> int:
+        """The largest smoothed variance up to the previous step (star's root before any)."""
+        root = step % self.world if self.var[0] is None else max(range(self.world), key=lambda r: (self.var[r], -r))
         for r, g in enumerate(g_e):
             v = float(g.double().var(unbiased=False))
             prev = self.var[r]
             self.var[r] = v if prev is None else self.smoothing * prev + (1 - self.smoothing) * v
-        return max(range(self.world), key=lambda r: (self.var[r], -r))
+        return root
 
 
 def run_step(gradient_step, key, g, shapes, step, family, param, collective, root="star"):
@@ -205,10 +208,32 @@ def check_families_keep_the_residual(rank: int, world: int) -> dict:
             "residual_norms": residual_norms}
 
 
+WIDTH_OPTIONS = [("dense", 0, "dense_ring", "star"), ("bf16", 0, "dense_tree", "star"),
+                 ("powersgd", 2, "dense_ring", "star"), ("topk", 0.05, "ag_topk", "star"),
+                 ("topk", 0.05, "art_ring", "star")]
+
+
+def check_widths(rank: int, world: int) -> dict:
+    """bytes_sent of each option on fp32, bf16 and fp16 gradients of the same shapes,
+    and whether the average came back in the bucket's dtype."""
+    from flexcomm.client.step import GradientStep
+
+    numel = sum(s.numel() for s in SHAPES)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        gradient_step = GradientStep(None)
+        for family, param, collective, root in WIDTH_OPTIONS:
+            g = local_grad(rank, 0, numel, world).to(dtype)
+            result, stats = run_step(gradient_step, (family, collective), g, SHAPES, 0, family, param, collective,
+                                     root)
+            out[(str(dtype), family, collective)] = (stats.bytes_sent, result.dtype == dtype)
+    return out
+
+
 def battery(rank: int, world: int) -> dict:
     return {"sparse": check_sparse(rank, world), "dense": check_dense(rank, world),
             "powersgd": check_powersgd_is_pytorchs(rank, world),
-            "families": check_families_keep_the_residual(rank, world)}
+            "families": check_families_keep_the_residual(rank, world), "widths": check_widths(rank, world)}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
@@ -276,3 +301,26 @@ def test_switching_families_loses_no_residual_mass(results):
     # The lossy steps did leave something behind, and the final dense step sent it.
     norms = per_rank[0]["families"]["residual_norms"]
     assert min(norms[:-1]) > 0 and norms[-1] == 0
+
+
+@pytest.mark.timeout(200)
+def test_values_go_at_the_buckets_width_and_indices_at_four_bytes(results):
+    from flexcomm.client.selection import k_for
+
+    _, per_rank = results
+    k = k_for(sum(s.numel() for s in SHAPES), 0.05)
+    for rank, res in enumerate(per_rank):
+        widths = res["widths"]
+        for family, collective in [(f, c) for f, _, c, _ in WIDTH_OPTIONS]:
+            fp32, same_dtype = widths[("torch.float32", family, collective)]
+            assert same_dtype
+            for half in ("torch.bfloat16", "torch.float16"):
+                got, same_dtype = widths[(half, family, collective)]
+                assert same_dtype, (half, family, collective)
+                if family == "bf16":  # bf16 on the wire whatever the bucket holds
+                    assert got == fp32
+                elif family == "topk":  # 2-byte values; the sender's int32 indices (AR-Topk: the root's only)
+                    sends_indices = collective == "ag_topk" or rank == 0
+                    assert (fp32, got) == (k * (4 + 4 * sends_indices), k * (2 + 4 * sends_indices))
+                else:
+                    assert got * 2 == fp32, (half, family, collective)

@@ -20,7 +20,8 @@ def heavy_tailed(n: int, seed: int = 0) -> torch.Tensor:
 
 def gains(g, probes, shapes=()):
     generator = torch.Generator().manual_seed(1)
-    return probe_gains(g, shapes or [g.shape], probes, squared_norm(g), FastSelector(), generator)
+    gains, _norm = probe_gains(g, shapes or [g.shape], probes, squared_norm(g), FastSelector(), generator).get()
+    return gains
 
 
 def test_topk_gains_equal_a_full_sort():
@@ -65,9 +66,11 @@ def test_topk_masses_and_merging_buckets():
     ga, gb = gains(a, TOPK[:1]), gains(b, TOPK[:1])
     na, nb = float(a.double().pow(2).sum()), float(b.double().pow(2).sum())
     merged = merge_masses([(ga, na), (gb, nb)])
-    mass = topk_masses(a, [500])[0] + topk_masses(b, [700])[0]
+    mass = float(topk_masses(a, [500])[0] + topk_masses(b, [700])[0])
     assert merged["topk:0.1"] == pytest.approx(mass / (na + nb), rel=1e-5)
 
 
 def test_gains_of_a_zero_gradient_are_one():
-    assert probe_gains(torch.zeros(100), [torch.Size((100,))], TOPK[:1], 0.0, None, None) == {"topk:0.1": 1.0}
+    zero = torch.zeros(100)
+    assert gains(zero, [*TOPK[:1], Compression("powersgd", 1)], [torch.Size((10, 10))]) == {
+        "topk:0.1": 1.0, "powersgd:1": 1.0}
