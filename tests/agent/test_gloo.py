@@ -5,6 +5,7 @@ restarted agent resumes the job from its store."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from flexcomm.proto import agent_pb2 as pb
 from support.agent_process import AgentProcess, free_port, wait_for
+from support.privilege import skip_or_fail
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "agent_gloo_worker.py"
 
@@ -40,7 +42,8 @@ def spawn_rank(rank: int, port: str, socket: str, workdir: Path) -> subprocess.P
 
 @pytest.mark.slow
 def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:
+        skip_or_fail("needs torch (the client extra) for the gloo ranks")
     agent = AgentProcess(tmp_path).start()
     port = str(free_port())
     ranks = [spawn_rank(r, port, agent.socket, tmp_path) for r in (0, 1)]

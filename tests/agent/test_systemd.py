@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from support.privilege import skip_or_fail
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "flexcomm-agent.service"
 
@@ -45,7 +45,7 @@ def test_unit_asks_for_what_the_agent_needs() -> None:
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed here")
+        skip_or_fail("needs systemd-analyze (systemd) to verify the unit")
     assert verify(tmp_path, UNIT.read_text()) == ""
     # The check can fail: a broken line is caught.
     assert "service type" in verify(tmp_path, UNIT.read_text().replace("Type=notify", "Type=bogus"))
