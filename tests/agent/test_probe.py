@@ -54,11 +54,17 @@ def test_probes_feed_the_network_view_metrics_and_store(tmp_path: Path, iperf3_b
         assert re.search(r"flexcomm_agent_probe_failures_total{kind=\"\w+\",peer=\"127.0.0.2\"} [1-9]", body)
         assert agent.health() == 1
         assert agent.terminate() == 0
-        # A restarted agent (probing off now) knows the figures from its store.
+        # A restarted agent (probing off now) knows the figures from its store: the
+        # newest measurement of each kind, as it was measured.
+        with Store(agent.db) as store:
+            kinds = {m.kind: m for m in store.latest_measurements("127.0.0.1")}
         agent.argv = argv
         agent.start()
         restored = peers_of(agent, "probed")["127.0.0.1"]
-        assert restored.bandwidth_bps > 0 and restored.rtt_s > 0
+        bandwidth, latency = kinds["bandwidth"], kinds["latency"]
+        assert restored.bandwidth_bps == bandwidth.bandwidth_bps
+        assert (restored.rtt_s, restored.rtt_p99_s, restored.alpha_s) == (
+            latency.rtt_p50_s, latency.rtt_p99_s, latency.alpha_s)
         assert agent.terminate() == 0
     finally:
         agent.stop()
