@@ -45,12 +45,14 @@ def test_bottleneck_takes_worst_alpha_and_beta_and_waits_for_every_peer():
         est.bottleneck([])
 
 
-def test_sync_observation_coefficients_reproduce_the_cost_model():
-    net = NetworkObservation(ALPHA, BETA, 4)
-    for collective, cr in (("dense_ring", 1.0), ("ag_topk", 0.01), ("art_tree", 0.1)):
-        t = sync_time(collective, 16e6, cr, net)
-        obs = sync_observation(collective, 16e6, cr, 4, t)
-        assert obs.alpha_coeff * ALPHA + obs.beta_bytes * BETA == pytest.approx(t)
+def test_sync_observation_coefficients_are_the_paper_forms():
+    # N = 4, M = 16 MB, log2 N = 2, by hand from the paper's forms
+    expected = {("dense_ring", 1.0): (2 * 3, 2 * 3 / 4 * 16e6),  # 2(N-1) a + 2(N-1)/N M b
+                ("ag_topk", 0.01): (2, 2 * 3 * 16e6 * 0.01),  # a logN + 2(N-1) M c b
+                ("art_tree", 0.1): (3 * 2, 3 * 16e6 * 0.1 * 2)}  # 3 a logN + 3 M c b logN
+    for (collective, cr), (alpha_coeff, beta_bytes) in expected.items():
+        obs = sync_observation(collective, 16e6, cr, 4, 0.25)
+        assert (obs.alpha_coeff, obs.beta_bytes, obs.seconds) == pytest.approx((alpha_coeff, beta_bytes, 0.25))
 
 
 def test_passive_fit_recovers_alpha_and_beta_from_two_sizes():
