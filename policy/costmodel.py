@@ -1,4 +1,4 @@
-"""The alpha-beta cost model of gradient synchronisation (DESIGN.md section 3).
+"""The alpha-beta cost model of gradient synchronisation.
 
 alpha: per-message latency (s); beta: seconds per byte; M: dense message bytes;
 N: workers; c: compression ratio k/M. Logs are base 2.
@@ -79,7 +79,8 @@ def _log2(n: int) -> float:
 
 @dataclass(frozen=True)
 class ModelForms:
-    """Which formula variants a prediction uses (DESIGN.md keeps both)."""
+    """Which formula variants a prediction uses: the paper's, and a variant of each
+    for how NCCL and gloo really run AllGather (a ring) and trees (pipelined)."""
 
     ag: str = "paper"
     tree: str = "paper"

@@ -1,7 +1,10 @@
-"""docs/CONFIGURATION.md documents every policy option and agent setting the code accepts."""
+"""The docs stand alone: docs/CONFIGURATION.md documents every policy option and
+agent setting the code accepts, and every link in README.md and docs/ leads to a
+file of this repository."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -11,7 +14,19 @@ from flexcomm.agent.config import AgentConfig
 from flexcomm.policy.gravac import GravacConfig
 from flexcomm.policy.moo import MooConfig
 
-CONFIG = (Path(__file__).resolve().parents[1] / "docs" / "CONFIGURATION.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = (ROOT / "docs" / "CONFIGURATION.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_leads_into_the_repository(doc: Path) -> None:
+    for target in LINK.findall(doc.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = (doc.parent / target).resolve()
+        assert path.is_relative_to(ROOT) and path.exists(), f"{doc.name} links {target}, not a file of this repository"
 
 
 @pytest.mark.parametrize("cls", [MooConfig, GravacConfig], ids=lambda c: c.__name__)
