@@ -24,7 +24,6 @@ handed to iperf3 in $IPERF3_PASSWORD, never on its command line).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -171,14 +170,19 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         raise IperfError(f"iperf3 to {peer}:{port}: report lacks {exc}") from None
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_thread() -> None:
-    """In the child before exec: SIGKILL when the thread that spawned it ends
-    (Linux ties the parent-death signal to the spawning thread, not the process)."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen:
+    """Start `argv` in a new process group, SIGKILLed by the kernel when the thread
+    that spawned it ends (PR_SET_PDEATHSIG; Linux ties it to the spawning thread,
+    not the process), set by util-linux's setpriv just before it execs `argv`.
+    No Python runs between fork and exec: with a `preexec_fn` doing the prctl, a
+    gRPC fork handler crashed about one child in six while the agent's server was
+    busy, and the probe read "no JSON report"."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise IperfMissing("setpriv: not found on PATH; it ties iperf3 to the agent's life "
+                           "(util-linux, e.g. apt-get install util-linux)")
+    return subprocess.Popen([setpriv, "--pdeathsig", "KILL", "--", *argv], stdin=subprocess.DEVNULL,
+                            start_new_session=True, **popen)
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -213,10 +217,8 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
         argv += auth.argv()
     if timeout_s is None:
         timeout_s = duration_s + omit_s + connect_timeout_s + TIMEOUT_SLACK_S
-    proc = subprocess.Popen(in_netns(netns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env=auth.env() if auth is not None else None,
-                            preexec_fn=_die_with_parent_thread)
+    proc = spawn(in_netns(netns, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env=auth.env() if auth is not None else None)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -355,9 +357,7 @@ class IperfServer:
             flags = fcntl.fcntl(self._log.fileno(), fcntl.F_GETFL)
             fcntl.fcntl(self._log.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
         self._log.truncate(0)
-        self._proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=self._log,
-                                      start_new_session=True, preexec_fn=_die_with_parent_thread)
+        self._proc = spawn(self._argv(), stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + self.ready_timeout_s
         while not listening(self._proc.pid, self.port):
             if self._proc.poll() is not None or time.monotonic() > deadline:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flexcomm needs on a fresh Debian machine, idempotently:
-# Debian's iperf3 and iproute2 (and systemd, for the unit's systemd-analyze
-# check), then a virtual environment in .venv with
+# Debian's iperf3, iproute2, util-linux (setpriv) and systemd (for the unit's
+# systemd-analyze check), then a virtual environment in .venv with
 # torch==2.13.0 (the CPU wheel; an unpinned torch pulls gigabytes of CUDA) and
 # flexcomm itself in editable mode with the client, lab and dev extras.
 set -euo pipefail
@@ -15,6 +15,7 @@ need_apt=()
 command -v iperf3 >/dev/null 2>&1 || need_apt+=(iperf3)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)  # iperf3 dies with the agent
 if ((${#need_apt[@]})); then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2

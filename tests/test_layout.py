@@ -1,11 +1,13 @@
 """The house rules of the layout, checked: policy/ is pure, the daemon side runs
 without torch, nothing but the CLI imports the agent, the agent's parts are
-handed what they use (only its server knows the Agent), and no folder's files
-import each other in a circle."""
+handed what they use (only its server knows the Agent), no folder's files
+import each other in a circle, and every test that skips does so through the
+one rule (support.privilege.skip_or_fail)."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -62,21 +64,28 @@ def test_daemon_side_imports_without_torch() -> None:
             parts = [p for p in rel.parts if p != "__init__"]
             modules.append(".".join(["flexcomm", folder, *parts]))
     modules += ["flexcomm.cli", "flexcomm.commands.model", "flexcomm.commands.agent"]
+    # Every attempt to import torch is refused and recorded, so a module that
+    # tries it inside `try: ... except ImportError` is caught too.
     blocker = (
-        "import sys, importlib.abc\n"
+        "import sys, importlib.abc, json, traceback\n"
+        "attempts = []\n"
         "class NoTorch(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            importer = [f for f in traceback.extract_stack() if not f.filename.startswith('<')][-1]\n"
+        "            attempts.append(f'{name} from {importer.filename}:{importer.lineno}')\n"
         "            raise ImportError('torch is blocked: the daemon side must not need it')\n"
         "sys.meta_path.insert(0, NoTorch())\n"
         "import importlib\n"
         f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
-        "print('ok', len(sys.modules))\n"
+        "print(json.dumps({'attempts': attempts, 'loaded': sorted(sys.modules)}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "torch" not in proc.stdout
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["attempts"] == [], "the daemon side tried to import torch"
+    assert set(modules) <= set(result["loaded"])
 
 
 def test_only_the_server_knows_the_agent() -> None:
@@ -144,3 +153,44 @@ def test_no_import_circle_within_a_folder(folder: str) -> None:
 def test_the_circle_check_sees_a_circle() -> None:
     assert import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+SKIP_CALLS = {"skip", "importorskip", "skipif", "xfail"}  # pytest.X(...) and pytest.mark.X
+
+
+def skip_calls_in(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    # pytest.skip.Exception names the exception a skip raises: not a skip
+    qualified = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in SKIP_CALLS and id(node) not in qualified]
+
+
+def test_every_skip_goes_through_the_one_rule() -> None:
+    rule = ROOT / "tests" / "support" / "privilege.py"
+    found = [hit for path in sorted((ROOT / "tests").rglob("*.py")) if path != rule for hit in skip_calls_in(path)]
+    assert found == [], "skip through support.privilege.skip_or_fail, which fails where CI demands the test"
+
+
+def test_a_kernel_feature_excuses_a_skip_only_where_the_kernel_was_built_without_it(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    import gzip
+
+    from support import privilege
+
+    config = tmp_path / "config.gz"
+    with gzip.open(config, "wt") as f:
+        f.write("CONFIG_NET_SCH_HTB=y\n# CONFIG_NET_SCH_NETEM is not set\nCONFIG_NET_SCH_TBF=m\n")
+    monkeypatch.setattr(privilege, "KERNEL_CONFIG", str(config))
+    monkeypatch.setattr(privilege, "REQUIRE_PRIVILEGED", True)
+    with pytest.raises(pytest.skip.Exception, match="built without CONFIG_NET_SCH_NETEM"):
+        privilege.skip_or_fail("no netem", kernel_option="CONFIG_NET_SCH_NETEM")
+    for option in ("CONFIG_NET_SCH_TBF", "CONFIG_NET_SCH_HTB", None):  # built (as a module): a setup fault
+        with pytest.raises(pytest.fail.Exception, match="FLEXCOMM_REQUIRE_PRIVILEGED=1 but: missing"):
+            privilege.skip_or_fail("missing", kernel_option=option)
+    monkeypatch.setattr(privilege, "KERNEL_CONFIG", str(tmp_path / "none.gz"))  # unknown: not excused
+    with pytest.raises(pytest.fail.Exception):
+        privilege.skip_or_fail("no netem", kernel_option="CONFIG_NET_SCH_NETEM")
+    monkeypatch.setattr(privilege, "REQUIRE_PRIVILEGED", False)
+    with pytest.raises(pytest.skip.Exception):
+        privilege.skip_or_fail("no root")

@@ -21,6 +21,7 @@ from flexcomm.policy.types import LinkBucket
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from support.agent_process import AgentProcess, free_port, spec
+from support.privilege import skip_or_fail
 
 
 def write(path: Path, text: str) -> str:
@@ -98,7 +99,7 @@ def test_sd_notify_datagrams(tmp_path: Path) -> None:
 
 def test_tcp_with_tls(tmp_path: Path) -> None:
     if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl binary to make a test certificate")
+        skip_or_fail("needs the openssl binary to make a test certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
                     "-out", str(cert), "-days", "1", "-subj", "/CN=fca-agent",

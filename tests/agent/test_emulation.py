@@ -6,17 +6,16 @@ interface back exactly as it found it on SIGTERM."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from flexcomm.emulation.revert import kernel_view
+from flexcomm.emulation.revert import Revert, kernel_view
 from flexcomm.emulation.shaping import Shaper
 from flexcomm.lab.netns import netns_pair
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
-from support.agent_process import AgentProcess, spec
+from support.agent_process import AgentProcess, spec, wait_for
 
 SCHEDULE = """
 name = "agent test"
@@ -44,22 +43,34 @@ def report_epoch(agent: AgentProcess, epoch: int) -> None:
 
 
 def wait_rates(shaper: Shaper, expected: list[float], timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while shaped_rates(shaper) != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert shaped_rates(shaper) == expected
+    wait_for(lambda: shaped_rates(shaper) == expected, timeout_s, f"the link shaped to {expected}")
+
+
+def stored(agent: AgentProcess, ifname: str) -> tuple[list[int], int]:
+    """The emulation steps the agent's store recorded for `ifname` (oldest first)
+    and the job's epoch as stored."""
+    with Store(agent.db) as store:
+        steps = [s.step_index for s in reversed(store.emulation_steps(ifname))]
+        state = store.load_policy_state("emu")
+    return steps, state["last_epoch"] if state else -1
+
+
+def owner_pid(revert: Revert) -> int | None:
+    record = revert.read()
+    return record["pid"] if record else None
 
 
 @pytest.mark.privileged
 def test_reported_epochs_drive_the_shaping(tmp_path: Path, privileged: None) -> None:
     schedule = tmp_path / "epochs.toml"
     schedule.write_text(SCHEDULE)
+    state_dir = tmp_path / "emulation"
     with netns_pair("fca", "10.204.0.0/24") as (a, _b):
         shaper = Shaper(a.ifname, netns=a.ns)
+        revert = Revert(shaper, state_dir)
         original = kernel_view(shaper.show())
         agent = AgentProcess(tmp_path, "--emulation-schedule", str(schedule), "--emulation-interface",
-                             a.ifname, "--emulation-netns", a.ns,
-                             env={"FLEXCOMM_STATE_DIR": str(tmp_path / "emulation")})
+                             a.ifname, "--emulation-netns", a.ns, env={"FLEXCOMM_STATE_DIR": str(state_dir)})
         try:
             agent.start()
             agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("emu", policy="dense")), timeout=5)
@@ -69,15 +80,20 @@ def test_reported_epochs_drive_the_shaping(tmp_path: Path, privileged: None) -> 
             wait_rates(shaper, [100e6])
             report_epoch(agent, 2)
             wait_rates(shaper, [20e6])
-            time.sleep(0.5)  # the job's epoch reaches the store
+            wait_for(lambda: stored(agent, a.ifname) == ([0, 1, 2], 2), what="the steps and epoch in the store")
+            first_pid = agent.proc.pid
             agent.kill9()
             assert shaped_rates(shaper) == [20e6], "kill -9 leaves the link shaped..."
-            agent.start()  # ...and the next agent restores it, then re-applies epoch 2's step
-            wait_rates(shaper, [20e6])
+            assert owner_pid(revert) == first_pid
+            # ...and the next agent restores it, then re-applies epoch 2's step (a new
+            # row: serving alone proves nothing, the dead agent's shaping looks the same).
+            agent.start()
+            wait_for(lambda: stored(agent, a.ifname)[0] == [0, 1, 2, 2], what="epoch 2's step applied again")
+            assert owner_pid(revert) == agent.proc.pid, "the stale record was restored, then recorded anew"
+            assert "restored an interface a dead agent left shaped" in agent.log.read_text()
+            assert shaped_rates(shaper) == [20e6]
             assert agent.terminate() == 0
             assert kernel_view(shaper.show()) == original, "SIGTERM gives the interface back"
+            assert revert.read() is None
         finally:
             agent.stop()
-    with Store(agent.db) as store:
-        steps = [s.step_index for s in reversed(store.emulation_steps(a.ifname))]
-    assert steps[:3] == [0, 1, 2] and steps[-1] == 2

@@ -1,10 +1,11 @@
 """A real 2-rank gloo job whose rank 0 takes decisions from the agent keeps
-training through a kill -9 of the agent and its restart: no step waits on the
-agent, the job keeps its last decision, says so once, and reconnects; the
-restarted agent resumes the job from its store."""
+training while the agent hangs (SIGSTOP), through its kill -9 and its restart:
+no step waits on the agent, the job keeps its last decision, says so once, and
+reconnects; the restarted agent resumes the job from its store."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from flexcomm.proto import agent_pb2 as pb
+from flexcomm.store import Store
 from support.agent_process import AgentProcess, free_port, wait_for
+from support.privilege import skip_or_fail
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "agent_gloo_worker.py"
 
@@ -32,6 +35,18 @@ def job_info(agent: AgentProcess) -> pb.JobInfo | None:
     return next((j for j in jobs if j.spec.job_id == "gloo-job"), None)
 
 
+def logged_at(line: str) -> float:
+    """The Unix time of a rank's log line ("%(asctime)s ...": local time, ms)."""
+    stamp, millis = line[:23].split(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+
+
+def stored_reports(agent: AgentProcess) -> int:
+    with Store(agent.db) as store:
+        state = store.load_policy_state("gloo-job")
+    return state["reports"] if state else 0
+
+
 def spawn_rank(rank: int, port: str, socket: str, workdir: Path) -> subprocess.Popen:
     with open(workdir / f"rank{rank}.log", "wb") as log:  # the child keeps its own copy
         return subprocess.Popen([sys.executable, str(WORKER), str(rank), port, socket, str(workdir)],
@@ -40,20 +55,24 @@ def spawn_rank(rank: int, port: str, socket: str, workdir: Path) -> subprocess.P
 
 @pytest.mark.slow
 def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    if importlib.util.find_spec("torch") is None:
+        skip_or_fail("needs torch (the client extra) for the gloo ranks")
     agent = AgentProcess(tmp_path).start()
     port = str(free_port())
     ranks = [spawn_rank(r, port, agent.socket, tmp_path) for r in (0, 1)]
     try:
         wait_for(lambda: progress(tmp_path) >= 40, 120, "40 training steps")
-        wait_for(lambda: (job_info(agent) or pb.JobInfo()).reports >= 20, 30, "reports at the agent")
-        time.sleep(0.5)  # > the agent's flush interval: its store holds the job
+        wait_for(lambda: stored_reports(agent) >= 20, 30, "reports in the agent's store")
         before = job_info(agent)
+        # Hung first: connections are accepted and nothing answers, so a call that
+        # waited on the agent would take the client's 0.5 s RPC timeout. Then dead.
         killed_at, steps_at_kill = time.time(), progress(tmp_path)
+        agent.pause()
+        wait_for(lambda: progress(tmp_path) >= steps_at_kill + 30, 60, "30 steps while the agent hangs")
+        wait_for(lambda: "agent unreachable" in (tmp_path / "rank0.log").read_text(), 30,
+                 "the client noticing the outage")
         agent.kill9()
-
-        wait_for(lambda: progress(tmp_path) >= steps_at_kill + 30, 60, "30 steps during the outage")
-        time.sleep(1.0)
+        wait_for(lambda: progress(tmp_path) >= steps_at_kill + 40, 60, "10 steps after the kill")
         restarted_at = time.time()
         agent.start()
         wait_for(lambda: (job_info(agent) or pb.JobInfo()).reports > before.reports, 30,
@@ -89,13 +108,16 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
           f"slowest call into the agent client {max(r0['source_calls']) * 1e6:.0f} us; "
           f"restart at +{restarted_at - killed_at:.1f} s, reports back at +{reconnected_at - killed_at:.1f} s")
     assert len(outage) >= 30, "the job kept training while the agent was down"
-    # The only way a step can wait on the agent is a call into its client: each took
-    # far less than a normal step. (Whole step times are printed, not asserted on
-    # tightly: five other engineers share these two cores.)
-    assert max(r0["source_calls"]) < normal, "a training step waited on the agent"
+    # The only way a step can wait on the agent is a call into its client: none took
+    # half of the 0.5 s a call would have waited on the hung agent. (Whole step times
+    # are printed, not asserted on tightly: other suites share these two cores.)
+    assert max(r0["source_calls"]) < 0.25, "a training step waited on the agent"
     assert statistics.median(outage) < 3 * normal
 
     log0 = (tmp_path / "rank0.log").read_text()
-    assert log0.count("agent unreachable") == 1, "the outage is said once"
+    # Said once for the outage (an RPC that overran its timeout on the loaded machine
+    # before it is another, earlier outage).
+    said = [line for line in log0.splitlines() if "agent unreachable" in line]
+    assert len([line for line in said if logged_at(line) >= killed_at - 1]) == 1, said
     assert "agent reachable again" in log0
     assert "(resumed: True)" in log0

@@ -86,10 +86,11 @@ def test_group_commit_shares_writes_and_never_acks_before_a_write_that_started_a
 
         commits = GroupCommit(write)
         first = asyncio.create_task(commits.commit())
-        await asyncio.sleep(0.01)  # the first write is running
+        while not started:  # the first write is running
+            await asyncio.sleep(0)
         waiters = [asyncio.create_task(commits.commit()) for _ in range(20)]
-        await asyncio.sleep(0.01)
-        assert started == [0] and not first.done()
+        await asyncio.sleep(0)  # one turn of the loop: each waiter runs up to its wait
+        assert started == [0] and not first.done() and not any(w.done() for w in waiters)
         release.set()
         await first
         await asyncio.gather(*waiters)

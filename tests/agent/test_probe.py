@@ -33,9 +33,10 @@ def peers_of(agent: AgentProcess, job_id: str) -> dict[str, pb.PeerState]:
 
 def in_namespace(agent: AgentProcess, node: Node, probe: bool) -> None:
     """Run the agent inside `node`'s namespace (its socket and store stay on the
-    shared filesystem), probing or not."""
-    argv = agent.argv
-    agent.argv = lambda: node.argv([a for a in argv() if probe is False or a != "--no-probe"])
+    shared filesystem), probing or not. Called again, it starts from the helper's
+    own command line, not from the one a previous call made."""
+    plain = agent.__dict__.setdefault("plain_argv", agent.argv)
+    agent.argv = lambda: node.argv([a for a in plain() if probe is False or a != "--no-probe"])
 
 
 def metrics_text(agent: AgentProcess, node: Node) -> str:
@@ -87,11 +88,17 @@ def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, priv
             assert here.address not in body
             assert agent.health() == 1
             assert agent.terminate() == 0
-            # A restarted agent (probing off now) knows the figures from its store.
+            # A restarted agent (probing off now) knows the figures from its store: the
+            # newest measurement of each kind, as it was measured.
+            with Store(agent.db) as store:
+                kinds = {m.kind: m for m in store.latest_measurements(there.address)}
             in_namespace(agent, here, probe=False)
             agent.start()
             restored = peers_of(agent, "probed")[there.address]
-            assert restored.bandwidth_bps > 0 and restored.rtt_s > 0
+            bandwidth, latency = kinds["bandwidth"], kinds["latency"]
+            assert restored.bandwidth_bps == bandwidth.bandwidth_bps
+            assert (restored.rtt_s, restored.rtt_p99_s, restored.alpha_s) == (
+                latency.rtt_p50_s, latency.rtt_p99_s, latency.alpha_s)
             assert agent.terminate() == 0
         finally:
             agent.stop()

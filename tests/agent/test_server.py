@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from flexcomm.policy.costmodel import option_sync_time
-from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation
+from flexcomm.policy.types import Compression
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import collective_from_enum
 from flexcomm.store import Measurement, Store
@@ -39,21 +37,37 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
         yield proc
 
 
+def wire_seconds(d: pb.Decision, network: tuple[float, float]) -> float:
+    """A 2-rank job's sync on a plain link of `network` (alpha_s, bits/s), by hand:
+    the messages on its critical path and the bytes each rank puts on the link."""
+    alpha, bps = network
+    c = Compression(d.family, d.param)
+    m = GRAD_BYTES / 2 if c.family == "bf16" else GRAD_BYTES  # bf16: two bytes a value
+    k = c.param * m if c.family == "topk" else 0.0  # bytes of the kept values
+    messages, wire_bytes = {
+        "dense_ring": (2, m),  # reduce-scatter, then all-gather: half the gradient each
+        "dense_tree": (2, 2 * m),  # reduce to the root, broadcast back
+        "ag_topk": (1, 2 * k),  # each rank's values and as many int32 indices
+        "art_ring": (3, 2 * k),  # the root's indices, then a ring over the values
+        "art_tree": (3, 3 * k),  # the root's indices, then a tree over the values
+    }[collective_from_enum(d.collective)]
+    return messages * alpha + wire_bytes * 8 / bps
+
+
 def simulated_steps(stub, job_id: str, network: tuple[float, float], steps: int, first_step: int,
                     ) -> list[pb.Decision]:
-    """A job whose sync times follow the alpha-beta model of `network`, reporting
-    one step per message with its own estimate of the network, as rank 0 would."""
-    net = NetworkObservation.from_link(network[0], network[1], 2)
+    """A job whose sync times are what the wire of `network` takes (`wire_seconds`,
+    not the agent's own cost model), reporting one step per message with its own
+    estimate of the network, as rank 0 would."""
     decisions = [stub.GetDecision(pb.JobRef(job_id=job_id), timeout=5)]
     for step in range(first_step, first_step + steps):
         d = decisions[-1]
         c = Compression(d.family, d.param)
-        collective = collective_from_enum(d.collective)
         gains = {name: min(1.0, Compression.parse(name).cr ** 0.15) for name in d.probes}
         report = pb.StepReport(
             step=step, epoch=step // 10, family=d.family, param=d.param, collective=d.collective,
             t_comp_s=0.0 if c.family == "dense" else 0.01, t_compute_s=0.1,
-            t_sync_s=option_sync_time(c, collective, GradientLayout.flat(GRAD_BYTES), net),
+            t_sync_s=wire_seconds(d, network),
             gain=gains.get(c.name, 1.0), bytes_sent=int(GRAD_BYTES * c.cr),
             gains=[pb.Gain(compression=name, gain=g) for name, g in gains.items()])
         request = pb.ReportStepsRequest(job_id=job_id, reports=[report],
@@ -87,6 +101,20 @@ def test_decisions_follow_the_reported_network(agent: AgentProcess) -> None:
     assert (info.spec.job_id, info.last_step, info.reports) == ("net-job", 119, 120)
 
 
+def test_a_reported_network_change_alone_starts_a_new_measurement(agent: AgentProcess) -> None:
+    """The job's own network estimate reaches its policy: the sync times stay those
+    of the slow link, only the estimate moves, and the policy measures again."""
+    stub = agent.stub
+    stub.RegisterJob(pb.RegisterJobRequest(spec=spec("estimated", grad_bytes=GRAD_BYTES)), timeout=5)
+    settled = simulated_steps(stub, "estimated", SLOW, 40, 0)[-1]
+    report = pb.StepReport(step=40, family=settled.family, param=settled.param, collective=settled.collective,
+                           t_comp_s=0.01, t_compute_s=0.1, t_sync_s=wire_seconds(settled, SLOW), gain=0.5)
+    moved = pb.ReportStepsRequest(job_id="estimated", reports=[report],
+                                  network=pb.NetworkEstimate(alpha_s=FAST[0], bandwidth_bps=FAST[1]))
+    after = stub.ReportSteps(iter([moved]), timeout=5).decision
+    assert after.version > settled.version and "network moved: bandwidth 100 -> 1e+04 Mbit/s" in after.reason
+
+
 def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:
     with running(tmp_path, "--link-peak-over-rate", "1.2", "--link-burst", "5ms") as agent:
         agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("bucketed", policy="dense")), timeout=5)
@@ -105,25 +133,33 @@ def test_watch_decisions_streams_each_change(agent: AgentProcess) -> None:
     stub = agent.stub
     stub.RegisterJob(pb.RegisterJobRequest(spec=spec("watched", grad_bytes=GRAD_BYTES)), timeout=5)
     seen: list[pb.Decision] = []
+    ended: list[grpc.StatusCode] = []  # how the stream ended, read here: an assert in the thread fails nothing
     stream = stub.WatchDecisions(pb.WatchDecisionsRequest(job_id="watched"), timeout=60)
 
     def read() -> None:
         try:
             seen.extend(stream)
+            ended.append(grpc.StatusCode.OK)
         except grpc.RpcError as exc:
-            assert exc.code() == grpc.StatusCode.CANCELLED
+            ended.append(exc.code())
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     sent = simulated_steps(stub, "watched", SLOW, 30, 0)
-    deadline = time.monotonic() + 10
-    while (not seen or seen[-1].version < sent[-1].version) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: seen and seen[-1].version >= sent[-1].version, what="the last decision on the stream")
     stream.cancel()
+    reader.join(10)
+    assert ended == [grpc.StatusCode.CANCELLED], "the stream ran until the client cancelled it"
     versions = [d.version for d in seen]
     assert versions == sorted(set(versions)), "versions arrive once each, in order"
     assert versions[0] == 1 and versions[-1] == sent[-1].version
     assert {choice(d) for d in seen} == {choice(d) for d in sent}
+
+
+def stored_version(agent: AgentProcess, job_id: str) -> int:
+    with Store(agent.db) as store:
+        state = store.load_policy_state(job_id)
+    return state["decision"]["version"] if state else 0
 
 
 def test_kill_9_and_restart_resumes_every_job(tmp_path: Path) -> None:
@@ -133,7 +169,7 @@ def test_kill_9_and_restart_resumes_every_job(tmp_path: Path) -> None:
         stub.RegisterJob(pb.RegisterJobRequest(spec=spec("survivor", grad_bytes=GRAD_BYTES)), timeout=5)
         stub.RegisterJob(pb.RegisterJobRequest(spec=spec("static-one", policy="static")), timeout=5)
         before = simulated_steps(stub, "survivor", SLOW, 30, 0)[-1]
-        time.sleep(0.8)  # > flush interval (200 ms): the reports are in the store
+        wait_for(lambda: stored_version(agent, "survivor") == before.version, what="the job's state in the store")
         info_before = {j.spec.job_id: j for j in stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
         agent.kill9()
         with Store(agent.db) as store:  # the store is intact and holds the job's state

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexcomm.policy.costmodel import ModelForms, sync_time
+from flexcomm.policy.costmodel import sync_time
 from flexcomm.policy.types import GradientLayout, LinkBucket, NetworkObservation, StepReport
 from flexcomm.probe.estimate import (
     EstimateConfig,
@@ -86,13 +86,14 @@ class Job:
         return net.bandwidth_bps / 1e6
 
 
-def test_a_report_is_an_alpha_beta_sample_of_the_cost_model():
-    net = NetworkObservation(ALPHA, BETA, NODES)
-    forms = ModelForms(ag="ring")
-    for option in (DENSE, ("ag_topk", 0.01), ("art_tree", 0.1)):
-        t = sync_time(option[0], GRAD, option[1], net, forms)
-        obs = sync_observation(report(option, t), LAYOUT, NODES, forms)
-        assert obs.alpha_coeff * ALPHA + obs.beta_bytes * BETA == pytest.approx(t)
+def test_sync_observation_coefficients_are_the_paper_forms():
+    # N = 4, M = 16 MB, log2 N = 2, by hand from the paper's forms
+    expected = {("dense_ring", 1.0): (2 * 3, 2 * 3 / 4 * 16e6),  # 2(N-1) a + 2(N-1)/N M b
+                ("ag_topk", 0.01): (2, 2 * 3 * 16e6 * 0.01),  # a logN + 2(N-1) M c b
+                ("art_tree", 0.1): (3 * 2, 3 * 16e6 * 0.1 * 2)}  # 3 a logN + 3 M c b logN
+    for option, (alpha_coeff, beta_bytes) in expected.items():
+        obs = sync_observation(report(option, 0.25), GradientLayout.flat(16_000_000), 4)
+        assert (obs.alpha_coeff, obs.beta_bytes, obs.seconds) == pytest.approx((alpha_coeff, beta_bytes, 0.25))
     assert sync_observation(report(DENSE, 0.0), LAYOUT, NODES) is None  # nothing measured
 
 

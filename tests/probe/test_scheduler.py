@@ -10,6 +10,7 @@ import itertools
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 
@@ -22,6 +23,7 @@ from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer
 from flexcomm.probe.scheduler import DutyBudget, ProbeConfig, ProbeScheduler, TargetLocks
 from flexcomm.store import Measurement, Store
 from support.privilege import skip_or_fail
+from support.tcp import established
 
 PREFIX = "fcps"
 SUBNET = "10.201.0.64/26"
@@ -240,6 +242,16 @@ def test_peers_can_change_while_running():
     assert {p for p, _ in probes.latency_calls} == {"b", "c"}
 
 
+def waiting_on_an_event(thread: threading.Thread) -> bool:
+    """Whether `thread` is blocked in threading's wait (its loop asleep)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_thread_wakes_for_new_peers_and_stops():
     seen = threading.Event()
 
@@ -250,7 +262,7 @@ def test_thread_wakes_for_new_peers_and_stops():
     sched = ProbeScheduler([], ProbeConfig(latency_interval_s=60.0), latency_probe=latency,
                            bandwidth_probe=latency, locks=TargetLocks()).start()
     try:
-        time.sleep(0.1)  # the loop is now asleep for 60 s
+        wait_until(lambda: waiting_on_an_event(sched._thread))  # the loop is asleep for 60 s
         sched.set_peers(["p"])
         assert seen.wait(5), "set_peers did not wake the loop"
     finally:
@@ -305,23 +317,24 @@ def wait_until(predicate, timeout_s: float = 15.0) -> None:
 
 @pytest.mark.privileged
 def test_real_busy_server_backs_off_then_succeeds(privileged, iperf3_binary, served_pair, tmp_path):
-    a, b, _ = served_pair
-    hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "2"],
+    a, b, server = served_pair
+    # The hog's test runs until killed, once the scheduler has found the server busy.
+    hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "60"],
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.3)  # let the hog's test start
+        wait_until(lambda: established(server.pid, PORT))
         with Store(tmp_path / "s.db") as store:
             sched = ProbeScheduler([b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
                                    locks=TargetLocks())
             sched.schedule[b.address].next_bandwidth = 0.0  # due now, while the hog runs
-            deadline = time.monotonic() + 20
-            while not store.measurements(kind="bandwidth") and time.monotonic() < deadline:
-                time.sleep(min(sched.tick(), 0.5))
+            wait_until(lambda: sched.tick() is not None and sched.busy_count >= 1)
+            assert not store.measurements(kind="bandwidth"), "a busy server gives no measurement"
+            hog.kill()
+            wait_until(lambda: sched.tick() is not None and store.measurements(kind="bandwidth"), timeout_s=30)
             (m,) = store.measurements(kind="bandwidth")
     finally:
         hog.kill()
         hog.wait()
-    assert sched.busy_count >= 1, "the server was never busy: the test did not test backoff"
     assert m.ok and 80e6 < m.bandwidth_bps < 105e6
 
 

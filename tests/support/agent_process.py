@@ -84,6 +84,11 @@ class AgentProcess:
         self.proc.wait(10)
         self.close_channel()
 
+    def pause(self) -> None:
+        """SIGSTOP: the socket still accepts connections, nothing answers (a hung agent)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
     def terminate(self, timeout_s: float = 15.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
