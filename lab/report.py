@@ -415,8 +415,9 @@ def format_table(summary: dict[str, Any]) -> str:
     lines.extend(_phase_lines(summary))
     lines.append("")
     lines.extend(lab.get("verdicts", []))
-    for key, value in lab["comparisons"].items():
-        lines.append(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
+    hindsight_ratio = lab["comparisons"].get("moo_over_hindsight_best_fixed")
+    if hindsight_ratio is not None:
+        lines.append(f"moo's train time over the best fixed choice per phase: {hindsight_ratio:.2f}x")
     for label, s in policies(summary):
         lines.extend(f"WARNING: {label}: {w}" for w in s["warnings"])
     for label, why in lab.get("failed", {}).items():
