@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--batch", type=int, default=None,
                      help=f"samples per rank per step (default: {_per_workload('batch')})")
     run.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                     help=f"default: {_per_workload('optimizer')}")
+                     help=f"adam is AdamW without weight decay (default: {_per_workload('optimizer')})")
     run.add_argument("--lr", type=float, default=None,
                      help=f"learning rate (default: {_per_workload('lr')})")
     run.add_argument("--eval-every", type=int, default=None,
