@@ -18,12 +18,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flexcomm.files import read_text
 from flexcomm.policy.types import LinkBucket
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
 LOG_FORMATS = ("json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_SOCKET_PATH_BYTES = 107  # Linux's sun_path holds 108 bytes, the last a NUL
 
 
 def _runtime_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -48,6 +50,9 @@ class AgentConfig:
     # CA that client certificates must chain to (mutual TLS when set).
     tls_client_ca: str = ""
     db: str = ""
+    # A store that fails its check at start (damaged) is renamed to
+    # <db>.damaged-<time> and a new one started; false: the agent stops.
+    move_damaged_db: bool = False
     # Prometheus /metrics "host:port"; "" turns it off.
     metrics: str = "127.0.0.1:9464"
     # How often aggregated step reports and dirty policy state are written.
@@ -90,6 +95,10 @@ class AgentConfig:
         self.validate()
 
     def validate(self) -> None:
+        socket_bytes = len(os.fsencode(self.socket))
+        if socket_bytes > MAX_SOCKET_PATH_BYTES:
+            raise ValueError(f"socket: {self.socket[:40]}... is {socket_bytes} bytes long; a Unix socket "
+                             f"path holds at most {MAX_SOCKET_PATH_BYTES}")
         require_finite_positive("flush_interval_s", self.flush_interval_s)
         require_finite_positive("retention_s", self.retention_s)
         require_finite_positive("probe_interval_s", self.probe_interval_s)
@@ -179,13 +188,16 @@ def _field_types() -> dict[str, Any]:
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `[agent]` table of a TOML file, with unknown keys refused."""
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise ValueError(f"config: cannot read {path}: {exc.strerror}") from None
+        text = read_text(path)
+    except ValueError as exc:
+        raise ValueError(f"config: {exc}") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config: {path} is not valid TOML: {exc}") from None
+        raise ValueError(f"config: {path}: not valid TOML: {exc}") from None
     table = data.get("agent", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"config: {path}: agent must be a table ([agent]), got {table!r:.40}")
     unknown = (set(data) - {"agent"}) | (set(table) - set(_field_types()))
     if unknown:
         raise ValueError(f"config: unknown key(s) in {path}: {', '.join(sorted(unknown))}")

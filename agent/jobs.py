@@ -2,8 +2,10 @@
 what has not been written to the store yet.
 
 Everything here runs on the server's event loop (no locks). A decision gets a
-new version only when what the ranks would run changes (cr, collective, root);
-watchers wait on an asyncio.Event that is replaced at each change.
+new version only when what the ranks would run changes (compression, collective,
+root) or whether they run it only to measure it (`exploring`); a new reason
+alone is no new version. Watchers wait on an asyncio.Event that is replaced at
+each change.
 """
 
 from __future__ import annotations
@@ -73,11 +75,11 @@ class Job:
     def redecide(self) -> bool:
         """Ask the policy again; True when the decision changed."""
         decision = self.policy.decide()
-        if decision.same_choice(self.decision):
+        if decision.same_choice(self.decision) and decision.exploring == self.decision.exploring:
             return False
         self._adopt(decision)
         log.info("decision changed", extra={"fields": {
-            "job": self.job_id, "version": self.version, "cr": decision.cr,
+            "job": self.job_id, "version": self.version, "compression": decision.compression.name,
             "collective": decision.collective, "root": decision.root, "reason": decision.reason}})
         return True
 
@@ -197,9 +199,13 @@ class Jobs:
     def find(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
 
-    def add(self, job: Job) -> None:
-        if job.job_id not in self._jobs and len(self._jobs) >= self.max_jobs:
+    def check_room(self, job_id: str) -> None:
+        """OverflowError when `job_id` is new and the agent is full."""
+        if job_id not in self._jobs and len(self._jobs) >= self.max_jobs:
             raise OverflowError(f"job_id: the agent already holds max_jobs={self.max_jobs} jobs")
+
+    def add(self, job: Job) -> None:
+        self.check_room(job.job_id)
         old = self._jobs.get(job.job_id)
         if old is not None:
             old.close()

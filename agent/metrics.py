@@ -25,7 +25,8 @@ class Metrics:
                                      ["method"], buckets=_LATENCY_BUCKETS, registry=r)
         self.decisions = Counter("flexcomm_agent_decisions_total", "Decision changes, by job",
                                  ["job", "collective"], registry=r)
-        self.decision_cr = Gauge("flexcomm_agent_decision_cr", "Current compression ratio", ["job"],
+        self.decision_cr = Gauge("flexcomm_agent_decision_cr", "Share of values the current decision sends "
+                                 "(its Top-k CR; 1 for other families)", ["job"],
                                  registry=r)
         self.decision_version = Gauge("flexcomm_agent_decision_version", "Current decision version",
                                       ["job"], registry=r)
@@ -48,5 +49,8 @@ class Metrics:
     def serve(self, listen: str) -> tuple[object, int]:
         """Start the /metrics HTTP server (a daemon thread); return it and its port."""
         host, port = split_host_port("metrics", listen)
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ValueError(f"metrics: cannot listen on {listen}: {exc.strerror or exc}") from None
         return server, server.server_port

@@ -1,12 +1,20 @@
 """Writing job state to the store and reading it back at start-up.
 
-Step reports are kept in memory and written in batches (one transaction per job
-per flush, aggregated by epoch, CR and collective), so ingest is not bound by
-SQLite. Registration is written at once: a job the agent said yes to survives a
-kill -9 right after. The persister's store calls run on one worker thread,
-never on the event loop; the probe scheduler's and the emulation's threads also
-write (measurements, emulation steps) to the same Store, which serialises
-writers (a lock, and BEGIN IMMEDIATE across processes).
+What the jobs hold unwritten (step reports, decisions, changed policy state)
+is written by `flush`, every job's in one transaction (one sync to disk),
+aggregated by epoch, CR and collective. The agent flushes on a timer, after a
+decision changes, and before it acknowledges a report stream (group commit,
+agent/commit.py): an acknowledged report is on disk. A registration is written
+at once, the job row and its state in one transaction, so a job the agent said
+yes to survives a kill -9 right after and a failed write leaves no half job.
+The persister's store calls run on one worker thread, never on the event loop;
+the probe scheduler's and the emulation's threads also write (measurements,
+emulation steps) to the same Store, which serialises writers (a lock, and
+BEGIN IMMEDIATE across processes).
+
+At open the store is checked (store/damage.py). A damaged one stops the agent,
+or, with `move_damaged`, is moved aside and a new one started, saying what was
+lost. A 0-byte store file is said too (it opens as a new store).
 """
 
 from __future__ import annotations
@@ -15,12 +23,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from flexcomm.agent.jobs import Job
 from flexcomm.policy.types import Decision, Policy, StepReport
 from flexcomm.proto.validate import JobSpec
-from flexcomm.store import Measurement, Store
+from flexcomm.store import Measurement, Store, StoreDamaged
+from flexcomm.store.damage import move_aside, what_it_held
 
 log = logging.getLogger("flexcomm.agent.persist")
 T = TypeVar("T")
@@ -28,9 +38,20 @@ T = TypeVar("T")
 Batch = tuple[str, list[StepReport], list[tuple[Decision, float]], dict[str, Any] | None]
 
 
+def _checked_store(path: str) -> Store:
+    store = Store(path)
+    try:
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
 class Persister:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, move_damaged: bool = False) -> None:
         self.path = path
+        self.move_damaged = move_damaged
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flexcomm-store")
         self.store: Store | None = None
 
@@ -38,7 +59,25 @@ class Persister:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def open(self) -> None:
-        self.store = await self._run(Store, self.path)
+        self.store = await self._run(self._open_checked)
+
+    def _open_checked(self) -> Store:
+        try:
+            store = _checked_store(self.path)
+        except StoreDamaged as exc:
+            if not self.move_damaged:
+                raise StoreDamaged(f"{exc}; move_damaged_db (--move-damaged-db) moves it aside "
+                                   "and starts a new store") from None
+            path = Path(self.path)
+            lost = what_it_held(path)
+            moved = move_aside(path)
+            log.error("store damaged: moved aside, starting a new one", extra={"fields": {
+                "error": str(exc), "moved_to": str(moved), "lost": lost}})
+            store = _checked_store(self.path)
+        if store.was_empty_file:
+            log.warning("store file was empty (0 bytes): starting a new store", extra={"fields": {
+                "db": self.path}})
+        return store
 
     async def close(self) -> None:
         if self.store is not None:
@@ -55,13 +94,15 @@ class Persister:
 
     def _write_registration(self, spec: dict, created: float, batch: Batch) -> None:
         assert self.store is not None
-        self.store.add_job(spec["job_id"], spec, created=created)
-        self._write_batches([batch])
+        with self.store.transaction():
+            self.store.add_job(spec["job_id"], spec, created=created)
+            self._write_batches([batch])
 
     async def flush(self, jobs: Iterable[Job]) -> int:
-        """Write every job's pending reports, decisions and changed state; return
-        how many reports were written. A failed write is raised for the caller to
-        log and count; what was not written goes back to its job to be retried."""
+        """Write every job's pending reports, decisions and changed state in one
+        transaction; return how many reports were written. A failed write is
+        raised for the caller to log and count, and everything goes back to its
+        job to be retried (nothing of it was written)."""
         batches: list[tuple[Job, Batch]] = []
         for job in list(jobs):
             reports, decisions, state = job.take_pending()
@@ -71,27 +112,26 @@ class Persister:
             return 0
         count = sum(len(b[1]) for _, b in batches)
         try:
-            await self._run(self._write_batches, [b for _, b in batches])
+            await self._run(self._write_in_one, [b for _, b in batches])
         except Exception:
             for job, (_, reports, decisions, _state) in batches:
-                job.put_back(reports, decisions)  # only what was not written is left
+                job.put_back(reports, decisions)
                 job.dirty = True
             raise
         return count
 
+    def _write_in_one(self, batches: list[Batch]) -> None:
+        assert self.store is not None
+        with self.store.transaction():
+            self._write_batches(batches)
+
     def _write_batches(self, batches: list[Batch]) -> None:
-        """Write each batch, removing from its lists what each committed write took,
-        so that after a failure the lists hold exactly what is still unwritten
-        (each decision is its own transaction)."""
         assert self.store is not None
         for job_id, reports, decisions, state in batches:
             if reports:
                 self.store.add_step_reports(job_id, reports)
-                reports.clear()
-            while decisions:
-                decision, ts = decisions[0]
+            for decision, ts in decisions:
                 self.store.add_decision(job_id, decision, ts=ts)
-                del decisions[0]
             if state is not None:
                 self.store.save_policy_state(job_id, state)
 

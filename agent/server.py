@@ -2,13 +2,18 @@
 cleanly.
 
 Start-up order (sd_notify READY=1 is sent only after all of it): the store is
-opened and every stored job resumed; the Unix socket is bound with its final
+opened and checked (a damaged one stops the agent, or is moved aside) and every
+stored job resumed; the Unix socket is bound with its final
 permissions (the umask is tightened around the bind, so there is no moment it
 is open to others); TCP with TLS if configured; health and reflection; metrics.
-While serving, the event loop flushes step reports and state to the store every
-`flush_interval_s` and pings the systemd watchdog, so a stuck loop gets the
-agent restarted. SIGTERM or SIGINT: STOPPING=1, health NOT_SERVING, streams get
-a short grace, a last flush, the socket file is removed.
+While serving, the event loop writes step reports and state to the store every
+`flush_interval_s`, after a decision changes and before a report stream is
+acknowledged (one group commit, agent/commit.py), and pings the systemd
+watchdog, so a stuck loop gets the agent restarted. SIGTERM or SIGINT:
+STOPPING=1, health NOT_SERVING, streams get a short grace, a last flush, the
+socket file is removed. A start that fails (a setting, a file, a port, a
+damaged store) raises ValueError naming it: the CLI prints that one line and
+exits 2.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from flexcomm.agent import sdnotify
-from flexcomm.agent.config import AgentConfig
+from flexcomm.agent.commit import GroupCommit
+from flexcomm.agent.config import AgentConfig, split_host_port
 from flexcomm.agent.jobs import Jobs
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network import NetworkView
@@ -36,7 +42,7 @@ from flexcomm.agent.service import AgentService
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto.validate import policy_for
-from flexcomm.sockets import unix_socket_listening
+from flexcomm.sockets import tcp_listen_error, unix_socket_listening
 
 log = logging.getLogger("flexcomm.agent")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -49,7 +55,10 @@ SHUTDOWN_GRACE_S = 2.0
 def _prepare_socket_path(path: Path) -> None:
     """Make the directory; remove a stale socket left by a killed agent, but
     refuse to steal one another agent is serving on."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as exc:
+        raise ValueError(f"socket: cannot create the directory {path.parent}: {exc.strerror}") from None
     if path.exists() or path.is_symlink():
         if not path.is_socket():
             raise ValueError(f"socket: {path} exists and is not a socket")
@@ -91,9 +100,10 @@ class Agent:
         self.metrics = Metrics()
         self.jobs = Jobs(config.max_jobs)
         self.network = NetworkView(config.link_bucket())
-        self.persister = Persister(config.db)
+        self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
+        self.commits = GroupCommit(self._write_pending)
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    policy_for, on_epoch=None)
+                                    policy_for, self.commits.commit)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()
@@ -102,6 +112,7 @@ class Agent:
         self._tasks: list[asyncio.Task] = []
         self.failed_stops = 0
         self._bound_socket: Path | None = None
+        self.ready = False  # start() finished: stopping is news worth logging
         self._flush_soon = asyncio.Event()
         self.service.on_decision = self._flush_soon.set
         # Parts with start(agent)/stop(), started after the bind, stopped before the last flush.
@@ -126,7 +137,7 @@ class Agent:
             self.service.publish(job)
             log.info("job resumed", extra={"fields": {
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
-                "cr": job.decision.cr, "collective": job.decision.collective}})
+                "compression": job.decision.compression.name, "collective": job.decision.collective}})
         self.metrics.jobs.set(len(self.jobs))
         peers = {node for job in self.jobs for node in job.spec.nodes}
         for m in await self.persister.latest_measurements():
@@ -158,6 +169,7 @@ class Agent:
         log.info("agent ready", extra={"fields": {
             "socket": self.config.socket, "tcp": self.config.tcp or None, "db": self.config.db,
             "metrics_port": self.metrics_port, "jobs": len(self.jobs), "pid": os.getpid()}})
+        self.ready = True
         sdnotify.notify(f"READY=1\nSTATUS=serving {len(self.jobs)} job(s)\nMAINPID={os.getpid()}")
 
     def _bind(self) -> None:
@@ -167,18 +179,26 @@ class Agent:
         old_umask = os.umask(0o177)  # the socket is born 0600
         try:
             if self.server.add_insecure_port(f"unix:{path}") == 0:
-                raise ValueError(f"socket: cannot bind {path}")
+                raise RuntimeError
+        except RuntimeError:  # grpc's "Failed to bind", with no reason
+            raise ValueError(f"socket: cannot listen on {path}") from None
         finally:
             os.umask(old_umask)
         self._bound_socket = path
         _secure_socket(path, self.config.socket_group)
         if self.config.tcp:
-            if self.config.tls_cert:
-                port = self.server.add_secure_port(self.config.tcp, _tls_credentials(self.config))
-            else:  # loopback only (config.validate)
-                port = self.server.add_insecure_port(self.config.tcp)
+            why = tcp_listen_error(*split_host_port("tcp", self.config.tcp))
+            if why:
+                raise ValueError(f"tcp: cannot listen on {self.config.tcp}: {why}")
+            try:
+                if self.config.tls_cert:
+                    port = self.server.add_secure_port(self.config.tcp, _tls_credentials(self.config))
+                else:  # loopback only (config.validate)
+                    port = self.server.add_insecure_port(self.config.tcp)
+            except RuntimeError:  # grpc's "Failed to bind", with no reason
+                port = 0
             if port == 0:
-                raise ValueError(f"tcp: cannot bind {self.config.tcp}")
+                raise ValueError(f"tcp: cannot listen on {self.config.tcp}")
 
     async def _flush_loop(self) -> None:
         # Every flush_interval_s, and at once after a decision changes: a decision
@@ -190,11 +210,16 @@ class Agent:
             await self.flush()
 
     async def flush(self) -> None:
+        with contextlib.suppress(Exception):  # counted and logged by the write; retried next time
+            await self.commits.commit()
+
+    async def _write_pending(self) -> None:
         try:
             await self.persister.flush(list(self.jobs))
-        except Exception as exc:  # the disk may come back; the state is retried
+        except Exception as exc:  # the disk may come back; what was pending is kept
             self.metrics.store_errors.inc()
             log.error("store write failed", extra={"fields": {"error": str(exc)}})
+            raise
 
     async def _prune_loop(self) -> None:
         while True:
@@ -214,7 +239,8 @@ class Agent:
 
     async def stop(self) -> None:
         sdnotify.notify("STOPPING=1")
-        log.info("agent stopping", extra={"fields": {"jobs": len(self.jobs)}})
+        if self.ready:  # a start that failed says why once, in its error
+            log.info("agent stopping", extra={"fields": {"jobs": len(self.jobs)}})
         await self.health.enter_graceful_shutdown()
         for ext in reversed(self.extensions):
             try:
@@ -239,7 +265,8 @@ class Agent:
         if self._bound_socket is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._bound_socket.unlink()
-        log.info("agent stopped")
+        if self.ready:
+            log.info("agent stopped")
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -5,8 +5,15 @@ ReportSteps stream: each message as a whole, ingested as it arrives, so the
 messages before a bad one stay accepted); errors map
 to status codes in one place (`_status`): ValueError -> INVALID_ARGUMENT,
 JobNotFound -> NOT_FOUND, SpecConflict -> ALREADY_EXISTS, OverflowError ->
-RESOURCE_EXHAUSTED, each with the message naming the field. Anything else is a
+RESOURCE_EXHAUSTED, each with the message naming the field; a store that
+cannot be written -> UNAVAILABLE (the client sends again). Anything else is a
 bug: INTERNAL, logged with its traceback, and the agent carries on.
+
+A ReportSteps stream is acknowledged (its response sent) only once what it
+carried is committed to the store, so an acknowledged report survives a kill
+-9; a stream that could not be written gets UNAVAILABLE, and its reports,
+already fed to the policy, are written with the next flush (a client that
+sends them again has them twice: at least once, never lost).
 """
 
 from __future__ import annotations
@@ -36,9 +43,15 @@ class SpecConflict(ValueError):
     """A job id registered again with a different spec (and no `replace`)."""
 
 
+class StoreUnavailable(Exception):
+    """The store could not be written: what the request carried is not acknowledged."""
+
+
 def _status(exc: Exception) -> grpc.StatusCode:
     if isinstance(exc, JobNotFound):
         return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, StoreUnavailable):
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, SpecConflict):
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(exc, OverflowError):
@@ -50,6 +63,13 @@ def _status(exc: Exception) -> grpc.StatusCode:
 
 def _message(exc: Exception) -> str:
     return exc.args[0] if isinstance(exc, LookupError) and exc.args else str(exc)
+
+
+async def _durably(commit: Callable[[], Awaitable[None]], what: str) -> None:
+    try:
+        await commit()
+    except Exception as exc:
+        raise StoreUnavailable(f"store: {what} could not be written ({exc}); send again") from None
 
 
 class _Instrumented:
@@ -120,9 +140,12 @@ def server_stream(fn: Callable) -> Callable:
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, jobs: Jobs, network: NetworkView, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy],
+                 commit: Callable[[], Awaitable[None]],
                  on_epoch: Callable[[Job, int], None] | None = None,
                  on_registered: Callable[[], Awaitable[None]] | None = None) -> None:
         self.jobs = jobs
+        # Awaited before a report stream is acknowledged: what it carried is on disk.
+        self.commit = commit
         self.network = network
         self.persister = persister
         self.metrics = metrics
@@ -136,7 +159,7 @@ class AgentService(pb_grpc.AgentServicer):
     # -- helpers used by the server too ----------------------------------------
     def publish(self, job: Job) -> None:
         """The job's current decision into the metrics."""
-        self.metrics.decision_cr.labels(job.job_id).set(job.decision.cr)
+        self.metrics.decision_cr.labels(job.job_id).set(job.decision.compression.cr)
         self.metrics.decision_version.labels(job.job_id).set(job.version)
 
     def decision_changed(self, job: Job) -> None:
@@ -173,11 +196,19 @@ class AgentService(pb_grpc.AgentServicer):
             raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
                                f"{', '.join(differ)}; set replace to start it anew")
         job = Job(spec, self.create_policy(spec))
+        self.jobs.check_room(spec.job_id)
+        net = self.network.bottleneck(job)
+        if net is not None:
+            job.observe_network(net)
+        # Written (job row and state in one transaction) before it is held: a job
+        # the store did not take is not registered.
+        try:
+            await self.persister.save_registration(job)
+        except Exception as exc:
+            raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
         self.jobs.add(job)
-        self.refresh_network(job)
         self.decision_changed(job)
         self.metrics.jobs.set(len(self.jobs))
-        await self.persister.save_registration(job)
         if self.on_registered is not None:
             await self.on_registered()
         log.info("job registered", extra={"fields": {
@@ -202,6 +233,7 @@ class AgentService(pb_grpc.AgentServicer):
             accepted += self._ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
+        await _durably(self.commit, f"{accepted} report(s)")
         return pb.ReportStepsResponse(accepted=accepted, decision=job.decision_pb)
 
     def _ingest(self, job: Job, reports: list, network: tuple[float, float] | None) -> int:

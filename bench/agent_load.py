@@ -43,10 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import grpc
-from agent_process import AgentProcess, spec
 
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from support.agent_process import AgentProcess, spec
 
 GENERATORS = 2
 GRAD_BYTES = 100_000_000
@@ -57,9 +57,9 @@ def job_id(i: int) -> str:
 
 
 def report_batch(size: int, first_step: int) -> pb.ReportStepsRequest:
-    gains = [pb.GainAt(cr=c, gain=min(1.0, c ** 0.15)) for c in (0.1, 0.033, 0.011, 0.004, 0.001)]
+    gains = [pb.Gain(compression=f"topk:{c!r}", gain=min(1.0, c ** 0.15)) for c in (0.1, 0.033, 0.011, 0.004, 0.001)]
     return pb.ReportStepsRequest(reports=[
-        pb.StepReport(step=first_step + k, epoch=0, cr=1.0, collective=pb.COLLECTIVE_DENSE_RING,
+        pb.StepReport(step=first_step + k, epoch=0, family="dense", collective=pb.COLLECTIVE_DENSE_RING,
                       t_comp_s=0.0, t_sync_s=0.08, t_compute_s=0.1, gain=1.0,
                       bytes_sent=GRAD_BYTES, gains=gains)
         for k in range(size)])

@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from flexcomm.client.compress import ErrorFeedback, k_for, make_selector
+from flexcomm.client.memory import ErrorFeedback
+from flexcomm.client.selection import k_for, make_selector
 
 CRS = (0.1, 0.01, 0.001)
 
@@ -43,7 +44,7 @@ def pipeline(g: torch.Tensor, ef: ErrorFeedback, select, k: int):
         g_e = ef.compensate(g)
         idx = select(g_e, k)
         values = g_e[idx]
-        ef.settle(idx)
+        ef.sent_at(idx)
         return values
 
     return run

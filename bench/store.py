@@ -37,7 +37,7 @@ def report_rate(store: Store, seconds: float, batch: int) -> tuple[float, int]:
     n = 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
-        reports = [StepReport(step=n + i, cr=0.01, collective="ag_topk", t_comp_s=0.01,
+        reports = [StepReport(step=n + i, family="topk", param=0.01, collective="ag_topk", t_comp_s=0.01,
                               t_sync_s=0.1, gain=0.5, bytes_sent=1000, epoch=(n + i) // 1000)
                    for i in range(batch)]
         store.add_step_reports("bench", reports)

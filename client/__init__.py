@@ -1,9 +1,13 @@
 """flexcomm.client: inside the training process.
 
-hook.py (the DDP comm hook: start here), sync.py (GradientSync, for loops without
-DDP), decisions.py (the DecisionSource interface and PolicySource), agent_client.py
-(a DecisionSource backed by the node's agent), compress.py (Top-k, error
-feedback, gains), collectives.py (dense, AG-Topk, AR-Topk over ring and tree),
-engine.py (one decision on one flat gradient), controller.py and agreement.py
-(steps, rank agreement, reports), runner.py (what hook and sync share).
+    hook.py          the DDP comm hook (start here); sync.py: GradientSync, for loops without DDP
+    runner.py        what the two share: options checked, a controller and a gradient step
+    controller.py    steps, the rank agreement (agreement.py), statistics and reports
+    step.py          one bucket: compensate, compress, update memory, communicate
+    compressors/     one compressor per family: dense, bf16, powersgd, topk
+    memory.py        the error-feedback residual every lossy family shares
+    collectives.py   the transports: ring (all_reduce, all_gather) and tree
+    selection.py     Top-k selectors; gains.py: the gains of probed compressions
+    stats.py         what a step measured; layout.py: a model's gradient layout
+    decisions.py     the DecisionSource interface; agent_client.py: the node's agent as one
 """

@@ -1,12 +1,14 @@
 """The training side of the agent: a `DecisionSource` backed by the local agent.
 
     source = AgentClient("/run/flexcomm/agent.sock", job_id="resnet-42", world_size=8,
-                         grad_bytes=102_000_000, nodes=["10.0.0.1", "10.0.0.2"], policy="moo")
+                         layout=layout_of(model), nodes=["10.0.0.1", "10.0.0.2"], policy="moo")
     source.latest()        # the newest Decision, or None before the first answer
     source.report(step)    # a StepReport; returns at once
     source.close()
 
-Only rank 0 uses it (DESIGN.md section 6). Every call from the training loop
+Only rank 0 uses it. The gradient is described by its layout
+(`flexcomm.client.layout.layout_of(model)`: the matrices PowerSGD's cost depends
+on, the bytes of a value) or, less well, by grad_bytes alone. Every call from the training loop
 returns at once: `latest()` reads one attribute, `report()` appends to a bounded
 deque (the oldest reports are dropped when the agent is away long enough to fill
 it). A background thread registers the job, streams the reports in batches and
@@ -28,11 +30,11 @@ from typing import Any
 
 import grpc
 
-from flexcomm.policy.types import Decision, StepReport
+from flexcomm.policy.types import Decision, GradientLayout, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
-from flexcomm.proto.convert import decision_from_proto, report_to_proto
+from flexcomm.proto.convert import decision_from_proto, layout_to_proto, report_to_proto
 from flexcomm.units import require_finite_positive
 
 log = logging.getLogger("flexcomm.client.agent")
@@ -45,7 +47,7 @@ def channel_target(target: str) -> str:
 
 
 def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str], policy: str,
-              options: Mapping[str, Any] | None) -> pb.JobSpec:
+              options: Mapping[str, Any] | None, layout: GradientLayout | None = None) -> pb.JobSpec:
     """The registration message, from plain arguments checked by name."""
     for name, value in (("world_size", world_size), ("grad_bytes", grad_bytes)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -59,6 +61,8 @@ def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str
         if not 0 <= value < bound:
             raise ValueError(f"spec.{name}: out of range [0, {bound}), got {value!r}")
     spec = pb.JobSpec(job_id=job_id, world_size=world_size, grad_bytes=grad_bytes, nodes=list(nodes), policy=policy)
+    if layout is not None:
+        spec.layout.CopyFrom(layout_to_proto(layout))
     try:
         spec.options.update(dict(options or {}))
     except (TypeError, ValueError) as exc:
@@ -69,8 +73,8 @@ def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str
 class AgentClient:
     """A DecisionSource that asks the agent at `target` (socket path or host:port)."""
 
-    def __init__(self, target: str, *, job_id: str, world_size: int, grad_bytes: int,
-                 nodes: Sequence[str] = (), policy: str = "moo",
+    def __init__(self, target: str, *, job_id: str, world_size: int, grad_bytes: int | None = None,
+                 layout: GradientLayout | None = None, nodes: Sequence[str] = (), policy: str = "moo",
                  options: Mapping[str, Any] | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
                  timeout_s: float = 1.0, poll_interval_s: float = 0.5, retry_max_s: float = 5.0,
@@ -78,7 +82,13 @@ class AgentClient:
         for name, value in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s),
                             ("retry_max_s", retry_max_s)):
             require_finite_positive(name, value)
-        spec = _job_spec(job_id, world_size, grad_bytes, nodes, policy, options)
+        if layout is not None and not isinstance(layout, GradientLayout):
+            raise ValueError(f"layout: expected a GradientLayout (client.layout.layout_of(model)), got {layout!r}")
+        if grad_bytes is None:
+            if layout is None:
+                raise ValueError("grad_bytes: give the gradient's layout (layout_of(model)) or its size in bytes")
+            grad_bytes = layout.grad_bytes
+        spec = _job_spec(job_id, world_size, grad_bytes, nodes, policy, options, layout)
         self.target = channel_target(target)
         # The agent's own checks, here: a bad spec fails in the caller's code at
         # construction, not as a refusal logged by a background thread.
@@ -211,7 +221,7 @@ class AgentClient:
             return backoff
         if self.reachable is not False:
             kept = self._latest
-            what = f"{kept.collective} cr={kept.cr:g} (v{kept.version})" if kept else "none yet"
+            what = f"{kept.label} (v{kept.version})" if kept else "none yet"
             log.warning("agent unreachable at %s (%s); the job keeps its last decision: %s",
                         self.target, code.name if code else "?", what,
                         extra={"fields": {"job": self.job_id, "agent": self.target}})

@@ -1,8 +1,9 @@
-"""The control-interval collective (DESIGN.md section 6): every rank adopts rank 0's decision.
+"""The control-interval collective: every rank adopts rank 0's decision.
 
 Every K steps, at the start of a step, all ranks join one tiny all-reduce of a
 float64 vector: a header that only rank 0 fills (its decision as numbers: index
-into COLLECTIVES, cr, index into ROOT_SELECTIONS, version) and one slot of
+into FAMILIES, the family's parameter, index into COLLECTIVES, index into
+ROOT_SELECTIONS, version) and one slot of
 statistics per rank that only that rank fills. Every other entry is zero, so the
 sum reproduces each filled number exactly and every rank decodes the same
 decision. Nothing else decides what a rank runs.
@@ -20,26 +21,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision
+from flexcomm.policy.types import COLLECTIVES, FAMILIES, ROOT_SELECTIONS, Decision
 
-HEADER = 4
+HEADER = 5
 # Per-rank statistics carried alongside (means over the interval's steps).
 RANK_STATS: tuple[str, ...] = ("gain", "t_sync_s", "t_comp_s", "bytes_sent", "steps")
 
 
 def encode(decision: Decision) -> list[float]:
     return [
+        float(FAMILIES.index(decision.family)),
+        float(decision.param),
         float(COLLECTIVES.index(decision.collective)),
-        float(decision.cr),
         float(ROOT_SELECTIONS.index(decision.root)),
         float(decision.version),
     ]
 
 
 def decode(header: Sequence[float]) -> Decision:
-    collective, cr, root, version = header
+    family, param, collective, root, version = header
     return Decision(
-        cr=float(cr),
+        family=FAMILIES[int(family)],
+        param=float(param),
         collective=COLLECTIVES[int(collective)],
         root=ROOT_SELECTIONS[int(root)],
         version=int(version),

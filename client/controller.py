@@ -6,38 +6,44 @@ its `DecisionSource` for the next decision and reports each step to it; errors
 from the source are logged and the last decision kept, so a broken source can
 neither stop nor desynchronise the job.
 
-`resolve_source` and `check_group` hold the construction-time checks (bad CR,
-unknown or model-only collective, a group of one) so that bad input fails when
-the hook is built, not at step 1000.
+A step's report goes out when the next step starts: only then is its wall time
+known, and t_compute_s is that wall time less the step's compression, probe and
+synchronisation times (forward, backward, optimizer, data loading).
+
+`resolve_source` and `check_group` hold the construction-time checks (a bad
+compression, an unknown or model-only collective, a group of one) so that bad
+input fails when the hook is built, not at step 1000.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
 
 from flexcomm.client.agreement import RANK_STATS, Agreement
-from flexcomm.client.compress import merge_masses
 from flexcomm.client.decisions import DecisionSource, PolicySource, as_source
-from flexcomm.client.engine import StepStats
+from flexcomm.client.gains import merge_masses
+from flexcomm.client.stats import StepStats
 from flexcomm.policy.static import StaticPolicy
 from flexcomm.policy.types import (
-    DENSE_RING,
+    DENSE_DECISION,
     RUNNABLE_COLLECTIVES,
+    Compression,
     Decision,
     Policy,
     StepReport,
     check_collective,
-    check_cr,
     check_root,
 )
 
 log = logging.getLogger("flexcomm.client")
 
-DENSE = Decision(cr=1.0, collective=DENSE_RING, version=0, reason="dense (warm-up)")
+DENSE = replace(DENSE_DECISION, reason="dense (warm-up)")
 
 
 def check_runnable(collective: str, field_name: str = "collective") -> str:
@@ -52,30 +58,22 @@ def check_runnable(collective: str, field_name: str = "collective") -> str:
 
 def resolve_source(
     source: DecisionSource | Policy | None,
-    cr: float | None,
+    compression: str | None,
     collective: str | None,
     root: str,
 ) -> DecisionSource:
-    """The source rank 0 asks: the one given, or a fixed choice from cr/collective.
-
-    cr alone picks ag_topk (cr < 1) or dense_ring (cr = 1); nothing at all is dense.
+    """The source rank 0 asks: the one given, or a fixed choice of compression
+    ("topk:0.01", "powersgd:2", "bf16") over a collective (by default AllGather for
+    Top-k, the ring otherwise); nothing at all is dense.
     """
     check_root(root)
     if source is not None:
-        if cr is not None or collective is not None:
-            raise ValueError("source: give either a source/policy or cr/collective, not both")
+        if compression is not None or collective is not None:
+            raise ValueError("source: give either a source/policy or compression/collective, not both")
         return as_source(source)
-    if cr is not None:
-        cr = check_cr(cr)
     if collective is not None:
         check_runnable(collective)
-    if cr is None:
-        cr = 1.0 if collective is None or collective.startswith("dense") else None
-        if cr is None:
-            raise ValueError(f"cr: a Top-k collective ({collective}) needs a cr in (0, 1)")
-    if collective is None:
-        collective = DENSE_RING if cr == 1.0 else "ag_topk"
-    return PolicySource(StaticPolicy(cr, collective, root))
+    return PolicySource(StaticPolicy(Compression.parse(compression or "dense"), collective, root))
 
 
 def check_group(group: dist.ProcessGroup | None) -> None:
@@ -104,11 +102,13 @@ class Controller:
         source: DecisionSource,
         *,
         control_interval: int = 10,
+        probe_interval: int = 10,
         warmup_steps: int = 0,
         history: int = 1000,
     ) -> None:
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be an integer >= 0, got {warmup_steps!r}")
+        self.probe_interval = probe_interval
         self.agreement = Agreement(group, control_interval)
         self.rank = dist.get_rank(group)
         self.source = source
@@ -122,6 +122,8 @@ class Controller:
         self.rejected = 0
         self._acc = dict.fromkeys(RANK_STATS, 0.0)  # sums since the last agreement
         self._pending = None
+        self._began = 0.0  # perf_counter at the open step's start
+        self._unreported: tuple[StepStats, float, int] | None = None  # rank 0: a finished step, its start, epoch
 
     @property
     def running(self) -> Decision:
@@ -131,20 +133,23 @@ class Controller:
         after a restart DDP builds its buckets afresh and rebuilds them again."""
         return DENSE if self.steps_run < self.warmup_steps else self.decision
 
-    def probe_crs(self) -> tuple[float, ...]:
-        """The CRs whose gains this step measures: the decision's probe_crs, on rank
-        0, on the first step of each control interval (a Top-k of the largest probe
-        CR per bucket is too dear for every step; the policies smooth gains anyway).
-        """
-        if self.rank != 0 or not self.agreement.due(self.step):
+    def probes(self) -> tuple[Compression, ...]:
+        """The compressions whose gains this step measures: the decision's probes,
+        on rank 0, every probe_interval steps (a Top-k of the largest probed CR and
+        a low-rank fit of every matrix are too dear for every step; the policies
+        smooth gains anyway)."""
+        if self.rank != 0 or self.step % self.probe_interval:
             return ()
-        return self.decision.probe_crs
+        return tuple(Compression.parse(name) for name in self.decision.probes)
 
     def begin_step(self) -> StepStats:
         """Open a step: adopt an agreement launched at the previous step, launch a
         new one if due. Step 0's agreement is waited for at once, so the first
         decision applies from step 0; later ones apply from the step after they
         were launched, on every rank alike, and their latency hides behind a step."""
+        now = time.perf_counter()
+        self._report_finished(now)
+        self._began = now
         if self._pending is not None:
             self._adopt()
         if self.agreement.due(self.step):
@@ -152,7 +157,7 @@ class Controller:
             if self.step == 0:
                 self._adopt()
         d = self.running
-        self.stats = StepStats(self.step, d.collective, d.cr, self.decision.version)
+        self.stats = StepStats(self.step, d.family, d.param, d.collective, self.decision.version)
         return self.stats
 
     def _proposal(self) -> Decision:
@@ -182,11 +187,12 @@ class Controller:
         pending, proposal = self._pending
         self._pending = None
         agreed = self.agreement.finish(pending)
-        # Rank 0 keeps its full decision (probe CRs, reason); the others get the numbers.
+        # Rank 0 keeps its full decision (probes, reason); the others get the numbers.
         self.decision = proposal if proposal is not None and proposal.same_choice(agreed) else agreed
 
     def end_step(self) -> StepStats | None:
-        """Close the open step: record it, report it (rank 0), advance the counter."""
+        """Close the open step: record it, advance the counter. Rank 0 reports it
+        when the next step starts (or at close)."""
         stats, self.stats = self.stats, None
         if stats is None:
             return None
@@ -195,37 +201,53 @@ class Controller:
                        ("bytes_sent", stats.bytes_sent), ("steps", 1)):
             self._acc[key] += v
         if self.rank == 0:
-            self._report(stats)
+            self._unreported = (stats, self._began, self.epoch)
         self.step += 1
         self.steps_run += 1
         return stats
 
-    def _report(self, stats: StepStats) -> None:
+    def _report_finished(self, now: float | None) -> None:
+        """Report the last finished step; `now` (the next step's start) gives its
+        wall time, None (closing) leaves its compute time unknown."""
+        if self._unreported is None:
+            return
+        stats, began, epoch = self._unreported
+        self._unreported = None
+        if now is not None:
+            busy = stats.t_comp_s + stats.t_sync_s + stats.t_probe_s
+            stats.t_compute_s = max(0.0, now - began - busy)
         try:
             report = StepReport(
-                step=stats.step,
-                cr=stats.cr,
-                collective=stats.collective,
-                t_comp_s=stats.t_comp_s,
-                t_sync_s=stats.t_sync_s,
-                gain=stats.gain,
-                bytes_sent=stats.bytes_sent,
-                epoch=self.epoch,
+                step=stats.step, family=stats.family, param=stats.param, collective=stats.collective,
+                t_comp_s=stats.t_comp_s, t_sync_s=stats.t_sync_s, gain=stats.gain, bytes_sent=stats.bytes_sent,
+                epoch=epoch, t_compute_s=stats.t_compute_s,
                 gains=merge_masses(stats.probes) if stats.probes else {},
             )
             self.source.report(report)
         except Exception:
             log.exception("reporting step %d to the decision source failed", stats.step)
 
+    def close(self) -> None:
+        """Report what is left and release the source."""
+        self._report_finished(None)
+        self.source.close()
+
     def state_dict(self) -> dict[str, Any]:
+        """Step, epoch, the adopted decision, and on rank 0 an in-process
+        policy's own state (so a resumed job does not explore from scratch)."""
         # Between steps an agreement may be in flight: its collective ran on every
         # rank already, so adopting it now is what every rank does at the next step.
         if self._pending is not None:
             self._adopt()
-        return {"step": self.step, "epoch": self.epoch, "decision": self.decision.to_dict()}
+        state = {"step": self.step, "epoch": self.epoch, "decision": self.decision.to_dict()}
+        if self.rank == 0 and isinstance(self.source, PolicySource):
+            state["policy"] = self.source.policy.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.epoch = int(state.get("epoch", 0))
         self.decision = Decision.from_dict(state["decision"])
+        if self.rank == 0 and "policy" in state and isinstance(self.source, PolicySource):
+            self.source.policy.load_state_dict(state["policy"])
 

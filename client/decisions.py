@@ -13,7 +13,7 @@ if any, are never consulted. A source must never block the training step:
   The client validates what it gets; a decision it cannot run (a model-only
   collective) is ignored and the previous one kept.
 - `report()` returns at once (a remote source enqueues it). Reports carry the
-  gains for the CRs in the decision's `probe_crs`.
+  gains of the compressions in the decision's `probes`.
 - `close()` releases whatever the source holds (threads, channels).
 
 `PolicySource` wraps an in-process `flexcomm.policy` Policy (pure and

@@ -1,18 +1,19 @@
-"""The flexcomm DDP communication hook: adaptive Top-k and collectives, rank-agreed.
+"""The flexcomm DDP communication hook: the compression and collective rank 0's
+policy decides, run by every rank alike.
 
 Register it on a DistributedDataParallel model (gloo or NCCL) in one line:
 
     from flexcomm.client.hook import register
-    state = register(ddp_model, cr=0.01, collective="ag_topk")      # fixed choice
-    state = register(ddp_model, policy=my_policy)                      # in-process policy
-    state = register(ddp_model, source=AgentClient(...))               # the node's agent
+    state = register(ddp_model, compression="topk:0.01", collective="ag_topk")  # fixed choice
+    state = register(ddp_model, policy=my_policy)                               # in-process policy
+    state = register(ddp_model, source=AgentClient(...))                        # the node's agent
 
 or, the PyTorch way:
 
     state = FlexcommState(process_group=None, policy=my_policy)
     ddp_model.register_comm_hook(state, flexcomm_hook)
 
-What runs each step (DESIGN.md section 6):
+What runs each step:
 - Every `control_interval` steps, at the start of a step (the first bucket's hook
   call), all ranks join one tiny all-reduce that carries rank 0's decision; all
   ranks adopt it from the next step on (the one at step 0 at once), so its
@@ -20,27 +21,38 @@ What runs each step (DESIGN.md section 6):
   ranks' sources are never consulted.
 - The first `warmup_steps` steps (at least 1: DDP rebuilds its buckets after the
   first step, and residuals are kept per bucket index) run dense.
-- dense_ring with a zero residual is bit-identical to PyTorch's `allreduce_hook`.
-- Top-k collectives keep an error-feedback residual per bucket index
-  (`global_topk=True`: one Top-k over the whole gradient, as in the paper, at
-  the cost of holding every bucket until the last one is ready).
+- Each bucket then goes through client/step.py: compensate (error feedback, for
+  Top-k and PowerSGD, one residual per bucket shared by both), compress
+  (client/compressors/), update the residual, communicate (client/collectives.py).
+- dense over dense_ring with a zero residual is bit-identical to PyTorch's
+  `allreduce_hook`, bf16 over dense_ring to its `bf16_compress_hook`.
+- `global_topk=True`: one compression over the whole gradient, as in the paper, at
+  the cost of holding every bucket until the last one is ready.
 - A source that raises, returns None or proposes something the client cannot
   run (`ps`) leaves the last decision in place; nothing in a step waits on it.
 
+The hook may: read and write the bucket's buffer, keep per-bucket state (the
+residual, PowerSGD's Q), launch collectives on the DDP group. It may not: wait
+on the agent, change what other ranks run outside the agreement, or touch the
+parameters themselves.
+
 Statistics: `state.last_stats()` is the last finished step's `StepStats`
-(t_comp_s, t_sync_s, t_probe_s, gain, bytes_sent, collective, cr, version,
-roots); `state.history` holds recent ones; `state.rank_stats` every rank's means
-from the last agreement. Rank 0 reports each step to its source as a
-`StepReport`, with the gains of the decision's `probe_crs` on the first step of
-each control interval. `state.set_epoch(e)` sets the epoch reports carry.
+(t_comp_s, t_sync_s, t_probe_s, t_compute_s, gain, bytes_sent, family, param,
+collective, version, roots); `state.history` holds recent ones; `state.rank_stats`
+every rank's means from the last agreement. Rank 0 reports each step to its
+source as a `StepReport` when the next step starts, with the gains of the
+decision's probes every `probe_interval` steps. `state.set_epoch(e)` sets the
+epoch reports carry.
 
 Checkpointing: `state.state_dict()` / `state.load_state_dict(...)` on every rank
-(residuals, step counter, adopted decision; tensors, so use torch.save). After a
-restart the warm-up runs again, then the restored residuals are used.
+(step counter, adopted decision, residuals, PowerSGD's factors, and rank 0's
+in-process policy; tensors, so use torch.save). After a restart the warm-up runs
+again, then the restored residuals are used.
 
-Bad options (a CR outside (0, 1], an unknown or model-only collective, a group of
-one rank, warmup_steps < 1, an unknown selector or root) raise ValueError naming
-the option when the state is built.
+Bad options (an unknown compression or a bad parameter, an unknown or model-only
+collective, a collective the family cannot use, a group of one rank,
+warmup_steps < 1, an unknown selector or root) raise ValueError naming the
+option when the state is built.
 """
 
 from __future__ import annotations
@@ -51,9 +63,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client import collectives as coll
-from flexcomm.client.engine import StepStats
+from flexcomm.client.collectives import Future
+from flexcomm.client.compressors import Bucket
 from flexcomm.client.runner import Runner
+from flexcomm.client.stats import StepStats
+from flexcomm.policy.types import Decision
 
 GLOBAL_KEY = "global"
 
@@ -63,12 +77,14 @@ class FlexcommState(Runner):
 
     process_group: the DDP group (None: the default group); must have >= 2 ranks.
     source / policy: where rank 0's decisions come from (a DecisionSource, or a
-        flexcomm.policy Policy run in-process). Or give cr (+ collective, root)
-        for a fixed choice; nothing at all means dense.
-    control_interval: K, steps between agreements. warmup_steps: dense steps first
-        (>= 1). global_topk: one Top-k over all buckets. selector: "fast" or
-        "exact". var_smoothing: EWMA factor of VAR-Topk's variance. history: how
-        many steps' StepStats to keep.
+        flexcomm.policy Policy run in-process). Or give compression ("topk:0.01",
+        "powersgd:2", "bf16"; + collective, root) for a fixed choice; nothing at
+        all means dense.
+    control_interval: K, steps between agreements. probe_interval: steps between
+        readings of the probes' gains (rank 0). warmup_steps: dense steps first
+        (>= 1). global_topk: one compression over all buckets. selector: "fast"
+        or "exact" (Top-k). var_smoothing: EWMA factor of VAR-Topk's variance.
+        history: how many steps' StepStats to keep.
     """
 
     min_warmup_steps = 1
@@ -84,7 +100,8 @@ class FlexcommState(Runner):
         super().__init__(process_group, warmup_steps=warmup_steps, **options)
         self.global_topk = bool(global_topk)
         self._in_step = False
-        self._held: list[tuple[torch.Tensor, coll.Future]] = []
+        self._held: list[tuple[torch.Tensor, list[torch.Size], Future]] = []
+        self._shapes: dict[int, tuple[int, list[torch.Size]]] = {}  # bucket index -> (numel, shapes)
 
     def _warmup_why(self) -> str:
         return " (DDP rebuilds its buckets after the first step)"
@@ -110,7 +127,7 @@ class FlexcommState(Runner):
         return super().state_dict()
 
     # -- per bucket ---------------------------------------------------------
-    def _run_bucket(self, bucket: dist.GradBucket) -> coll.Future:
+    def _run_bucket(self, bucket: dist.GradBucket) -> Future:
         if not self._in_step:
             self.controller.end_step()
             self.controller.begin_step()
@@ -120,30 +137,37 @@ class FlexcommState(Runner):
         d = self.controller.running
         last = bucket.is_last()
         g = bucket.buffer()
+        shapes = self._bucket_shapes(bucket, g)
         if self.global_topk:
-            fut = self._run_global(g, last, d, stats)
+            fut = self._run_global(g, shapes, last, d, stats)
         else:
-            fut = self.engine.run(
-                bucket.index(), g, d.collective, d.cr, d.root,
-                self.controller.step, stats, self.controller.probe_crs(),
-            )
+            work = Bucket(bucket.index(), g, shapes, self.controller.step)
+            fut = self.gradient_step.run(work, d, stats, self.controller.probes())
         if last:
             self._in_step = False
         return fut
 
-    def _run_global(self, g: torch.Tensor, last: bool, d, stats: StepStats) -> coll.Future:
-        held: coll.Future = torch.futures.Future()
-        self._held.append((g, held))
+    def _bucket_shapes(self, bucket: dist.GradBucket, g: torch.Tensor) -> list[torch.Size]:
+        """Its parameters' gradient shapes (PowerSGD's matrices); DDP rebuilds its
+        buckets after the first step, so they are read again when the size changes."""
+        numel, shapes = self._shapes.get(bucket.index(), (-1, []))
+        if numel != g.numel():
+            shapes = [t.shape for t in bucket.gradients()]
+            self._shapes[bucket.index()] = (g.numel(), shapes)
+        return shapes
+
+    def _run_global(self, g: torch.Tensor, shapes: list[torch.Size], last: bool, d: Decision,
+                    stats: StepStats) -> Future:
+        held: Future = torch.futures.Future()
+        self._held.append((g, shapes, held))
         if not last:
             return held
-        buffers = [b for b, _ in self._held]
-        flat = torch.cat(buffers)
-        self.engine.run(
-            GLOBAL_KEY, flat, d.collective, d.cr, d.root,
-            self.controller.step, stats, self.controller.probe_crs(),
-        ).wait()
+        flat = torch.cat([b for b, _, _ in self._held])
+        every = [s for _, bucket_shapes, _ in self._held for s in bucket_shapes]
+        work = Bucket(GLOBAL_KEY, flat, every, self.controller.step)
+        self.gradient_step.run(work, d, stats, self.controller.probes()).wait()
         offset = 0
-        for buf, fut in self._held:
+        for buf, _, fut in self._held:
             buf.copy_(flat[offset : offset + buf.numel()])
             offset += buf.numel()
             fut.set_result(buf)

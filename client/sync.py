@@ -6,11 +6,11 @@
         sync.synchronize()                           # every .grad is now the average
         optimizer.step(); optimizer.zero_grad()
 
-All gradients are flattened into one buffer and one Top-k runs over the whole
-model (one residual), as in the paper's code. Decisions, the control-interval
-agreement, warm-up and statistics work exactly as in the DDP hook
-(client/hook.py); warm-up defaults to 0 here because there are no buckets to
-rebuild. Parameters without a gradient on a step count as zeros.
+All gradients are flattened into one buffer and one compression runs over the
+whole model (one residual), as in the paper's code. Decisions, the
+control-interval agreement, warm-up and statistics work exactly as in the DDP
+hook (client/hook.py); warm-up defaults to 0 here because there are no buckets
+to rebuild. Parameters without a gradient on a step count as zeros.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client.engine import StepStats
+from flexcomm.client.compressors import Bucket
 from flexcomm.client.runner import Runner
+from flexcomm.client.stats import StepStats
 
 MODEL_KEY = "model"
 
@@ -30,9 +31,9 @@ MODEL_KEY = "model"
 class GradientSync(Runner):
     """Average the gradients of `params` (a module or parameters) over the group.
 
-    Options as FlexcommState (client/hook.py): source / policy / cr + collective +
-    root, control_interval, warmup_steps (default 0), selector, var_smoothing,
-    history.
+    Options as FlexcommState (client/hook.py): source / policy / compression +
+    collective + root, control_interval, probe_interval, warmup_steps (default
+    0), selector, var_smoothing, history.
     """
 
     def __init__(
@@ -51,16 +52,14 @@ class GradientSync(Runner):
         self._flat = torch.zeros(
             sum(p.numel() for p in self.params), dtype=first.dtype, device=first.device
         )
+        self._shapes = [p.shape for p in self.params]
 
     def synchronize(self) -> StepStats:
         """Replace every parameter's .grad by its average over the group (blocking)."""
         stats = self.controller.begin_step()
         self._gather()
-        d = self.controller.running
-        self.engine.run(
-            MODEL_KEY, self._flat, d.collective, d.cr, d.root,
-            self.controller.step, stats, self.controller.probe_crs(),
-        ).wait()
+        bucket = Bucket(MODEL_KEY, self._flat, self._shapes, self.controller.step)
+        self.gradient_step.run(bucket, self.controller.running, stats, self.controller.probes()).wait()
         self._scatter()
         self.controller.end_step()
         return stats

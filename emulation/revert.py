@@ -56,6 +56,30 @@ def kernel_view(shown: dict[str, Any]) -> dict[str, Any]:
     return {key: shown[key] for key in _COMPARED}
 
 
+class StateDamaged(ValueError):
+    """A state file that cannot be read as a record; `flexcomm emulate clear` clears it."""
+
+    def __init__(self, path: Path, shaper: Shaper, why: str) -> None:
+        netns = f" --netns {shaper.netns}" if shaper.netns else ""
+        super().__init__(f"state: {path} is damaged ({why}); `flexcomm emulate clear --dev {shaper.ifname}{netns}`"
+                         " removes flexcomm's shaping and the file")
+        self.why = why
+
+
+def _record_problem(record: Any) -> str:
+    """What makes `record` not a state record, or ""."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if record.get("owner") not in OWNERS:
+        return f"owner is {record.get('owner')!r:.40}, not one of {', '.join(OWNERS)}"
+    original = record.get("original")
+    if not isinstance(original, dict) or any(not isinstance(original.get(k), list) for k in _COMPARED):
+        return f"original must hold the interface's {', '.join(_COMPARED)}"
+    if record.get("pid") is not None and not isinstance(record.get("pid"), int):
+        return f"pid is {record.get('pid')!r:.40}, not a whole number"
+    return ""
+
+
 class Revert:
     """The state file of one interface, and restoring what it records."""
 
@@ -65,12 +89,36 @@ class Revert:
         self.path = (directory or state_dir()) / name
 
     def read(self) -> dict[str, Any] | None:
+        """The record, None when there is none; StateDamaged when it is not one."""
         try:
-            return json.loads(self.path.read_text())
+            record = json.loads(self.path.read_bytes())
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise RuntimeError(f"state file {self.path} is unreadable: {exc}") from None
+        except OSError as exc:
+            raise StateDamaged(self.path, self.shaper, exc.strerror or str(exc)) from None
+        except ValueError as exc:  # not JSON, not UTF-8
+            raise StateDamaged(self.path, self.shaper, f"not JSON: {exc}") from None
+        why = _record_problem(record)
+        if why:
+            raise StateDamaged(self.path, self.shaper, why)
+        return record
+
+    def clear_damaged(self) -> str:
+        """Clear an interface whose state file is damaged, and delete the file.
+        flexcomm records only a kernel-default root, so removing flexcomm's root
+        restores the original without the record. Returns what was done."""
+        try:
+            removed = self.shaper.remove()
+        except InterfaceMissing:
+            self.path.unlink()
+            return "the interface is gone; the damaged file was deleted"
+        root = root_qdisc(self.shaper.show())
+        self.path.unlink()
+        if root is not None and root["handle"] != "0:":
+            return (f"its root qdisc {root['kind']} {root['handle']} is not flexcomm's and was left alone; "
+                    "the damaged file was deleted")
+        done = "flexcomm's qdiscs removed, the kernel's default root is back" if removed else "it was not shaped"
+        return f"{done}; the damaged file was deleted"
 
     def owner_alive(self, record: dict[str, Any]) -> bool:
         pid = record.get("pid")

@@ -36,6 +36,7 @@ from typing import Any
 
 from flexcomm.emulation.shaping import LinkState
 from flexcomm.emulation.walk import walk_steps
+from flexcomm.files import read_text
 from flexcomm.units import parse_duration, parse_fraction, parse_rate
 
 TOP_KEYS = ("repeat", "name", "description", "step", "walk")
@@ -96,12 +97,11 @@ class Schedule:
 def load_schedule(path: str | Path) -> Schedule:
     """Read and check a schedule file; raise ScheduleError naming file, step and
     field of every problem."""
-    where = str(path)
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ScheduleError([f"{where}: cannot read: {exc.strerror or exc}"]) from None
-    return parse_schedule(text, where)
+        text = read_text(path)
+    except ValueError as exc:
+        raise ScheduleError([str(exc)]) from None
+    return parse_schedule(text, str(path))
 
 
 def parse_schedule(text: str, where: str = "<schedule>") -> Schedule:

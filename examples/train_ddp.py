@@ -2,7 +2,7 @@
 
 CPU (gloo) and GPU (NCCL) alike; the backend follows the hardware:
 
-    torchrun --nproc-per-node 4 examples/train_ddp.py --cr 0.01 --collective ag_topk
+    torchrun --nproc-per-node 4 examples/train_ddp.py --compression topk:0.01 --collective ag_topk
     torchrun --nproc-per-node 4 examples/train_ddp.py --policy moo \
         --latency 1ms --bandwidth 200Mbit
     torchrun --nproc-per-node 4 examples/train_ddp.py --agent /run/flexcomm/agent.sock
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from flexcomm.client.hook import register  # flexcomm: the import
+from flexcomm.client.layout import layout_of
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--cr", type=float, help="fixed compression ratio (with --collective)")
+    ap.add_argument("--compression", help="a fixed compression: dense, bf16, powersgd:RANK, topk:CR")
     ap.add_argument("--collective", help="dense_ring, dense_tree, ag_topk, art_ring, art_tree")
     ap.add_argument("--root", default="star", help="AR-Topk root: star or var")
     ap.add_argument("--policy", help="in-process policy: dense, static, moo, gravac")
@@ -61,27 +62,27 @@ def hook_options(args: argparse.Namespace, model: nn.Module, world: int) -> dict
     """Turn the command line into register() options: a fixed choice, an
     in-process policy, or the node's agent."""
     options: dict = {"control_interval": args.control_interval, "global_topk": args.global_topk}
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    layout = layout_of(model)  # the gradient's matrices and value width, for the cost model
     if args.agent:
         from flexcomm.client.agent_client import AgentClient
 
         options["source"] = AgentClient(
             args.agent, job_id=os.environ.get("TORCHELASTIC_RUN_ID", "example"),
-            world_size=world, grad_bytes=grad_bytes,
+            world_size=world, layout=layout,
             policy=args.policy or "moo") if dist.get_rank() == 0 else None
     elif args.policy:
         from flexcomm.policy import make_policy
         from flexcomm.policy.types import NetworkObservation
         from flexcomm.units import parse_duration, parse_rate
 
-        policy = make_policy(args.policy, grad_bytes=grad_bytes, nodes=world)
+        policy = make_policy(args.policy, grad_bytes=layout.grad_bytes, nodes=world, layout=layout)
         if args.latency and args.bandwidth:
             policy.observe_network(NetworkObservation.from_link(
                 parse_duration("latency", args.latency),
                 parse_rate("bandwidth", args.bandwidth), world))
         options["policy"] = policy
     else:
-        options.update(cr=args.cr, collective=args.collective, root=args.root)
+        options.update(compression=args.compression, collective=args.collective, root=args.root)
     return options
 
 
@@ -108,7 +109,7 @@ def main() -> None:
         opt.step()
         if rank == 0 and (step % 50 == 0 or step == args.steps - 1):
             s = state.last_stats()  # flexcomm: optional, what the step ran and measured
-            print(f"step {step:4d} loss {loss.item():.3f} {s.collective} cr={s.cr:g} "
+            print(f"step {step:4d} loss {loss.item():.3f} {s.compression.name}@{s.collective} "
                   f"gain={s.gain:.3f} t_sync={s.t_sync_s * 1e3:.1f}ms "
                   f"sent={s.bytes_sent}B", flush=True)
     x, y = batch(2048)

@@ -12,6 +12,8 @@ node's link is shaped in both directions (its eth0, and its peer on the hub's
 bridge) through `flexcomm.emulation.shaping`, the original qdiscs recorded with
 `flexcomm.emulation.revert` in the run directory. Without root it is "loopback": every
 node is 127.0.0.1 in this namespace and nothing is shaped (`shaped` is False).
+Before it starts, whatever a killed run with the same prefix left is removed
+(`flexcomm.lab.cleanup`).
 
 The cost-model sweep (`flexcomm lab calibrate`) reuses it: one cluster, many
 `links.apply(...)`, many spawned jobs.
@@ -32,7 +34,7 @@ from typing import Any
 
 from flexcomm.emulation.revert import Revert
 from flexcomm.emulation.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
-from flexcomm.lab import netns
+from flexcomm.lab import cleanup, netns
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 
 STOP_GRACE_S = 3.0
@@ -157,6 +159,7 @@ class LabCluster:
             namespaces = usable
         elif namespaces and not usable:
             raise ValueError(f"namespaces: cannot create network namespaces ({why})")
+        cleanup.clean(prefix)  # what a killed run with this prefix left
         with ExitStack() as stack:
             if namespaces:
                 found = stack.enter_context(netns.cluster(prefix, n, subnet))
@@ -172,11 +175,12 @@ class LabCluster:
 
     def spawn(self, index: int, cmd: Sequence[str], *, log: Path,
               env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start `cmd` on node `index` in its own process group, output to `log`."""
+        """Start `cmd` on node `index` in its own process group, output to `log`,
+        marked with the cluster's prefix (`flexcomm lab clean` finds it by that)."""
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 self.nodes[index].argv(cmd), stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})}, start_new_session=True,
+                env={**os.environ, **(env or {}), cleanup.LAB_ENV: self.prefix}, start_new_session=True,
             )
         self._procs.append(proc)
         return proc

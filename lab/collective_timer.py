@@ -2,8 +2,9 @@
 
 The calibration runner (`flexcomm.lab.calibrate`) starts one of these per node,
 inside the node's namespace, for one (link rate, N) configuration. Each rank
-joins a gloo process group and times, with the client's own collective functions
-(`flexcomm.client.collectives`), every (size, collective, CR) of the plan,
+joins a gloo process group and times, with the client's own transports and Top-k
+communication (`flexcomm.client.collectives`, `client/compressors/topk.py`),
+every (size, collective, CR) of the plan,
 as many times as the plan's `point_repeats` says (short operations more often:
 more repetitions cost them little and steady the median). Repetitions
 are the outer loop, so a burst of load from other work on the machine hits one
@@ -38,10 +39,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client import collectives as coll
-from flexcomm.client.compress import k_for, make_selector
+from flexcomm.client.collectives import Ring, Tree
+from flexcomm.client.compressors import Bucket, Payload
+from flexcomm.client.compressors.topk import TopK
+from flexcomm.client.selection import k_for, make_selector
+from flexcomm.client.stats import StepStats
 from flexcomm.lab.trainer import exit_now
-from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING
+from flexcomm.policy.types import AG_TOPK, ART_RING, ART_TREE, DENSE_RING, TOPK, Decision
 
 TINY_REPEATS = 15
 COMP_REPEATS = 3
@@ -59,7 +63,9 @@ class Timer:
         self.plan = plan
         self.rank = rank
         self.world = dist.get_world_size()
-        self.tree = coll.TreeAllreduce(None)
+        self.ring = Ring(None)
+        self.tree = Tree(None)
+        self.topk = TopK()  # the client's own Top-k communication, as a step runs it
         self.select = make_selector("fast", seed=rank)
         self.out = open(Path(plan["out_dir"]) / f"rank{rank}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
 
@@ -75,26 +81,33 @@ class Timer:
         buf.copy_(g)
         dist.barrier()
         t0 = _clock()
-        coll.ring_allreduce_mean(buf, None).wait()
+        self.ring.allreduce_mean(buf).wait()
         return t0, _clock()
 
-    def ag_topk(self, values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
-        arrived: list[float] = []
-        dist.barrier()
-        t0 = _clock()
-        coll.ag_topk_mean(values, indices, out, None, lambda b, _e: arrived.append(b)).wait()
-        return t0, arrived[0]
+    def _topk_sends(self, collective: str, values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                    transport: Ring) -> float:
+        """Top-k's communication of (values, indices) into `out`; the seconds until the data arrived."""
+        decision = Decision(TOPK, 0.5, collective)  # the parameter is not read: the payload is made
+        stats = StepStats(0, TOPK, 0.5, collective, 0)
+        payload = Payload(Bucket("grid", out, [out.shape], 0), decision, (values, indices))
+        self.topk.communicate(payload, transport, stats).wait()
+        return stats.t_sync_s
 
-    def ar_topk(self, g: torch.Tensor, root_indices: torch.Tensor, root: int, out: torch.Tensor,
-                tree: coll.TreeAllreduce | None) -> tuple[float, float]:
-        indices = root_indices.clone() if self.rank == root else torch.empty_like(root_indices)
-        arrived: list[float] = []
+    def ag_topk(self, values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> tuple[float, float]:
         dist.barrier()
         t0 = _clock()
-        coll.broadcast_indices(indices, root, None, tree)
-        values = g[indices].div_(self.world)
-        coll.ar_values_mean(values, indices, out, None, tree, lambda b, _e: arrived.append(b)).wait()
-        return t0, arrived[0]
+        return t0, t0 + self._topk_sends(AG_TOPK, values, indices, out, self.ring)
+
+    def ar_topk(self, collective: str, g: torch.Tensor, root_indices: torch.Tensor, root: int,
+                out: torch.Tensor) -> tuple[float, float]:
+        transport = self.tree if collective == ART_TREE else self.ring
+        indices = root_indices.clone() if self.rank == root else torch.empty_like(root_indices)
+        dist.barrier()
+        t0 = _clock()
+        transport.broadcast(indices, root)
+        values = g[indices]
+        broadcast = _clock()
+        return t0, broadcast + self._topk_sends(collective, values, indices, out, transport)
 
     # --- the plan ------------------------------------------------------------
 
@@ -156,13 +169,11 @@ class Timer:
             return lambda: self.dense(g, out)
         assert idx is not None
         if collective == AG_TOPK:
-            values = g[idx].div_(self.world)
-            return lambda: self.ag_topk(values, idx, out)
-        tree = self.tree if collective == ART_TREE else None
+            return lambda: self.ag_topk(g[idx], idx, out)
         if collective not in (ART_RING, ART_TREE):
             raise ValueError(f"collectives: cannot time {collective!r}")
         root = rep % self.world  # round-robin, as STAR-Topk
-        return lambda: self.ar_topk(g, idx, root, out, tree)
+        return lambda: self.ar_topk(collective, g, idx, root, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,25 +14,27 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from flexcomm.client.hook import register
-from flexcomm.policy import make_policy
+from flexcomm.client.layout import layout_of
+from flexcomm.policy import GradientLayout, make_policy
 
 
 class FlexcommSync:
     def __init__(self, ddp: DistributedDataParallel, cfg: Any, rank: int, grad_bytes: int) -> None:
-        source = self._source(cfg, grad_bytes, dict(cfg.policy_options)) if rank == 0 else None
+        source = self._source(cfg, layout_of(ddp.module), dict(cfg.policy_options)) if rank == 0 else None
         self.state = register(ddp, source=source, **cfg.hook_options)
+        self.grad_bytes = grad_bytes
 
     @staticmethod
-    def _source(cfg: Any, grad_bytes: int, options: dict[str, Any]) -> Any:
+    def _source(cfg: Any, layout: GradientLayout, options: dict[str, Any]) -> Any:
         if cfg.agent_socket:
             from flexcomm.client.agent_client import AgentClient
 
             return AgentClient(
-                cfg.agent_socket, job_id=cfg.job_id, world_size=cfg.world, grad_bytes=grad_bytes,
+                cfg.agent_socket, job_id=cfg.job_id, world_size=cfg.world, layout=layout,
                 nodes=list(cfg.node_addresses), policy=cfg.policy,
                 options=options,
             )
-        return make_policy(cfg.policy, grad_bytes=grad_bytes, nodes=cfg.world, options=options)
+        return make_policy(cfg.policy, grad_bytes=layout.grad_bytes, nodes=cfg.world, options=options, layout=layout)
 
     def after_step(self, step: int, epoch: int) -> dict[str, Any]:
         self.state.set_epoch(epoch)
@@ -41,7 +43,8 @@ class FlexcommSync:
             return {}
         decision = self.state.decision
         return {
-            "cr": stats.cr,
+            "compression": stats.compression.name,
+            "cr": stats.bytes_sent / self.grad_bytes,  # the share of a dense step's bytes
             "collective": stats.collective,
             "version": stats.version,
             "t_sync_s": stats.t_sync_s,
@@ -50,6 +53,7 @@ class FlexcommSync:
             "bytes_sent": stats.bytes_sent,
             "predicted_sync_s": decision.predicted_sync_s,
             "reason": decision.reason,
+            "exploring": decision.exploring,
         }
 
     def close(self) -> None:

@@ -293,8 +293,8 @@ def _burst_message(r: Measured) -> float:
 
 
 def link_burst(r: Measured) -> int:
-    """Bytes `r`'s link passed at line rate after idle (recorded since session 2;
-    older runs get today's rule)."""
+    """Bytes `r`'s link passed at line rate after idle (as its run recorded it;
+    runs that did not record it get today's rule)."""
     return r.burst_bytes or burst_after_idle(r.rate_bps)
 
 

@@ -6,6 +6,7 @@ A policy spec names one way to synchronise gradients:
     dense                     flexcomm hook, dense Ring AllReduce
     topk-0.01                 flexcomm hook, fixed Top-k at CR 0.01 over AG-Topk
     topk-0.01-art_ring        ... over another Top-k collective
+    static:compression=bf16   flexcomm hook, any fixed compression (powersgd:2, bf16, ...)
     moo, gravac               flexcomm hook, the adaptive policies
     moo:objective=progress    a policy with options (k=v, comma separated)
     powersgd                  PyTorch's own powerSGD_hook at rank 2 (what a PyTorch user reaches for)
@@ -137,8 +138,6 @@ def parse_policy(spec: str) -> PolicySpec:
             " (its rank is written powersgd-RANK)" if name == "powersgd" else ""))
     if name == "powersgd":
         options = {"rank": POWERSGD_RANK}
-    if name == "static" and float(options.get("cr", 1.0)) < 1.0:
-        options.setdefault("collective", AG_TOPK)
     if name in POLICY_NAMES:  # bad options are refused now, not by rank 0 mid-run
         try:
             make_policy(name, grad_bytes=1e6, nodes=2, options=options)
@@ -162,7 +161,7 @@ def _parse_topk(text: str) -> PolicySpec:
     if collective not in SPARSE_COLLECTIVES:
         raise ValueError(f"policies: {text!r}: {collective!r} is not a Top-k collective "
                          f"(one of {', '.join(sorted(SPARSE_COLLECTIVES))})")
-    return PolicySpec(text, "static", {"cr": cr, "collective": collective})
+    return PolicySpec(text, "static", {"compression": f"topk:{cr!r}", "collective": collective})
 
 
 def _parse_powersgd(text: str) -> PolicySpec:

@@ -56,7 +56,7 @@ def _network(out: Path, runs: list[Any], plt: Any) -> Path:
         cr_ax = ax.twinx()
         cr_ax.set_yscale("log")
         cr_ax.set_ylim(5e-4, 2)
-        cr_ax.set_ylabel("CR")
+        cr_ax.set_ylabel("share of dense bytes")
         for collective in sorted({s.get("collective") for s in run.steps} - {None}):
             chosen = [s for s in run.steps if s.get("collective") == collective]
             cr_ax.scatter([s["t"] for s in chosen], [s["cr"] for s in chosen], s=6,

@@ -102,8 +102,10 @@ def load_runs(out: Path) -> list[PolicyRun]:
 
 
 def is_exploring(step: dict[str, Any]) -> bool:
-    """Whether `step` ran under a decision that was exploring (the MOO says so in
-    its decision's reason)."""
+    """Whether `step` ran under a decision that was exploring (the decision's
+    flag; records written before it existed said so in the reason)."""
+    if "exploring" in step:
+        return bool(step["exploring"])
     return str(step.get("reason", "")).startswith("exploring")
 
 
@@ -126,7 +128,7 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
     out = {}
     for key, steps in grouped.items():
         seconds = sum(s["step_s"] for s in steps)
-        choice = Counter((s.get("cr"), s.get("collective")) for s in steps).most_common(1)[0][0]
+        choice = Counter((s.get("compression"), s.get("collective")) for s in steps).most_common(1)[0][0]
         predicted = [s["predicted_sync_s"] for s in steps if s.get("predicted_sync_s")]
         measured = [s["t_sync_s"] for s in steps if "t_sync_s" in s]
         out[key] = {
@@ -135,7 +137,7 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
             "steps": len(steps),
             "seconds": seconds,
             "mean_step_s": seconds / len(steps),
-            "cr": choice[0],
+            "compression": choice[0],
             "collective": choice[1],
             "predicted_sync_s": statistics.fmean(predicted) if predicted else None,
             "measured_sync_s": statistics.fmean(measured) if measured else None,
@@ -450,10 +452,8 @@ def _phase_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def _choice(phase: dict[str, Any]) -> str:
-    cr, collective = phase["cr"], phase["collective"]
-    if cr is None:
-        return str(collective)
-    return f"{collective}" if cr == 1.0 else f"{cr:.3g}@{collective}"
+    compression, collective = phase["compression"], phase["collective"]
+    return str(collective) if compression is None else f"{compression}@{collective}"
 
 
 def write_report(out: Path) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 from flexcomm.emulation.emulator import AppliedStep, Emulator
 from flexcomm.emulation.schedule import Schedule, parse_schedule
 from flexcomm.lab.agents import start_agents
+from flexcomm.lab.cleanup import socket_dir_prefix
 from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
     CONTROL_INTERVAL,
@@ -145,7 +146,7 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str
     with Store(out / "lab.db") as store, LabCluster.open(
         prefix=cfg.prefix, n=cfg.nodes, subnet=cfg.subnet, run_dir=out,
         namespaces=cfg.namespaces,
-    ) as lab, _socket_dir() as sockets:
+    ) as lab, _socket_dir(cfg.prefix) as sockets:
         progress({"kind": "cluster", **describe(lab)})
         (out / "cluster.json").write_text(json.dumps(describe(lab), indent=1))
         agent_socket = ""
@@ -164,9 +165,9 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str
 
 
 @contextmanager
-def _socket_dir() -> Iterator[Path]:
+def _socket_dir(prefix: str) -> Iterator[Path]:
     """A short directory for Unix sockets (their paths are limited to ~107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="flexlab-"))
+    path = Path(tempfile.mkdtemp(prefix=socket_dir_prefix(prefix)))
     try:
         yield path
     finally:

@@ -4,8 +4,9 @@ to compare with.
 
 `attach_sync(ddp, cfg, rank, grad_bytes)` registers the method on the DDP model
 and returns a `SyncMethod` whose `after_step` gives the step's record fields:
-cr, collective, t_sync_s, t_comp_s, bytes_sent, and for the flexcomm hook the
-decision's version, reason and predicted sync time. bytes_sent is the payload
+compression, cr (the share of a dense step's bytes), collective, bytes_sent,
+and for the flexcomm hook t_sync_s, t_comp_s and the decision's version, reason,
+exploring flag and predicted sync time. bytes_sent is the payload
 this rank contributes to the step's collectives (the message size M of the cost
 model, as the flexcomm hook counts it), not what the ring forwards on the wire.
 """
@@ -46,7 +47,8 @@ class TorchAllReduceSync:
         self._bytes = grad_bytes
 
     def after_step(self, step: int, epoch: int) -> dict[str, Any]:
-        return {"cr": 1.0, "collective": "torch_allreduce", "bytes_sent": self._bytes}
+        return {"compression": "dense", "cr": 1.0, "collective": "torch_allreduce",
+                "bytes_sent": self._bytes}
 
     def close(self) -> None:
         pass
@@ -71,7 +73,8 @@ class Bf16Sync:
         self._bytes = grad_bytes // 2
 
     def after_step(self, step: int, epoch: int) -> dict[str, Any]:
-        return {"cr": 0.5, "collective": "bf16_allreduce", "bytes_sent": self._bytes}
+        return {"compression": "bf16", "cr": 0.5, "collective": "bf16_allreduce",
+                "bytes_sent": self._bytes}
 
     def close(self) -> None:
         pass
@@ -92,11 +95,14 @@ class PowerSGDSync:
         ddp.register_comm_hook(self._state, psgd.powerSGD_hook)
         self._dense_bytes = grad_bytes
         self._compressed_bytes = _powersgd_bytes(ddp, rank)
+        self._compression = f"powersgd:{rank}"
 
     def after_step(self, step: int, epoch: int) -> dict[str, Any]:
         if step < POWERSGD_START_ITER:
-            return {"cr": 1.0, "collective": "dense_ring", "bytes_sent": self._dense_bytes}
+            return {"compression": "dense", "cr": 1.0, "collective": "dense_ring",
+                    "bytes_sent": self._dense_bytes}
         return {
+            "compression": self._compression,
             "cr": self._compressed_bytes / self._dense_bytes,
             "collective": "powersgd",
             "bytes_sent": self._compressed_bytes,

@@ -8,15 +8,22 @@ from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
     ART_TREE,
+    BF16,
     COLLECTIVES,
+    DENSE,
     DENSE_RING,
     DENSE_TREE,
+    FAMILIES,
+    POWERSGD,
     PS,
     ROOT_SELECTIONS,
     ROOT_STAR,
     ROOT_VAR,
     RUNNABLE_COLLECTIVES,
+    TOPK,
+    Compression,
     Decision,
+    GradientLayout,
     LinkBucket,
     NetworkObservation,
     Policy,
@@ -27,15 +34,22 @@ __all__ = [
     "AG_TOPK",
     "ART_RING",
     "ART_TREE",
+    "BF16",
     "COLLECTIVES",
+    "DENSE",
     "DENSE_RING",
     "DENSE_TREE",
+    "FAMILIES",
+    "POWERSGD",
     "PS",
     "ROOT_SELECTIONS",
     "ROOT_STAR",
     "ROOT_VAR",
     "RUNNABLE_COLLECTIVES",
+    "TOPK",
+    "Compression",
     "Decision",
+    "GradientLayout",
     "LinkBucket",
     "NetworkObservation",
     "Policy",
@@ -46,16 +60,20 @@ __all__ = [
 POLICY_NAMES = ("dense", "static", "moo", "gravac")
 
 
-def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | None = None) -> Policy:
+def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | None = None,
+                layout: GradientLayout | None = None) -> Policy:
     """Build a policy by name ("dense", "static", "moo", "gravac").
 
     options are plain values (from the CLI, a TOML file or an RPC); an unknown
-    option or a bad value raises ValueError naming it. static takes cr,
-    collective and root; moo takes MooConfig's fields; gravac GravacConfig's.
+    option or a value of the wrong type or range raises ValueError naming it
+    (each config's fields give the types). static takes StaticConfig's fields
+    (compression as text such as "topk:0.01", collective, root); moo
+    MooConfig's; gravac GravacConfig's. layout (the gradient's matrices, for
+    PowerSGD's cost) defaults to one flat vector of grad_bytes.
     """
     from flexcomm.policy.gravac import GravacConfig, GravacPolicy
     from flexcomm.policy.moo import MooConfig, MooPolicy
-    from flexcomm.policy.static import StaticPolicy, dense_policy
+    from flexcomm.policy.static import StaticConfig, StaticPolicy, dense_policy
 
     if not isinstance(nodes, int) or nodes < 2:
         raise ValueError(f"nodes: need at least 2 workers, got {nodes!r}")
@@ -65,12 +83,9 @@ def make_policy(name: str, *, grad_bytes: float, nodes: int, options: dict | Non
             raise ValueError(f"{sorted(opts)[0]}: the dense policy takes no options")
         return dense_policy()
     if name == "static":
-        unknown = sorted(set(opts) - {"cr", "collective", "root"})
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown static option (known: collective, cr, root)")
-        return StaticPolicy(**opts)
+        return StaticPolicy.from_config(StaticConfig.from_options(opts))
     if name == "moo":
-        return MooPolicy(grad_bytes, MooConfig.from_options(opts))
+        return MooPolicy(grad_bytes, MooConfig.from_options(opts), layout)
     if name == "gravac":
         return GravacPolicy(GravacConfig.from_options(opts))
     raise ValueError(f"policy: unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
@@ -87,7 +102,7 @@ def policy_from_state(state: dict) -> Policy:
     elif kind == "moo":
         from flexcomm.policy.moo import MooPolicy
 
-        policy = MooPolicy(float(state["grad_bytes"]))
+        policy = MooPolicy(float(state["grad_bytes"]))  # load_state_dict restores its layout
     elif kind == "gravac":
         from flexcomm.policy.gravac import GravacPolicy
 

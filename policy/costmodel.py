@@ -1,4 +1,4 @@
-"""The alpha-beta cost model of gradient synchronisation (DESIGN.md section 3).
+"""The alpha-beta cost model of gradient synchronisation.
 
 alpha: per-message latency (s); beta: seconds per byte; M: dense message bytes;
 N: workers; c: compression ratio k/M. Logs are base 2.
@@ -23,10 +23,17 @@ on the critical path, B the bytes of the bandwidth term. A link with a token buc
 those bytes after idle in max(beta B / p, beta B - b) rather than beta B; a plain
 link is the paper's model exactly.
 
-Compressed options also pay t_comp(M, c): selection passes over the whole
-gradient plus packing/scatter of the selected entries. The defaults were read
-off this project's compressor on a 2-core CPU and are replaced by measured
-values as soon as the client reports them.
+Each compressor family moves its own bytes (`option_terms`): dense M = V v bytes
+for V values of v bytes; bf16 2V; topk as in the table at c; powersgd two ring
+AllReduces in turn, of the P factors (sum of r n) and then of the Q factors (sum
+of r m) with the tensors it leaves dense, over the matrices (n x m) that
+PowerSGD's own rule compresses at rank r (`powersgd_split`).
+
+Compressed options also pay compute, t_comp (`CompressionCost`): Top-k its
+selection passes over the whole gradient plus packing/scatter of the selected
+entries; bf16 two casts; PowerSGD about 6 n m r flops per matrix (P = MQ,
+Q = M^T P, the product PQ^T). The defaults were read off this project's
+compressors on a 2-core CPU and are scaled by what the client measures.
 
 `Calibration` turns raw predictions into calibrated ones with a per-collective
 affine fit (exponentially forgotten least squares) of measured against
@@ -38,21 +45,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
     ART_TREE,
+    BF16,
     COLLECTIVES,
+    DENSE,
     DENSE_RING,
     DENSE_TREE,
+    POWERSGD,
     PS,
-    SPARSE_COLLECTIVES,
+    TOPK,
+    Compression,
+    GradientLayout,
     NetworkObservation,
     check_collective,
     check_cr,
+    check_pairing,
 )
 
 AG_FORMS = ("paper", "ring")
@@ -65,7 +79,8 @@ def _log2(n: int) -> float:
 
 @dataclass(frozen=True)
 class ModelForms:
-    """Which formula variants a prediction uses (DESIGN.md keeps both)."""
+    """Which formula variants a prediction uses: the paper's, and a variant of each
+    for how NCCL and gloo really run AllGather (a ring) and trees (pipelined)."""
 
     ag: str = "paper"
     tree: str = "paper"
@@ -133,35 +148,109 @@ def _tree_allreduce(m: float, lg: float, forms: ModelForms) -> tuple[float, floa
     return 2 * lg, 2 * lg * m
 
 
+def link_time(terms: tuple[float, float], net: NetworkObservation) -> float:
+    """Seconds for (A, B) = (latencies, bytes) on `net`'s bottleneck link."""
+    messages, link_bytes = terms
+    return net.alpha_s * messages + net.bucket.seconds(net.beta_s_per_byte * link_bytes)
+
+
 def sync_time(collective: str, m: float, c: float, net: NetworkObservation,
               forms: ModelForms = ModelForms()) -> float:
     """Raw predicted seconds to synchronise an M-byte gradient at ratio c."""
-    messages, link_bytes = alpha_beta_terms(collective, m, c, net.nodes, forms)
-    return net.alpha_s * messages + net.bucket.seconds(net.beta_s_per_byte * link_bytes)
+    return link_time(alpha_beta_terms(collective, m, c, net.nodes, forms), net)
+
+
+POWERSGD_MIN_COMPRESSION_RATE = 2  # PowerSGD's own default
+
+
+def powersgd_compresses(rows: int, cols: int, rank: int) -> int:
+    """The rank PowerSGD uses for a rows x cols matrix, or 0 when it sends it dense:
+    its rule compresses only when (rows + cols) r * 2 < rows * cols, r = min(rows,
+    cols, rank)."""
+    r = min(rows, cols, rank)
+    return r if (rows + cols) * r * POWERSGD_MIN_COMPRESSION_RATE < rows * cols else 0
+
+
+@dataclass(frozen=True)
+class PowerSgdSplit:
+    """What PowerSGD at one rank moves: values sent dense, P and Q factor values,
+    and the multiply-adds of its products (n m r per product and matrix)."""
+
+    dense_values: int
+    p_values: int
+    q_values: int
+    macs: int
+
+
+@lru_cache(maxsize=256)
+def powersgd_split(layout: GradientLayout, rank: int) -> PowerSgdSplit:
+    dense, p, q, macs = layout.vector_values, 0, 0, 0
+    for n, m in layout.matrices:
+        r = powersgd_compresses(n, m, rank)
+        if r:
+            p, q, macs = p + n * r, q + m * r, macs + n * m * r
+        else:
+            dense += n * m
+    return PowerSgdSplit(dense, p, q, macs)
+
+
+def option_terms(compression: Compression, collective: str, layout: GradientLayout, n: int,
+                 forms: ModelForms = ModelForms()) -> tuple[float, float]:
+    """(A, B) of synchronising `layout` with `compression` over `collective`."""
+    check_pairing(compression.family, collective)
+    if forms.value_bytes != layout.value_bytes:
+        forms = replace(forms, value_bytes=layout.value_bytes)
+    if compression.family == DENSE:
+        return alpha_beta_terms(collective, layout.grad_bytes, 1.0, n, forms)
+    if compression.family == BF16:
+        return alpha_beta_terms(collective, layout.values * 2, 1.0, n, forms)
+    if compression.family == TOPK:
+        return alpha_beta_terms(collective, layout.grad_bytes, compression.param, n, forms)
+    assert compression.family == POWERSGD
+    split = powersgd_split(layout, compression.rank)
+    # Two AllReduces in turn: the P factors, then the Q factors with what is sent dense.
+    p = alpha_beta_terms(DENSE_RING, max(split.p_values, 1) * layout.value_bytes, 1.0, n, forms)
+    q = alpha_beta_terms(DENSE_RING, (split.q_values + split.dense_values) * layout.value_bytes, 1.0, n, forms)
+    return p[0] + q[0], p[1] + q[1]
+
+
+def option_sync_time(compression: Compression, collective: str, layout: GradientLayout,
+                     net: NetworkObservation, forms: ModelForms = ModelForms()) -> float:
+    """Raw predicted seconds to synchronise `layout` with one option."""
+    return link_time(option_terms(compression, collective, layout, net.nodes, forms), net)
 
 
 @dataclass(frozen=True)
 class CompressionCost:
-    """t_comp(M, c) = per_byte * M + per_selected_byte * M * c (+ 0 when dense).
+    """Compute a compression costs per step, by family (dense: nothing).
 
-    per_byte covers the selection passes over the whole gradient (error feedback
-    add, magnitude, threshold); per_selected_byte the packing and scatter-add.
+    topk: per_byte * M + per_selected_byte * M * c (selection passes over the
+    whole gradient: error-feedback add, magnitude, threshold; then packing and
+    scatter-add of the selected entries). bf16: per_cast_byte * M (to bf16 and
+    back). powersgd: per_mac * 3 n m r over the matrices it compresses (its three
+    products) + per_byte * M (error feedback, copies).
     """
 
     per_byte: float = 1.6e-9
     per_selected_byte: float = 2.0e-8
+    per_cast_byte: float = 1.0e-9
+    per_mac: float = 2.0e-10
 
     def __post_init__(self) -> None:
-        for name in ("per_byte", "per_selected_byte"):
+        for name in ("per_byte", "per_selected_byte", "per_cast_byte", "per_mac"):
             v = getattr(self, name)
             if math.isnan(v) or math.isinf(v) or v < 0:
                 raise ValueError(f"{name}: must be finite and >= 0, got {v!r}")
 
-    def seconds(self, m: float, c: float) -> float:
-        m = check_message_bytes(m)
-        if check_cr(c) == 1.0:
-            return 0.0
-        return self.per_byte * m + self.per_selected_byte * m * c
+    def seconds(self, compression: Compression, layout: GradientLayout) -> float:
+        m = layout.grad_bytes
+        if compression.family == TOPK:
+            return self.per_byte * m + self.per_selected_byte * m * compression.param
+        if compression.family == BF16:
+            return self.per_cast_byte * m
+        if compression.family == POWERSGD:
+            return self.per_mac * 3 * powersgd_split(layout, compression.rank).macs + self.per_byte * m
+        return 0.0
 
 
 # --- calibration -----------------------------------------------------------------
@@ -235,7 +324,8 @@ class Calibration:
         self._fits: dict[str, _Fit] = {}
 
     def observe(self, collective: str, predicted_s: float, measured_s: float) -> None:
-        check_collective(collective)
+        """One pair for fit `collective` (a collective, or "powersgd": see calibration_key)."""
+        _check_key(collective)
         for name, v in (("predicted_s", predicted_s), ("measured_s", measured_s)):
             if math.isnan(v) or math.isinf(v) or v <= 0:
                 raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
@@ -244,6 +334,10 @@ class Calibration:
     def apply(self, collective: str, predicted_s: float) -> float:
         fit = self._fits.get(collective)
         return fit.apply(predicted_s) if fit else predicted_s
+
+    def forget(self, collective: str) -> None:
+        """Drop one fit: it starts over from the next pair."""
+        self._fits.pop(collective, None)
 
     def observations(self, collective: str) -> int:
         fit = self._fits.get(collective)
@@ -270,14 +364,18 @@ class Calibration:
         if state.get("weighting") != FIT_WEIGHTING:
             return cal
         for name, fit in (state.get("fits") or {}).items():
-            cal._fits[check_collective(name)] = _Fit(**fit)
+            cal._fits[_check_key(name)] = _Fit(**fit)
         return cal
+
+
+def _check_key(key: str) -> str:
+    return key if key == POWERSGD else check_collective(key, "calibration")
 
 
 @dataclass(frozen=True)
 class Prediction:
+    compression: Compression
     collective: str
-    cr: float
     sync_s: float  # calibrated
     raw_sync_s: float
     comp_s: float
@@ -287,14 +385,19 @@ class Prediction:
         return self.sync_s + self.comp_s
 
 
-def predict(collective: str, m: float, c: float, net: NetworkObservation,
+def calibration_key(compression: Compression, collective: str) -> str:
+    """Which fit corrects an option: its collective's, except PowerSGD's two
+    AllReduces in a row, which have a fit of their own (two calls' overhead)."""
+    return POWERSGD if compression.family == POWERSGD else collective
+
+
+def predict(compression: Compression, collective: str, layout: GradientLayout, net: NetworkObservation,
             forms: ModelForms = ModelForms(), comp: CompressionCost = CompressionCost(),
             calibration: Calibration | None = None) -> Prediction:
     """Calibrated sync time plus compression time for one option."""
-    raw = sync_time(collective, m, c, net, forms)
-    cal = calibration.apply(collective, raw) if calibration else raw
-    comp_s = comp.seconds(m, c) if collective in SPARSE_COLLECTIVES else 0.0
-    return Prediction(collective, c, cal, raw, comp_s)
+    raw = option_sync_time(compression, collective, layout, net, forms)
+    cal = calibration.apply(calibration_key(compression, collective), raw) if calibration else raw
+    return Prediction(compression, collective, cal, raw, comp.seconds(compression, layout))
 
 
 def crossover_ratio(kind: str, n: int, m: float, c: float) -> float:
@@ -320,7 +423,12 @@ __all__ = [
     "ModelForms",
     "Prediction",
     "alpha_beta_terms",
+    "calibration_key",
     "crossover_ratio",
+    "link_time",
+    "option_sync_time",
+    "option_terms",
+    "powersgd_split",
     "predict",
     "sync_time",
 ]

@@ -20,14 +20,16 @@ from typing import Any
 from flexcomm.policy.moo import candidate_crs
 from flexcomm.policy.types import (
     AG_TOPK,
-    DENSE_RING,
+    DENSE_DECISION,
     ROOT_STAR,
     SPARSE_COLLECTIVES,
+    TOPK,
+    Compression,
     Decision,
     NetworkObservation,
     StepReport,
     check_collective,
-    check_known_options,
+    check_options,
     check_range,
     check_root,
 )
@@ -66,8 +68,7 @@ class GravacConfig:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> GravacConfig:
-        check_known_options(options, cls, "GraVAC")
-        return cls(**options)
+        return cls(**check_options(options, cls, "GraVAC"))
 
 
 @dataclass
@@ -96,7 +97,7 @@ class GravacPolicy:
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
-        if (report.cr, report.collective) != self._running():
+        if (report.compression, report.collective) != self._running():
             return  # a step of an earlier decision
         s.steps += 1
         s.gain_sum += report.gain if s.index >= 0 else 1.0
@@ -108,7 +109,7 @@ class GravacPolicy:
         elif s.phase == SEARCH and s.steps >= cfg.window:
             self._judge()
         elif s.phase == SETTLED and s.index > 0:
-            live_gain = report.gains.get(cfg.crs[s.index], report.gain)
+            live_gain = report.gains.get(Compression(TOPK, cfg.crs[s.index]).name, report.gain)
             if live_gain < cfg.epsilon:
                 self._move(s.index - 1, f"settled CR's gain {live_gain:.2f} fell below epsilon {cfg.epsilon}")
 
@@ -145,14 +146,17 @@ class GravacPolicy:
             s.version += 1
         s.index, s.steps, s.gain_sum, s.time_sum, s.reason = index, 0, 0.0, 0.0, reason
 
-    def _running(self) -> tuple[float, str]:
+    def _running(self) -> tuple[Compression, str]:
         s = self._s
-        return (1.0, DENSE_RING) if s.index < 0 else (self.config.crs[s.index], self.config.collective)
+        if s.index < 0:
+            return DENSE_DECISION.compression, DENSE_DECISION.collective
+        return Compression(TOPK, self.config.crs[s.index]), self.config.collective
 
     def decide(self) -> Decision:
-        cr, collective = self._running()
-        return Decision(cr=cr, collective=collective, root=self.config.root, version=self._s.version,
-                        reason=f"gravac {self._s.phase}: {self._s.reason}", probe_crs=self.config.crs)
+        compression, collective = self._running()
+        return Decision.of(compression, collective, root=self.config.root, version=self._s.version,
+                           reason=f"gravac {self._s.phase}: {self._s.reason}",
+                           probes=tuple(Compression(TOPK, c).name for c in self.config.crs))
 
     @property
     def phase(self) -> str:

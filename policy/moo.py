@@ -1,28 +1,34 @@
-"""The multi-objective policy (DESIGN.md section 5, after Tyagi & Swany 2023).
+"""The multi-objective policy (after Tyagi & Swany 2023), over every compressor family.
 
-Candidates are (cr, collective) pairs: each CR of the geometric grid from c_high
-down to c_low on each Top-k collective, plus dense AllReduce (cr = 1). Each
-candidate has two objectives, both minimised: the step time t_step = t_compute +
-t_comp(cr) + t_sync(cr, collective) and 1 / gain(cr). The Pareto front over them
-is computed exactly and the choice on it is made by an achievement scalarising
-function (weights time/gain, default 0.6/0.4) or by "progress per second",
-gain / t_step.
+Candidates are options, a compression over a collective: dense and bf16 over the
+dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of the geometric
+grid c_high..c_low over each Top-k collective. Each option has two objectives,
+both minimised: the step time t_step = t_compute + t_comp + t_sync and 1 / gain.
+The Pareto front over them is computed exactly and the choice on it is made by
+an achievement scalarising function (weights time/gain, default 0.6/0.4) or by
+"progress per second", gain / t_step.
 
 Where each figure comes from:
-- t_sync: measured for the candidates run since the network last changed;
-  otherwise the calibrated alpha-beta model (policy.costmodel).
-- t_comp: measured per CR when that CR has run, else the model scaled by what
-  the measured CRs say about this machine.
-- gain: reported for every CR on every step (the client reads the gains of all
-  candidate CRs off one gradient), smoothed; dense has gain 1.
+- t_sync: measured for the options run since the network last changed;
+  otherwise the calibrated alpha-beta model (policy.costmodel) of the job's
+  gradient layout.
+- t_comp: measured per compression once it ran, else the model scaled by what
+  the compressions of that family measured say about this machine.
+- t_compute: what the client reports (a step's wall time less its t_comp and
+  t_sync), the median of recent steps.
+- gain: 1 for dense and bf16; Top-k's and PowerSGD's are read by the client for
+  every candidate off one gradient each probe interval, and smoothed.
 
-Phases: warm-up (dense, to measure compute and dense sync time), exploration
-(run the promising candidates a few steps each, in the live run with error
-feedback), exploitation. Exploration starts again when alpha, beta or the
-chosen CR's gain moves by >= change_threshold from what the last exploration
-saw. A switch needs the new choice to beat the current one by more than the
-hysteresis margin (at least the model's current relative error), so near-equal
-candidates do not flap.
+Phases: warm-up (a lossless option, to measure the job), exploring (run the few
+options the calibrated model puts nearest the best choice, one or two steps each;
+never more than `explore_share` of all steps), exploiting. A change, the network
+moving (alpha or beta by >= change_threshold) or the running option's measured
+sync time moving for several steps in a row, is judged by what it would change:
+every option is predicted again under the network as it now is, and only when
+another option would beat the running one by more than the margin does the
+policy explore again; otherwise it keeps its choice and re-bases. A switch
+needs the new choice to beat the current one by more than the hysteresis margin
+(at least the model's current relative error), so near-equal options do not flap.
 
 Pure and deterministic: same calls, same decisions.
 """
@@ -30,45 +36,76 @@ Pure and deterministic: same calls, same decisions.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
-from flexcomm.policy.costmodel import Calibration, CompressionCost, ModelForms, sync_time
+from flexcomm.policy.costmodel import (
+    Calibration,
+    CompressionCost,
+    ModelForms,
+    calibration_key,
+    option_sync_time,
+    option_terms,
+    powersgd_split,
+)
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
     ART_TREE,
-    DENSE_COLLECTIVES,
+    BF16,
+    DENSE,
     DENSE_RING,
+    FAMILIES,
+    FAMILY_COLLECTIVES,
+    MAX_PROBES,
+    MAX_RANK,
+    POWERSGD,
     ROOT_STAR,
-    SPARSE_COLLECTIVES,
+    TOPK,
+    Compression,
     Decision,
+    GradientLayout,
     NetworkObservation,
     StepReport,
-    check_collective,
     check_cr,
-    check_known_options,
+    check_family,
+    check_options,
+    check_pairing,
     check_range,
     check_root,
+    option_label,
 )
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("asf", "progress")
+STATE_FORMAT = 2
+COMPUTE_SAMPLES = 9
+CALIBRATION_OUTLIER = 3.0
+CALIBRATION_RESET = 8
+MAX_BETA_S_PER_BYTE = 1e-3  # 8 kbit/s: slower than that, a step's figures are not a link's
+MAX_CANDIDATE_CRS = MAX_PROBES
 
 
 def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ...]:
     """c_high, c_high/factor, ... ending at c_low, rounded to c_low's decimal
-    precision: (0.001, 0.1, 3) -> (0.1, 0.033, 0.011, 0.004, 0.001)."""
+    precision: (0.001, 0.1, 3) -> (0.1, 0.033, 0.011, 0.004, 0.001). The grid's
+    size is computed before it is built and refused above MAX_CANDIDATE_CRS."""
     check_cr(c_low, "c_low")
     check_cr(c_high, "c_high")
     if c_low > c_high:
         raise ValueError(f"c_low: must be <= c_high ({c_high}), got {c_low}")
-    if not (factor > 1.0 and math.isfinite(factor)):
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (factor > 1.0 and math.isfinite(factor)):
         raise ValueError(f"factor: must be a finite number > 1, got {factor!r}")
-    steps = max(0, round(math.log(c_high / c_low) / math.log(factor)))
+    # Counted before anything is built: a factor near 1 asks for millions (and the
+    # logs' difference, unlike the log of the ratio, holds for a subnormal c_low).
+    steps = max(0, round((math.log(c_high) - math.log(c_low)) / math.log(factor)))
+    if steps + 1 > MAX_CANDIDATE_CRS:
+        raise ValueError(f"factor: {factor!r} from c_high {c_high} down to c_low {c_low} makes {steps + 1} CRs, "
+                         f"at most {MAX_CANDIDATE_CRS}")
     decimals = max(0, -math.floor(math.log10(c_low)))
     crs = [round(c_high / factor**i, decimals) for i in range(steps)] + [c_low]
     out: list[float] = []
@@ -78,8 +115,26 @@ def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ..
     return tuple(sorted(out, reverse=True))
 
 
+@dataclass(frozen=True, order=True)
+class Option:
+    """One candidate: a compression over a collective."""
+
+    compression: Compression
+    collective: str
+
+    @property
+    def label(self) -> str:
+        return option_label(self.compression, self.collective)
+
+    @property
+    def lossless(self) -> bool:
+        return not self.compression.lossy
+
+
 @dataclass(frozen=True)
 class MooConfig:
+    families: tuple[str, ...] = FAMILIES
+    ranks: tuple[int, ...] = (1, 2, 4)
     c_low: float = 0.001
     c_high: float = 0.1
     factor: float = 3.0
@@ -89,37 +144,48 @@ class MooConfig:
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
-    reexplore_on_gain: bool = False
     sync_change_threshold: float = 0.5
     sync_change_steps: int = 3
     alpha_floor_s: float = 1e-4
     hysteresis: float = 0.05
-    warmup_steps: int = 3
+    warmup_steps: int = 1
     explore_steps: int = 2
-    explore_prune: float = 4.0
-    min_exploit_steps: int = 10
+    explore_share: float = 0.10
+    explore_horizon: int = 100
+    explore_max: int = 4
+    explore_prune: float = 3.0
     smoothing: float = 0.3
     gain_smoothing: float = 0.05
     root: str = ROOT_STAR
     ag_form: str = "paper"
     tree_form: str = "paper"
-    value_bytes: int = 4
     index_bytes: int = 4
     comp_per_byte: float = CompressionCost.per_byte
     comp_per_selected_byte: float = CompressionCost.per_selected_byte
+    comp_per_cast_byte: float = CompressionCost.per_cast_byte
+    comp_per_mac: float = CompressionCost.per_mac
 
     def __post_init__(self) -> None:
+        if not self.families:
+            raise ValueError("families: at least one compressor family is needed")
+        for f in self.families:
+            check_family(f, "families")
+        for r in self.ranks:
+            if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_RANK:
+                raise ValueError(f"ranks: a PowerSGD rank is a whole number in 1..{MAX_RANK}, got {r!r}")
+        if len(self.ranks) > MAX_PROBES // 2:
+            raise ValueError(f"ranks: at most {MAX_PROBES // 2}, got {len(self.ranks)}")
         candidate_crs(self.c_low, self.c_high, self.factor)
         for c in self.collectives:
-            check_collective(c, "collectives")
-            if c not in SPARSE_COLLECTIVES:
-                raise ValueError(f"collectives: {c!r} is not a Top-k collective")
+            check_pairing(TOPK, c, "collectives")
         for c in self.dense_collectives:
-            check_collective(c, "dense_collectives")
-            if c not in DENSE_COLLECTIVES:
-                raise ValueError(f"dense_collectives: {c!r} is not a dense collective")
-        if not self.collectives and not self.dense_collectives:
-            raise ValueError("collectives: at least one collective is needed")
+            check_pairing(DENSE, c, "dense_collectives")
+        for name in ("families", "ranks", "collectives", "dense_collectives"):
+            listed = getattr(self, name)
+            if len(set(listed)) != len(listed):  # each would be one more candidate, or none
+                raise ValueError(f"{name}: {sorted(listed, key=str)} lists one twice")
+        if not self.options:
+            raise ValueError("families: no option is left (check collectives, dense_collectives and ranks)")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: unknown objective {self.objective!r} (one of asf, progress)")
         check_root(self.root)
@@ -129,47 +195,56 @@ class MooConfig:
             raise ValueError("weight_time: weights must not both be 0")
         check_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
         check_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
-        if not isinstance(self.reexplore_on_gain, bool):
-            raise ValueError(f"reexplore_on_gain: must be true or false, got {self.reexplore_on_gain!r}")
         check_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         check_range("hysteresis", self.hysteresis, 0, 1)
         check_range("smoothing", self.smoothing, 0, 1, open_low=True)
         check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
+        check_range("explore_share", self.explore_share, 0, 1)
         check_range("explore_prune", self.explore_prune, 1, 1e6)
-        for name in ("warmup_steps", "explore_steps", "min_exploit_steps", "sync_change_steps"):
+        for name, low in (("warmup_steps", 0), ("explore_steps", 1), ("sync_change_steps", 0),
+                          ("explore_horizon", 0), ("explore_max", 1)):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 0 or (name == "explore_steps" and v < 1):
-                raise ValueError(f"{name}: must be a whole number >= {1 if name == 'explore_steps' else 0}, got {v!r}")
-        ModelForms(self.ag_form, self.tree_form, self.value_bytes, self.index_bytes)
-        CompressionCost(self.comp_per_byte, self.comp_per_selected_byte)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000:
+                raise ValueError(f"{name}: must be a whole number in {low}..1000000, got {v!r}")
+        ModelForms(self.ag_form, self.tree_form, 4, self.index_bytes)
+        self.comp_cost  # noqa: B018 -- validates the compute coefficients
 
     @cached_property
     def crs(self) -> tuple[float, ...]:
         return candidate_crs(self.c_low, self.c_high, self.factor)
 
     @cached_property
-    def forms(self) -> ModelForms:
-        return ModelForms(self.ag_form, self.tree_form, self.value_bytes, self.index_bytes)
+    def options(self) -> tuple[Option, ...]:
+        """Every candidate, lossless ones first."""
+        out: list[Option] = []
+        for family in (DENSE, BF16):
+            if family in self.families:
+                out += [Option(Compression(family), c) for c in self.dense_collectives
+                        if c in FAMILY_COLLECTIVES[family]]
+        if POWERSGD in self.families:
+            out += [Option(Compression(POWERSGD, r), DENSE_RING) for r in sorted(set(self.ranks))]
+        if TOPK in self.families:
+            out += [Option(Compression(TOPK, cr), c) for cr in self.crs for c in self.collectives]
+        return tuple(out)
+
+    def forms(self, layout: GradientLayout) -> ModelForms:
+        return ModelForms(self.ag_form, self.tree_form, layout.value_bytes, self.index_bytes)
 
     @cached_property
     def comp_cost(self) -> CompressionCost:
-        return CompressionCost(self.comp_per_byte, self.comp_per_selected_byte)
+        return CompressionCost(self.comp_per_byte, self.comp_per_selected_byte, self.comp_per_cast_byte,
+                               self.comp_per_mac)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MooConfig:
-        """Build from plain options (CLI, TOML, RPC); unknown keys are refused."""
-        check_known_options(options, cls, "MOO")
-        kw = dict(options)
-        for key in ("collectives", "dense_collectives"):
-            if key in kw:
-                v = kw[key]
-                kw[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
-        return cls(**kw)
+        """Build from plain options (CLI, TOML, RPC); unknown keys and values of
+        the wrong type are refused, naming the option."""
+        return cls(**check_options(options, cls, "MOO"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["collectives"] = list(self.collectives)
-        d["dense_collectives"] = list(self.dense_collectives)
+        for key in ("families", "collectives", "dense_collectives", "ranks"):
+            d[key] = list(getattr(self, key))
         return d
 
 
@@ -177,8 +252,7 @@ class MooConfig:
 class Evaluation:
     """One candidate as the policy sees it now."""
 
-    collective: str
-    cr: float
+    option: Option
     t_sync_s: float
     t_comp_s: float
     t_step_s: float
@@ -186,88 +260,160 @@ class Evaluation:
     measured: bool  # t_sync measured (True) or predicted by the calibrated model
     raw_sync_s: float | None = None  # the uncalibrated model's figure, when a network is known
 
+    @property
+    def label(self) -> str:
+        return self.option.label
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _key(collective: str, cr: float) -> str:
-    return f"{collective}@{cr!r}"
+        return {"option": self.label, "family": self.option.compression.family,
+                "param": self.option.compression.param, "collective": self.option.collective,
+                "t_sync_s": self.t_sync_s, "t_comp_s": self.t_comp_s, "t_step_s": self.t_step_s,
+                "gain": self.gain, "measured": self.measured, "raw_sync_s": self.raw_sync_s}
 
 
 @dataclass
 class _State:
     phase: str = WARMUP
     phase_steps: int = 0
-    plan: list[list[Any]] = field(default_factory=list)  # [[collective, cr], ...]
+    plan: list[list] = field(default_factory=list)  # [[option label, exploring], ...] to measure
     plan_index: int = 0
-    net: dict[str, Any] | None = None
-    baseline: dict[str, float] | None = None
-    t_compute: float | None = None
-    t_comp: dict[str, float] = field(default_factory=dict)  # repr(cr) -> s
-    gains: dict[str, float] = field(default_factory=dict)  # repr(cr) -> gain
-    sync: dict[str, float] = field(default_factory=dict)  # key -> s, since the last change
+    net: dict[str, Any] | None = None  # the network as the policy takes it now
+    observed: dict[str, Any] | None = None  # the last one observe_network was given
+    baseline: dict[str, float] | None = None  # the network the last choice was made on
+    compute: list[float] = field(default_factory=list)  # recent t_compute samples
+    t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
+    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain
+    sync: dict[str, float] = field(default_factory=dict)  # option label -> s, since the last change
     current: dict[str, Any] | None = None
     version: int = 0
     explorations: int = 0
     steps_seen: int = 0
+    explore_steps: int = 0  # steps run on an option only to measure it
     why: str = ""  # what started the current exploration
+    outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     sync_baseline: float | None = None  # the chosen option's settled sync time
+    sync_level: float | None = None  # its smoothed sync time per second of compute (per step if unknown)
+    last_level: float | None = None  # the same, of its latest step alone
+    last_sync: float | None = None  # its latest step's sync time
+    level_baseline: float | None = None  # sync_level when it settled
     sync_moved_steps: int = 0  # consecutive steps it has stayed moved
 
 
 class MooPolicy:
-    """Multi-objective choice of (cr, collective); see the module docstring."""
+    """Multi-objective choice of (compression, collective); see the module docstring."""
 
     name = "moo"
 
-    def __init__(self, grad_bytes: float, config: MooConfig | None = None) -> None:
+    def __init__(self, grad_bytes: float, config: MooConfig | None = None,
+                 layout: GradientLayout | None = None) -> None:
         if not (isinstance(grad_bytes, (int, float)) and math.isfinite(grad_bytes) and grad_bytes > 0):
             raise ValueError(f"grad_bytes: must be finite and > 0, got {grad_bytes!r}")
-        self.grad_bytes = float(grad_bytes)
+        self.layout = layout or GradientLayout.flat(grad_bytes)
         self.config = config or MooConfig()
         self.calibration = Calibration()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
-        collective, cr = self._options()[0]  # dense when allowed
-        self._set_current(collective, cr, "warm-up: measuring compute and sync time")
+        self._set_current(self._warmup_option(), "warm-up: measuring the job on a lossless option")
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.layout.grad_bytes
+
+    @cached_property
+    def forms(self) -> ModelForms:
+        return self.config.forms(self.layout)
+
+    @cached_property
+    def options(self) -> tuple[Option, ...]:
+        """The config's options this gradient can use (PowerSGD only where its
+        rule compresses some matrix at that rank)."""
+        return tuple(o for o in self.config.options if o.compression.family != POWERSGD
+                     or powersgd_split(self.layout, o.compression.rank).p_values > 0)
+
+    @cached_property
+    def _labels(self) -> frozenset[str]:
+        return frozenset(o.label for o in self.options)
+
+    @cached_property
+    def probes(self) -> tuple[str, ...]:
+        names = [o.compression.name for o in self.options if o.compression.lossy]
+        return tuple(dict.fromkeys(names))
 
     # --- observations --------------------------------------------------------
 
     def observe_network(self, net: NetworkObservation) -> None:
+        """The network as probed (or estimated by the agent). The same observation
+        again is no news: it must not undo what the step reports have shown since."""
+        if net.to_dict() == self._s.observed:
+            return
         self._decision = None
-        self._s.net = net.to_dict()
+        self._s.observed = self._s.net = net.to_dict()
+        if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
+            self._set_current(self._warmup_option(), self._s.current["reason"])
         if self._s.phase == EXPLOIT and self._network_moved(net):
-            self._start_exploration(self._network_change_reason(net))
+            self._s.sync = {}  # measured on the old network
+            self._reconsider(self._network_change_reason(net))
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
         self._decision = None
         s.steps_seen += 1
-        w = cfg.smoothing
         if report.t_compute_s > 0:
-            s.t_compute = _ewma(s.t_compute, report.t_compute_s, w)
-        # Gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
-        # one CR on a small model, so it is smoothed far more than times are.
-        gains = dict(report.gains)
-        if report.collective in SPARSE_COLLECTIVES:
-            gains.setdefault(report.cr, report.gain)
-            s.t_comp[repr(report.cr)] = _ewma(s.t_comp.get(repr(report.cr)), report.t_comp_s, w)
-        for cr, g in sorted(gains.items()):
-            key = repr(float(cr))
-            s.gains[key] = _ewma(s.gains.get(key), float(g), cfg.gain_smoothing)
-        if report.t_sync_s > 0:
-            key = _key(report.collective, report.cr)
-            s.sync[key] = _ewma(s.sync.get(key), report.t_sync_s, w)
-            net = self._net()
-            if net is not None:
-                raw = sync_time(report.collective, self.grad_bytes, report.cr, net, cfg.forms)
-                if raw > 0:
-                    self.calibration.observe(report.collective, raw, report.t_sync_s)
+            s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
+        self._observe_gains(report)
+        # Only candidates' figures are kept: a report may name any option, and what
+        # no candidate reads would grow the state without bound.
+        label = option_label(report.compression, report.collective)
+        candidate = label in self._labels
+        if candidate and report.family != DENSE:
+            name = report.compression.name
+            s.t_comp[name] = _ewma(s.t_comp.get(name), report.t_comp_s, cfg.smoothing)
+        if report.t_sync_s > 0 and candidate:
+            s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
+            self._calibrate(report)
         if self._runs_current(report):
             s.phase_steps += 1
+            if s.current.get("exploring"):
+                s.explore_steps += 1
+            if report.t_sync_s > 0:
+                # In units of the step's compute time: a loaded host slows both alike.
+                unit = report.t_compute_s or self.t_compute or 1.0
+                s.last_level, s.last_sync = report.t_sync_s / unit, report.t_sync_s
+                s.sync_level = _ewma(s.sync_level, s.last_level, cfg.smoothing)
             self._advance()
+
+    def _calibrate(self, report: StepReport) -> None:
+        """Fit the model's error on this pair, unless the time is so far off the
+        calibrated prediction (CALIBRATION_OUTLIER x either way) that the network
+        the policy knows is not the one the step ran on (a change not yet probed):
+        that is the change detector's to judge. Outliers that persist
+        (CALIBRATION_RESET in a row) mean the model itself is off: its fit starts over."""
+        net = self._net()
+        if net is None:
+            return
+        key = calibration_key(report.compression, report.collective)
+        raw = option_sync_time(report.compression, report.collective, self.layout, net, self.forms)
+        outliers = self._s.outliers
+        if self.calibration.observations(key):
+            ratio = report.t_sync_s / max(self.calibration.apply(key, raw), 1e-12)
+            if not 1 / CALIBRATION_OUTLIER <= ratio <= CALIBRATION_OUTLIER:
+                outliers[key] = outliers.get(key, 0) + 1
+                if outliers[key] < CALIBRATION_RESET:
+                    return
+                self.calibration.forget(key)
+        outliers.pop(key, None)
+        self.calibration.observe(key, raw, report.t_sync_s)
+
+    def _observe_gains(self, report: StepReport) -> None:
+        # A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x
+        # at one CR on a small model, so it is smoothed far more than times are.
+        gains = {name: g for name, g in report.gains.items() if name in self.probes}
+        if report.compression.name in self.probes:
+            gains.setdefault(report.compression.name, report.gain)
+        for name, g in sorted(gains.items()):
+            self._s.gains[name] = _ewma(self._s.gains.get(name), float(g), self.config.gain_smoothing)
 
     # --- decisions -----------------------------------------------------------
 
@@ -280,34 +426,41 @@ class MooPolicy:
             self._decision = Decision.from_dict(self._s.current)
         return self._decision
 
-    def evaluate(self) -> list[Evaluation]:
-        """Every candidate with the figures the choice would use (skips candidates
-        with no measured nor predictable sync time)."""
-        s, cfg = self._s, self.config
+    def evaluate(self, *, predicted: bool = False) -> list[Evaluation]:
+        """Every candidate with the figures the choice would use (skips those with
+        no measured nor predictable sync time). predicted=True ignores what was
+        measured: every option as the calibrated model sees it."""
+        s = self._s
         net = self._net()
-        comp_scale = self._comp_scale()
         rows = []
-        cur = s.current
-        running = _key(cur["collective"], cur["cr"]) if cur else None
-        for collective, cr in self._options():
-            key = _key(collective, cr)
-            raw = sync_time(collective, self.grad_bytes, cr, net, cfg.forms) if net else None
-            if key == running and s.phase == EXPLOIT and s.sync_baseline is not None:
+        running = self._current_label()
+        t_compute = self.t_compute
+        scales = {family: self._comp_scale(family) for family in FAMILIES}
+        for option in self.options:
+            raw = (option_sync_time(option.compression, option.collective, self.layout, net, self.forms)
+                   if net else None)
+            measured = not predicted
+            if measured and option.label == running and s.phase == EXPLOIT and s.sync_baseline is not None:
                 # Only the running option gets fresh (noisy) figures; the others
                 # keep their explored ones. Comparing them as equals lets one slow
                 # step switch the job; the change detector judges moves instead.
-                t_sync, measured = s.sync_baseline, True
-            elif key in s.sync:
-                t_sync, measured = s.sync[key], True
+                t_sync = s.sync_baseline
+            elif measured and option.label in s.sync:
+                t_sync = s.sync[option.label]
             elif raw is not None:
-                t_sync, measured = self.calibration.apply(collective, raw), False
+                key = calibration_key(option.compression, option.collective)
+                t_sync, measured = self.calibration.apply(key, raw), False
             else:
                 continue
-            t_comp = self._t_comp(cr, comp_scale)
-            gain = 1.0 if cr == 1.0 else s.gains.get(repr(cr))
-            t_step = (s.t_compute or 0.0) + t_comp + t_sync
-            rows.append(Evaluation(collective, cr, t_sync, t_comp, t_step, gain, measured, raw))
+            t_comp = self._t_comp(option.compression, scales[option.compression.family])
+            gain = s.gains.get(option.compression.name) if option.compression.lossy else 1.0
+            t_step = t_compute + t_comp + t_sync
+            rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
+
+    @property
+    def t_compute(self) -> float:
+        return statistics.median(self._s.compute) if self._s.compute else 0.0
 
     def choose(self, rows: list[Evaluation]) -> Evaluation:
         """The choice among `rows` (no hysteresis): Pareto front, then ASF or
@@ -315,20 +468,30 @@ class MooPolicy:
         if not rows:
             raise ValueError("rows: nothing to choose from")
         if any(r.gain is None for r in rows):
-            return min(rows, key=lambda r: (r.t_step_s, -r.cr, r.collective))
+            return min(rows, key=lambda r: (r.t_step_s, r.option))
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
-            return max((rows[i] for i in front), key=lambda r: (r.gain / r.t_step_s, r.cr))
+            return max((rows[i] for i in front), key=lambda r: (r.gain / r.t_step_s, r.gain))
         scores = self._asf([points[i] for i in front])
         best = min(range(len(front)), key=lambda j: (scores[j], points[front[j]][0]))
         return rows[front[best]]
+
+    def ranking(self, rows: list[Evaluation]) -> list[Evaluation]:
+        """`rows` best first, by the objective choose() uses (dominated ones after
+        the front), for planning what to measure."""
+        if any(r.gain is None for r in rows):
+            return sorted(rows, key=lambda r: (r.t_step_s, r.option))
+        if self.config.objective == "progress":
+            return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
+        scores = self._asf([_objectives(r) for r in rows])
+        return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
         return pareto.asf_scores(points, (self.config.weight_time, self.config.weight_gain))
 
     def model_error(self) -> float | None:
-        """The calibrated model's current relative error (worst collective)."""
+        """The calibrated model's current relative error (worst fit)."""
         return self.calibration.error()
 
     # --- persistence ---------------------------------------------------------
@@ -336,18 +499,33 @@ class MooPolicy:
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.name,
+            "format": STATE_FORMAT,
             "grad_bytes": self.grad_bytes,
+            "layout": self.layout.to_dict(),
             "config": self.config.to_dict(),
             "calibration": self.calibration.state_dict(),
             "state": asdict(self._s),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.grad_bytes = float(state["grad_bytes"])
-        self.config = MooConfig.from_options(state["config"])
+        """Restore a saved state. A state saved by an older flexcomm (another
+        format) keeps the job's settings and starts measuring afresh."""
+        known = {f for f in MooConfig.__dataclass_fields__}
+        config = {k: v for k, v in state["config"].items() if k in known}
+        self.config = MooConfig.from_options(config)
+        layout = state.get("layout")
+        self.layout = (GradientLayout.from_dict(layout) if layout
+                       else GradientLayout.flat(float(state["grad_bytes"])))
+        for cached in ("forms", "options", "probes", "_labels"):
+            self.__dict__.pop(cached, None)
+        self._decision = None
+        if state.get("format") != STATE_FORMAT:
+            self.calibration = Calibration()
+            self._s = _State()
+            self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
+            return
         self.calibration = Calibration.from_state(state["calibration"])
         self._s = _State(**state["state"])
-        self._decision = None
 
     @property
     def phase(self) -> str:
@@ -362,31 +540,55 @@ class MooPolicy:
     def explorations(self) -> int:
         return self._s.explorations
 
-    # --- internals -----------------------------------------------------------
+    @property
+    def explore_steps(self) -> int:
+        """Steps run on an option only to measure it."""
+        return self._s.explore_steps
+
+    # --- internals: figures --------------------------------------------------
 
     def _net(self) -> NetworkObservation | None:
         return NetworkObservation(**self._s.net) if self._s.net else None
 
-    def _options(self) -> list[tuple[str, float]]:
-        dense = [(c, 1.0) for c in self.config.dense_collectives]
-        return dense + [(c, cr) for cr in self.config.crs for c in self.config.collectives]
+    def _current_label(self) -> str | None:
+        cur = self._s.current
+        if cur is None:
+            return None
+        return option_label(Compression(cur["family"], cur["param"]), cur["collective"])
 
-    def _comp_scale(self) -> float:
-        """Measured over modelled t_comp, averaged over the CRs that ran."""
-        model = self.config.comp_cost
-        ratios = [v / model.seconds(self.grad_bytes, float(k)) for k, v in sorted(self._s.t_comp.items())
-                  if model.seconds(self.grad_bytes, float(k)) > 0]
+    def _comp_scale(self, family: str) -> float:
+        """Measured over modelled t_comp, averaged over the family's compressions that ran."""
+        ratios = []
+        for name, measured in sorted(self._s.t_comp.items()):
+            c = Compression.parse(name)
+            model = self.config.comp_cost.seconds(c, self.layout)
+            if c.family == family and model > 0:
+                ratios.append(measured / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
 
-    def _t_comp(self, cr: float, scale: float) -> float:
-        if cr == 1.0:
+    def _t_comp(self, compression: Compression, scale: float) -> float:
+        """Measured, or the model's figure times what the family measured (`scale`)."""
+        if compression.family == DENSE:
             return 0.0
-        measured = self._s.t_comp.get(repr(cr))
-        return measured if measured is not None else scale * self.config.comp_cost.seconds(self.grad_bytes, cr)
+        measured = self._s.t_comp.get(compression.name)
+        if measured is not None:
+            return measured
+        return scale * self.config.comp_cost.seconds(compression, self.layout)
 
     def _runs_current(self, report: StepReport) -> bool:
-        cur = self._s.current
-        return cur is not None and report.collective == cur["collective"] and report.cr == cur["cr"]
+        return option_label(report.compression, report.collective) == self._current_label()
+
+    # --- internals: phases ---------------------------------------------------
+
+    def _warmup_option(self) -> Option:
+        """The lossless option the model expects fastest (the first when it cannot
+        tell), or the first option when the config has no lossless one."""
+        lossless = [o for o in self.options if o.lossless] or list(self.options[:1])
+        net = self._net()
+        if net is None:
+            return lossless[0]
+        return min(lossless, key=lambda o: (option_sync_time(o.compression, o.collective, self.layout, net,
+                                                             self.forms), o))
 
     def _advance(self) -> None:
         s, cfg = self._s, self.config
@@ -396,101 +598,180 @@ class MooPolicy:
             s.plan_index += 1
             self._run_plan_item()
         elif s.phase == EXPLOIT:
-            # A moved sync time is checked every step: waiting would let decide()
-            # wander among the other options' stale measurements.
             why = self._sync_moved()
-            if not why and cfg.reexplore_on_gain and s.phase_steps >= cfg.min_exploit_steps:
-                why = self._gain_moved()
             if why:
-                self._start_exploration(why)
+                self._reconsider(why, passive=True)
 
     def _sync_moved(self) -> str:
-        """Passive change detection: the chosen option's smoothed sync time moved
-        by >= sync_change_threshold from what it was chosen on (or, if chosen on
-        a prediction, from where it settled). Probes are rare; steps are not."""
+        """Passive change detection: the running option's smoothed sync time, in
+        units of the step's compute time, moved by >= sync_change_threshold from
+        where it settled, for sync_change_steps steps in a row (three thresholds
+        and more at once). Probes are rare; steps are not. A busy CPU slows
+        compute and sync alike, so it does not move the ratio; a link does."""
         s = self._s
-        measured = s.sync.get(_key(s.current["collective"], s.current["cr"]))
-        if measured is None:
+        measured = s.sync.get(self._current_label() or "")
+        if s.sync_level is None or measured is None:
             return ""
-        if s.sync_baseline is None:  # chosen on a prediction: settle on what it measures
+        if s.level_baseline is None:  # settle on what it measures
             if s.phase_steps >= self.config.explore_steps:
-                s.sync_baseline = measured
+                s.level_baseline = s.sync_level
+                s.sync_baseline = measured if s.sync_baseline is None else s.sync_baseline
             return ""
-        moved = (measured - s.sync_baseline) / s.sync_baseline
+        moved = (s.sync_level - s.level_baseline) / s.level_baseline
         threshold = self.config.sync_change_threshold
         s.sync_moved_steps = s.sync_moved_steps + 1 if abs(moved) >= threshold else 0
         if not s.sync_moved_steps:  # within noise: follow slow drift
-            s.sync_baseline += 0.05 * (measured - s.sync_baseline)
-        # A link that changed stays changed; a loaded machine's noise does not.
-        # Moves of three thresholds and more are taken at once.
+            s.level_baseline += 0.05 * (s.sync_level - s.level_baseline)
+            if s.sync_baseline is not None:
+                s.sync_baseline += 0.05 * (measured - s.sync_baseline)
         if s.sync_moved_steps < self.config.sync_change_steps and abs(moved) < 3 * threshold:
             return ""
-        return f"measured sync time of the chosen option moved {moved:+.0%}"
+        return f"measured sync time of the running option moved {moved:+.0%}"
+
+    def _rebase_detector(self, sync_s: float | None) -> None:
+        """The running option's figures start again: `sync_s`, when it was measured,
+        is what it is compared on (a choice made on an explored figure must notice
+        at once when its first steps run far from it: the link moved meanwhile)."""
+        s = self._s
+        s.sync_baseline = sync_s
+        s.sync_level = None
+        s.level_baseline = None if sync_s is None else sync_s / (self.t_compute or 1.0)
+        s.sync_moved_steps = 0
+
+    def _reconsider(self, why: str, *, passive: bool = False) -> None:
+        """A change was seen: explore again only if the model, under the network
+        as it now is, puts another option ahead of the running one by more than
+        the margin; else keep the choice and re-base on what it now measures."""
+        s = self._s
+        if passive:
+            implied = self._implied_network()
+            if implied is None:  # nothing to predict with: measure again
+                self._start_exploration(why)
+                return
+            s.net = implied.to_dict()  # what the steps show, until the network is observed anew
+        rows = self.evaluate(predicted=True)
+        current = next((r for r in rows if r.label == self._current_label()), None)
+        if not rows or current is None:
+            self._start_exploration(why)
+            return
+        if passive:
+            current = replace(current, t_sync_s=s.sync[current.label],
+                              t_step_s=current.t_step_s - current.t_sync_s + s.sync[current.label])
+            rows = [current if r.label == current.label else r for r in rows]
+        best = self.choose(rows)
+        # Only the margin on each objective holds here, not the one on the ASF score:
+        # the network did change, and the first choice after it is free of that.
+        margin = max(self.config.hysteresis, self.calibration.error())
+        if best.label == current.label or _within(current, best, margin):
+            self._keep_running(passive)
+            s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
+            return
+        self._start_exploration(f"{why}; the model now prefers {best.label}")
+
+    def _keep_running(self, passive: bool) -> None:
+        """Carry on with the running option, judged from now on against where it
+        now is: a passive move re-bases on its latest step (the smoothed figures
+        still trail the move), a network move on what it measures next."""
+        s = self._s
+        label = self._current_label()
+        if passive and s.last_sync is not None:
+            s.sync = {label: s.last_sync}
+            self._rebase_detector(s.last_sync)
+            s.sync_level = s.level_baseline = s.last_level
+        else:
+            s.sync = {}
+            self._rebase_detector(None)
+        self._rebase()
+
+    def _implied_network(self) -> NetworkObservation | None:
+        """The network the running option's measured sync time implies: the
+        observed latency kept, the bandwidth whatever the rest of the time needs."""
+        net, s = self._net(), self._s
+        label = self._current_label()
+        if net is None or label is None or label not in s.sync:
+            return None
+        cur = s.current
+        compression = Compression(cur["family"], cur["param"])
+        raw = option_sync_time(compression, cur["collective"], self.layout, net, self.forms)
+        expected = self.calibration.apply(calibration_key(compression, cur["collective"]), raw)
+        latencies, link_bytes = option_terms(compression, cur["collective"], self.layout, net.nodes, self.forms)
+        if expected <= 0 or link_bytes <= 0:
+            return None
+        # The raw model's time that would have been calibrated to what was measured.
+        implied_raw = raw * s.sync[label] / expected
+        wire_s = net.bucket.at_rate_s(max(implied_raw - net.alpha_s * latencies, 1e-9))
+        beta = wire_s / link_bytes
+        if not (math.isfinite(beta) and 0 < beta <= MAX_BETA_S_PER_BYTE):
+            return None  # figures too far out to mean a link
+        return replace(net, beta_s_per_byte=beta)
 
     def _start_exploration(self, why: str) -> None:
         s = self._s
-        s.explorations += 1
-        s.sync = {}
-        s.plan = [[c, cr] for c, cr in self._exploration_plan()]
-        s.plan_index = 0
-        s.phase = EXPLORE
         s.why = why
+        s.plan = self._exploration_plan()
+        s.plan_index = 0
+        s.sync = {}
+        if not s.plan:  # nothing to predict with and no exploring left: stay
+            s.current["reason"] = f"{why}; exploring budget spent: staying"
+            self._rebase()
+            return
+        s.explorations += 1
+        s.phase = EXPLORE
         self._run_plan_item()
 
-    def _exploration_plan(self) -> list[tuple[str, float]]:
-        cfg, net = self.config, self._net()
-        options = self._options()
-        if net is None:
-            # Nothing to predict with: each CR on the first Top-k collective, and dense.
-            first = cfg.collectives[0] if cfg.collectives else None
-            plan = [o for o in options if o[1] == 1.0][:1]
-            return plan + ([(first, cr) for cr in cfg.crs] if first else [])
-        scale = self._comp_scale()
+    def _explore_allowance(self) -> int:
+        """Exploring steps still allowed: explore_share of the steps seen so far
+        (of explore_horizon while fewer have run) less those already spent."""
+        cfg, s = self.config, self._s
+        return math.floor(cfg.explore_share * max(s.steps_seen, cfg.explore_horizon)) - s.explore_steps
 
-        def predicted_step(o: tuple[str, float]) -> float:
-            c, cr = o
-            raw = sync_time(c, self.grad_bytes, cr, net, cfg.forms)
-            return (self._s.t_compute or 0.0) + self._t_comp(cr, scale) + self.calibration.apply(c, raw)
-
-        times = {o: predicted_step(o) for o in options}
-        limit = min(times.values()) * cfg.explore_prune
-        plan: list[tuple[str, float]] = []
-        dense = [o for o in options if o[1] == 1.0]
-        if dense:
-            best_dense = min(dense, key=lambda o: times[o])
-            if times[best_dense] <= limit:
-                plan.append(best_dense)
-        for cr in cfg.crs:
-            per_cr = [o for o in options if o[1] == cr]
-            best = min(per_cr, key=lambda o: (times[o], o[0]))
-            if times[best] <= limit:
-                plan.append(best)
-        middle = cfg.crs[len(cfg.crs) // 2]
-        for c in cfg.collectives:
-            if not any(p[0] == c for p in plan) and times[(c, middle)] <= limit:
-                plan.append((c, middle))
-        return plan or [min(options, key=lambda o: times[o])]
+    def _exploration_plan(self) -> list[list]:
+        """What to measure, as [label, exploring] pairs: the option the model ranks
+        first and the running one cost nothing (the job would run them anyway);
+        the next ones, within explore_prune of the fastest predicted step, as many
+        as explore_max and the exploring share allow."""
+        cfg = self.config
+        rows = self.evaluate(predicted=True)
+        if not rows:  # no network to predict with: one option per family
+            picks = list({o.compression.family: o for o in reversed(self.options)}.values())[::-1]
+            rows = [Evaluation(o, 0.0, 0.0, 0.0, None, False) for o in picks]
+            free = {self._current_label()}
+        else:
+            fastest = min(r.t_step_s for r in rows)
+            rows = [r for r in self.ranking(rows) if r.t_step_s <= fastest * cfg.explore_prune]
+            free = {rows[0].label, self._current_label()}
+        budget = self._explore_allowance()
+        plan: list[list] = []
+        for r in rows:
+            exploring = r.label not in free
+            if exploring and budget < cfg.explore_steps:
+                continue
+            plan.append([r.label, exploring])
+            budget -= cfg.explore_steps * exploring
+            if len(plan) >= cfg.explore_max:
+                break
+        return plan
 
     def _run_plan_item(self) -> None:
         s = self._s
         if s.plan_index >= len(s.plan):
             self._finish_exploration()
             return
-        c, cr = s.plan[s.plan_index]
-        self._set_current(c, cr, f"exploring {s.plan_index + 1}/{len(s.plan)} ({s.why})")
+        label, exploring = s.plan[s.plan_index]
+        option = next(o for o in self.options if o.label == label)
+        self._set_current(option, f"measuring {s.plan_index + 1}/{len(s.plan)} ({s.why})", exploring=exploring)
 
     def _finish_exploration(self) -> None:
         s = self._s
         s.phase = EXPLOIT
         s.current = None  # the first choice after exploring is free of hysteresis
-        chosen = self._choose()
+        self._choose()
+        self._rebase()
+
+    def _rebase(self) -> None:
         net = self._net()
-        s.baseline = {
-            "alpha_s": net.alpha_s if net else -1.0,
-            "beta_s_per_byte": net.beta_s_per_byte if net else -1.0,
-            "gain": s.gains.get(repr(chosen.cr), 1.0) if chosen.cr != 1.0 else 1.0,
-            "cr": chosen.cr,
-        }
+        self._s.baseline = {"alpha_s": net.alpha_s if net else -1.0,
+                            "beta_s_per_byte": net.beta_s_per_byte if net else -1.0}
 
     def _choose(self) -> Evaluation:
         # Predictions plan what to explore; choices are made among what was
@@ -500,14 +781,19 @@ class MooPolicy:
         measured = [r for r in rows if r.measured]
         rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
-            return Evaluation(self._s.current["collective"], self._s.current["cr"], 0, 0, 0, None, False)
+            cur = self._s.current
+            option = (Option(Compression(cur["family"], cur["param"]), cur["collective"]) if cur
+                      else self._warmup_option())
+            if cur is None:
+                self._set_current(option, "nothing measured and no network known")
+            return Evaluation(option, 0, 0, 0, None, False)
         best = self.choose(rows)
         current = self._current_row(rows)
         margin = max(self.config.hysteresis, self.calibration.error())
         if current is not None and current != best and self._not_worth_switching(current, best, rows, margin):
             return current
         if current != best:
-            self._set_current(best.collective, best.cr, self.explain(best, rows), best)
+            self._set_current(best.option, self.explain(best, self.evaluate()), best)
         return best
 
     def _not_worth_switching(self, current: Evaluation, best: Evaluation, rows: list[Evaluation],
@@ -515,8 +801,7 @@ class MooPolicy:
         """Stay when `current` is within `margin` of `best` on both objectives or,
         choosing by ASF, on the ASF score itself: two options far apart on the
         front can score alike, and smoothed gains drifting by a few percent then
-        swapped them every few steps (the lab's 20 Mbit/s phase: 0.011@art_tree and
-        0.033@art_ring, seven switches in 40 steps)."""
+        swapped them every few steps."""
         if _within(current, best, margin):
             return True
         if self.config.objective != "asf" or any(r.gain is None for r in rows):
@@ -526,37 +811,48 @@ class MooPolicy:
         return scores[rows.index(current)] <= scores[rows.index(best)] + margin
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
-        cur = self._s.current
-        if cur is None:
-            return None
-        return next((r for r in rows if r.collective == cur["collective"] and r.cr == cur["cr"]), None)
+        label = self._current_label()
+        return next((r for r in rows if r.label == label), None)
 
-    def _set_current(self, collective: str, cr: float, reason: str, row: Evaluation | None = None) -> None:
+    def _set_current(self, option: Option, reason: str, row: Evaluation | None = None, *,
+                     exploring: bool = False) -> None:
         s = self._s
-        if s.current and (s.current["collective"], s.current["cr"]) == (collective, cr):
+        if s.current and self._current_label() == option.label:
             s.current["reason"] = reason
+            s.current["exploring"] = exploring
             return
         s.version += 1
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        s.sync_baseline = row.t_sync_s if row is not None and row.measured else None
-        s.sync_moved_steps = 0
-        s.current = Decision(
-            cr=cr, collective=collective, root=self.config.root, version=s.version,
+        self._rebase_detector(row.t_sync_s if row is not None and row.measured else None)
+        s.current = Decision.of(
+            option.compression, option.collective, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
             predicted_comp_s=row.t_comp_s if row else 0.0,
-            reason=reason, probe_crs=self.config.crs, model_forms=self.config.forms.describe(),
+            reason=reason, probes=self.probes, model_forms=self.forms.describe(), exploring=exploring,
         ).to_dict()
 
     def explain(self, best: Evaluation, rows: list[Evaluation]) -> str:
-        what = "dense" if best.cr == 1.0 else f"Top-k cr={best.cr:g}"
-        gain = "" if best.gain is None else f", gain {best.gain:.2f}"
-        src = "measured" if best.measured else "model"
-        dense = [r for r in rows if r.cr == 1.0]
-        vs = f"; dense {dense[0].t_step_s:.4g} s" if dense and best.cr != 1.0 else ""
-        basis = "time only (gains unknown)" if best.gain is None else f"{self.config.objective} on the Pareto front"
-        return f"{what} over {best.collective}: t_step {best.t_step_s:.4g} s ({src}){gain}{vs}; {basis}"
+        """Why `best`: its figures (measured or predicted), and the runner-up of
+        each other family."""
+        def figures(r: Evaluation) -> str:
+            gain = "" if r.gain is None else f", gain {r.gain:.2f}"
+            return f"{r.t_step_s:.4g} s {'measured' if r.measured else 'predicted'}{gain}"
+
+        others = []
+        for family in FAMILIES:
+            if family == best.option.compression.family:
+                continue
+            mine = [r for r in rows if r.option.compression.family == family]
+            if mine:
+                r = min(mine, key=lambda r: (r.t_step_s, r.option))
+                others.append(f"{r.label} {figures(r)}")
+        basis = ("time only (gains unknown)" if best.gain is None
+                 else f"{self.config.objective} on the Pareto front")
+        vs = f"; vs {', '.join(others)}" if others else ""
+        return (f"{best.label}: step {figures(best)} (sync {best.t_sync_s:.3g} s, comp {best.t_comp_s:.3g} s)"
+                f"{vs}; {basis}")
 
     def _network_moved(self, net: NetworkObservation) -> bool:
         base = self._s.baseline
@@ -576,20 +872,11 @@ class MooPolicy:
         return (f"network moved: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {base.get('alpha_s', float('nan')) * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
-    def _gain_moved(self) -> str:
-        base = self._s.baseline
-        if not base or base["cr"] == 1.0:
-            return ""
-        now = self._s.gains.get(repr(base["cr"]))
-        if now is None or abs(now - base["gain"]) < self.config.change_threshold * base["gain"]:
-            return ""
-        return f"the chosen CR's gain moved {base['gain']:.2f} -> {now:.2f}"
-
 
 def _objectives(r: Evaluation) -> tuple[float, float]:
     """The two minimised objectives of a candidate with a known gain: (t_step, 1/gain)."""
     assert r.gain is not None
-    return r.t_step_s, 1.0 / max(r.gain, 1e-9)
+    return max(r.t_step_s, 1e-12), 1.0 / max(r.gain, 1e-9)
 
 
 def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:
@@ -603,3 +890,6 @@ def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:
 
 def _ewma(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+__all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "Option", "candidate_crs"]

@@ -1,4 +1,4 @@
-"""Fixed choices: always dense, or always one CR on one collective.
+"""Fixed choices: always dense, or always one compression over one collective.
 
 These are the baselines the adaptive policies are compared with, and what a
 user pins when they do not want adaptation.
@@ -7,30 +7,57 @@ user pins when they do not want adaptation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flexcomm.policy.types import (
-    DENSE_COLLECTIVES,
+    AG_TOPK,
     DENSE_RING,
     ROOT_STAR,
+    TOPK,
+    Compression,
     Decision,
     NetworkObservation,
     StepReport,
+    check_options,
 )
 
 
+def default_collective(compression: Compression) -> str:
+    """What a fixed choice runs over when none is named: AllGather for Top-k,
+    the ring AllReduce otherwise."""
+    return AG_TOPK if compression.family == TOPK else DENSE_RING
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    """The options of the static policy (its decision checks their values)."""
+
+    compression: str = "dense"
+    collective: str | None = None
+    root: str = ROOT_STAR
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> StaticConfig:
+        return cls(**check_options(options, cls, "static"))
+
+
 class StaticPolicy:
-    """Always the same (cr, collective, root). Dense collectives need cr = 1."""
+    """Always the same compression over the same collective."""
 
     name = "static"
 
-    def __init__(self, cr: float = 1.0, collective: str = DENSE_RING, root: str = ROOT_STAR) -> None:
-        if collective in DENSE_COLLECTIVES and cr == 1.0:
-            reason = f"static: dense {collective}"
-        else:
-            reason = f"static: Top-k at cr={cr:g} over {collective}"
-        # Decision validates cr, collective and root, naming the bad field.
-        self._decision = Decision(cr=cr, collective=collective, root=root, version=1, reason=reason)
+    @classmethod
+    def from_config(cls, config: StaticConfig) -> StaticPolicy:
+        return cls(config.compression, config.collective, config.root)
+
+    def __init__(self, compression: str | Compression = "dense", collective: str | None = None,
+                 root: str = ROOT_STAR) -> None:
+        c = compression if isinstance(compression, Compression) else Compression.parse(compression)
+        collective = default_collective(c) if collective is None else collective
+        # Decision validates the pairing and the root, naming the bad field.
+        self._decision = Decision.of(c, collective, root=root, version=1,
+                                     reason=f"static: {c.name} over {collective}")
 
     def observe_network(self, net: NetworkObservation) -> None:
         pass
@@ -52,6 +79,6 @@ class StaticPolicy:
 
 
 def dense_policy() -> StaticPolicy:
-    policy = StaticPolicy(1.0, DENSE_RING)
+    policy = StaticPolicy()
     policy.name = "dense"
     return policy

@@ -6,7 +6,7 @@ value raises ValueError naming the field, like every other bad field.
 
 from __future__ import annotations
 
-from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision, StepReport
+from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision, GradientLayout, StepReport
 from flexcomm.proto.flexcomm.v1 import agent_pb2 as pb
 
 _COLLECTIVE_TO_ENUM = {name: pb.Collective.Value(f"COLLECTIVE_{name.upper()}") for name in COLLECTIVES}
@@ -47,31 +47,35 @@ def root_from_enum(value: int, field: str = "root") -> str:
 def decision_to_proto(decision: Decision, job_id: str = "", decided_unix: float = 0.0) -> pb.Decision:
     return pb.Decision(
         job_id=job_id,
-        cr=decision.cr,
+        family=decision.family,
+        param=decision.param,
         collective=collective_to_enum(decision.collective),
         root=root_to_enum(decision.root),
         version=decision.version,
         predicted_sync_s=decision.predicted_sync_s,
         predicted_comp_s=decision.predicted_comp_s,
         reason=decision.reason,
-        probe_crs=list(decision.probe_crs),
+        probes=list(decision.probes),
         model_forms=decision.model_forms,
         decided_unix=decided_unix,
+        exploring=decision.exploring,
     )
 
 
 def decision_from_proto(msg: pb.Decision) -> Decision:
     """Raises ValueError naming the field when the message is not a valid decision."""
     return Decision(
-        cr=msg.cr,
+        family=msg.family,
+        param=msg.param,
         collective=collective_from_enum(msg.collective),
         root=root_from_enum(msg.root),
         version=msg.version,
         predicted_sync_s=msg.predicted_sync_s,
         predicted_comp_s=msg.predicted_comp_s,
         reason=msg.reason,
-        probe_crs=tuple(msg.probe_crs),
+        probes=tuple(msg.probes),
         model_forms=msg.model_forms,
+        exploring=msg.exploring,
     )
 
 
@@ -79,12 +83,24 @@ def report_to_proto(report: StepReport) -> pb.StepReport:
     return pb.StepReport(
         step=report.step,
         epoch=report.epoch,
-        cr=report.cr,
+        family=report.family,
+        param=report.param,
         collective=collective_to_enum(report.collective),
         t_comp_s=report.t_comp_s,
         t_sync_s=report.t_sync_s,
         t_compute_s=report.t_compute_s,
         gain=report.gain,
         bytes_sent=report.bytes_sent,
-        gains=[pb.GainAt(cr=c, gain=g) for c, g in report.gains.items()],
+        gains=[pb.Gain(compression=name, gain=g) for name, g in report.gains.items()],
     )
+
+
+def layout_to_proto(layout: GradientLayout) -> pb.GradientLayout:
+    return pb.GradientLayout(
+        matrices=[pb.MatrixShape(rows=r, cols=c) for r, c in layout.matrices],
+        vector_values=layout.vector_values, value_bytes=layout.value_bytes)
+
+
+def layout_from_proto(msg: pb.GradientLayout) -> GradientLayout:
+    """Raises ValueError naming the field (layout.matrices[3]: ...)."""
+    return GradientLayout(tuple((m.rows, m.cols) for m in msg.matrices), msg.vector_values, msg.value_bytes)

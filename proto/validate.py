@@ -21,9 +21,9 @@ from typing import Any
 from google.protobuf import struct_pb2
 
 from flexcomm.policy import POLICY_NAMES, make_policy
-from flexcomm.policy.types import MAX_EXACT_INT, Policy, StepReport, check_cr
+from flexcomm.policy.types import MAX_EXACT_INT, MAX_LAYOUT_MATRICES, GradientLayout, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
-from flexcomm.proto.convert import collective_from_enum
+from flexcomm.proto.convert import collective_from_enum, layout_from_proto, layout_to_proto
 
 JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
@@ -38,12 +38,15 @@ MAX_STEP = MAX_EXACT_INT
 MAX_SECONDS = 86_400.0  # one step phase longer than a day is a broken clock
 MAX_BYTES_PER_STEP = 1 << 44
 MAX_BANDWIDTH_BPS = 1e13  # 10 Tbit/s
+# 1 kbit/s: a slower estimate is a broken one, and a subnormal one made beta infinite.
+MIN_BANDWIDTH_BPS = 1e3
 MAX_ALPHA_S = 60.0
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A validated registration. `nodes` keeps the order given."""
+    """A validated registration. `nodes` keeps the order given; `layout` is None
+    when the job sent none (the policy then takes one flat vector of grad_bytes)."""
 
     job_id: str
     world_size: int
@@ -51,20 +54,26 @@ class JobSpec:
     nodes: tuple[str, ...]
     policy: str
     options: dict[str, Any] = field(default_factory=dict)
+    layout: GradientLayout | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "world_size": self.world_size, "grad_bytes": self.grad_bytes,
-                "nodes": list(self.nodes), "policy": self.policy, "options": self.options}
+                "nodes": list(self.nodes), "policy": self.policy, "options": self.options,
+                "layout": self.layout.to_dict() if self.layout else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobSpec:
+        layout = d.get("layout")
         return cls(job_id=d["job_id"], world_size=int(d["world_size"]), grad_bytes=int(d["grad_bytes"]),
-                   nodes=tuple(d["nodes"]), policy=d["policy"], options=dict(d.get("options") or {}))
+                   nodes=tuple(d["nodes"]), policy=d["policy"], options=dict(d.get("options") or {}),
+                   layout=GradientLayout.from_dict(layout) if layout else None)
 
     def to_proto(self) -> pb.JobSpec:
         msg = pb.JobSpec(job_id=self.job_id, world_size=self.world_size, grad_bytes=self.grad_bytes,
                          nodes=list(self.nodes), policy=self.policy)
         msg.options.update(self.options)
+        if self.layout is not None:
+            msg.layout.CopyFrom(layout_to_proto(self.layout))
         return msg
 
 
@@ -127,7 +136,23 @@ def spec(msg: pb.JobSpec) -> JobSpec:
     if msg.policy not in POLICIES:
         raise ValueError(f"spec.policy: unknown policy {msg.policy[:64]!r} (one of {', '.join(POLICIES)})")
     return JobSpec(job_id=msg.job_id, world_size=msg.world_size, grad_bytes=msg.grad_bytes,
-                   nodes=tuple(msg.nodes), policy=msg.policy, options=options(msg))
+                   nodes=tuple(msg.nodes), policy=msg.policy, options=options(msg), layout=layout(msg))
+
+
+def layout(msg: pb.JobSpec) -> GradientLayout | None:
+    """The job's gradient layout, or None when it sent none. Its values must add up
+    to grad_bytes: the two describe one gradient."""
+    if not msg.HasField("layout"):
+        return None
+    if len(msg.layout.matrices) > MAX_LAYOUT_MATRICES:
+        raise ValueError(f"spec.layout.matrices: at most {MAX_LAYOUT_MATRICES}, got {len(msg.layout.matrices)}")
+    try:
+        found = layout_from_proto(msg.layout)
+    except ValueError as exc:
+        raise ValueError(f"spec.{exc}") from None
+    if found.grad_bytes != msg.grad_bytes:
+        raise ValueError(f"spec.layout: its values are {found.grad_bytes} bytes, grad_bytes says {msg.grad_bytes}")
+    return found
 
 
 def report(msg: pb.StepReport, where: str) -> StepReport:
@@ -138,7 +163,6 @@ def report(msg: pb.StepReport, where: str) -> StepReport:
         raise ValueError(f"{where}.epoch: must be <= 2^53, got {msg.epoch}")
     if msg.bytes_sent > MAX_BYTES_PER_STEP:
         raise ValueError(f"{where}.bytes_sent: must be <= 2^44, got {msg.bytes_sent}")
-    check_cr(msg.cr, f"{where}.cr")
     collective = collective_from_enum(msg.collective, f"{where}.collective")
     for name in ("t_comp_s", "t_sync_s", "t_compute_s"):
         _bounded_float(f"{where}.{name}", getattr(msg, name), MAX_SECONDS)
@@ -147,12 +171,13 @@ def report(msg: pb.StepReport, where: str) -> StepReport:
         raise ValueError(f"{where}.gains: at most {MAX_GAINS_PER_REPORT} entries, got {len(msg.gains)}")
     gains = {}
     for i, g in enumerate(msg.gains):
-        check_cr(g.cr, f"{where}.gains[{i}].cr")
-        gains[g.cr] = _bounded_float(f"{where}.gains[{i}].gain", g.gain, 1.0)
+        if len(g.compression) > 64:
+            raise ValueError(f"{where}.gains[{i}].compression: at most 64 characters")
+        gains[g.compression] = _bounded_float(f"{where}.gains[{i}].gain", g.gain, 1.0)
     try:
-        return StepReport(step=msg.step, cr=msg.cr, collective=collective, t_comp_s=msg.t_comp_s,
-                          t_sync_s=msg.t_sync_s, gain=msg.gain, bytes_sent=msg.bytes_sent,
-                          epoch=msg.epoch, t_compute_s=msg.t_compute_s, gains=gains)
+        return StepReport(step=msg.step, family=msg.family, param=msg.param, collective=collective,
+                          t_comp_s=msg.t_comp_s, t_sync_s=msg.t_sync_s, gain=msg.gain,
+                          bytes_sent=msg.bytes_sent, epoch=msg.epoch, t_compute_s=msg.t_compute_s, gains=gains)
     except ValueError as exc:  # anything the shared vocabulary checks beyond the above
         raise ValueError(f"{where}.{exc}") from None
 
@@ -168,6 +193,8 @@ def network(msg: pb.NetworkEstimate) -> tuple[float, float]:
     alpha = _bounded_float("network.alpha_s", msg.alpha_s, MAX_ALPHA_S)
     bandwidth = _bounded_float("network.bandwidth_bps", msg.bandwidth_bps, MAX_BANDWIDTH_BPS,
                                positive=True)
+    if bandwidth < MIN_BANDWIDTH_BPS:
+        raise ValueError(f"network.bandwidth_bps: must be >= {MIN_BANDWIDTH_BPS:g} bit/s, got {bandwidth!r}")
     return alpha, bandwidth
 
 
@@ -175,7 +202,7 @@ def policy_for(spec: JobSpec) -> Policy:
     """A fresh policy for `spec`; ValueError naming the option for bad options."""
     try:
         return make_policy(spec.policy, grad_bytes=spec.grad_bytes, nodes=spec.world_size,
-                           options=dict(spec.options))
+                           options=dict(spec.options), layout=spec.layout)
     except TypeError as exc:  # a value of the wrong kind reaching a constructor
         raise ValueError(f"spec.options: {exc}") from None
     except ValueError as exc:

@@ -21,6 +21,8 @@ forward migrations); the records in `flexcomm.store.records`.
         store.load_policy_state(job_id)               # -> dict | None
         store.history("decisions", job_id=..., since=..., limit=...)  # plain dicts
         store.prune(older_than_s)                     # retention of time series
+        with store.transaction(): ...                 # several writes, all or none
+        store.check()                                 # StoreDamaged if the file is damaged
 
 Timestamps: every `add_*` takes the record's `ts` (or a `ts=` argument) when the
 caller has one, else stamps it with the store's one clock, `now()` (a Store can be
@@ -32,10 +34,13 @@ committed row and none of the uncommitted ones. A Store is safe to share between
 threads (one connection behind a lock) and between processes (busy timeout).
 
 Errors are ValueErrors naming the field: `db:` for a missing store (create=False),
-a file that is not SQLite, or a schema newer than this flexcomm
-(`SchemaVersionError`, names both versions; the file is not touched).
+a directory, a read-only file system, a schema newer than this flexcomm
+(`SchemaVersionError`, names both versions; the file is not touched), and a
+damaged file (`StoreDamaged`: not SQLite, malformed pages, missing tables,
+undecodable job or policy-state rows; `check()` reads the whole file for it).
 """
 
+from flexcomm.store.damage import StoreDamaged
 from flexcomm.store.records import (
     BANDWIDTH,
     LATENCY,
@@ -64,6 +69,7 @@ __all__ = [
     "SchemaVersionError",
     "StepAggregate",
     "Store",
+    "StoreDamaged",
     "aggregate_steps",
     "default_path",
     "now",

@@ -3,8 +3,8 @@
 Each record is what one row holds; `ts` (seconds since the epoch) is None until
 the store stamps it (callers may pass their own), and `id` is None until stored.
 `aggregate_steps` turns a batch of per-step reports into the aggregated rows the
-store keeps (one per epoch, CR and collective): a step report is far too frequent
-to keep one row per step.
+store keeps (one per epoch, compression and collective): a step report is far
+too frequent to keep one row per step.
 """
 
 from __future__ import annotations
@@ -76,13 +76,15 @@ class DecisionRecord:
 @dataclass(frozen=True)
 class StepAggregate:
     """Steps step_first..step_last (count of them reported) of one epoch that ran
-    the same CR and collective: means of their times and gains, total bytes."""
+    the same compression (family, param) and collective: means of their times
+    and gains, total bytes."""
 
     job_id: str
     step_first: int
     step_last: int
     epoch: int
-    cr: float
+    family: str
+    param: float
     collective: str
     count: int
     mean_t_comp_s: float
@@ -128,16 +130,16 @@ class JobRecord:
 
 
 def aggregate_steps(job_id: str, reports: Iterable[StepReport]) -> list[StepAggregate]:
-    """Group `reports` by (epoch, cr, collective), in order of first appearance."""
-    groups: dict[tuple[int, float, str], list[StepReport]] = {}
+    """Group `reports` by (epoch, compression, collective), in order of first appearance."""
+    groups: dict[tuple[int, str, float, str], list[StepReport]] = {}
     for r in reports:
-        groups.setdefault((r.epoch, r.cr, r.collective), []).append(r)
+        groups.setdefault((r.epoch, r.family, r.param, r.collective), []).append(r)
     out = []
-    for (epoch, cr, collective), rs in groups.items():
+    for (epoch, family, param, collective), rs in groups.items():
         n = len(rs)
         out.append(StepAggregate(
             job_id=job_id, step_first=min(r.step for r in rs), step_last=max(r.step for r in rs),
-            epoch=epoch, cr=cr, collective=collective, count=n,
+            epoch=epoch, family=family, param=param, collective=collective, count=n,
             mean_t_comp_s=sum(r.t_comp_s for r in rs) / n,
             mean_t_sync_s=sum(r.t_sync_s for r in rs) / n,
             mean_gain=sum(r.gain for r in rs) / n,

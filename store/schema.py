@@ -12,6 +12,8 @@ A database from a newer flexcomm is refused (`SchemaVersionError`), never touche
 
 from __future__ import annotations
 
+import functools
+import sqlite3
 from collections.abc import Callable
 
 import sqlite_utils
@@ -74,7 +76,18 @@ def _v1_to_v2(db: sqlite_utils.Database) -> None:
         db[name].create_index(["ts"], if_not_exists=True)
 
 
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2)
+def _v2_to_v3(db: sqlite_utils.Database) -> None:
+    # A step runs a compressor family and its parameter, not just a Top-k CR:
+    # older rows ran Top-k below cr 1 and dense at 1.
+    for name in ("decisions", "step_reports"):
+        db.execute(f"ALTER TABLE {name} ADD COLUMN family TEXT NOT NULL DEFAULT 'dense'")
+        db.execute(f"ALTER TABLE {name} ADD COLUMN param FLOAT NOT NULL DEFAULT 0")
+        db.execute(f"UPDATE {name} SET family = 'topk', param = cr WHERE cr < 1")
+        db.execute(f"ALTER TABLE {name} DROP COLUMN cr")
+    db.execute("ALTER TABLE decisions ADD COLUMN exploring INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
 LATEST_VERSION = len(MIGRATIONS)
 
 
@@ -119,3 +132,15 @@ def migrate(db: sqlite_utils.Database, where: str, target: int = LATEST_VERSION)
             db.conn.execute("ROLLBACK")
         raise
     return found
+
+
+@functools.cache
+def expected_columns() -> dict[str, frozenset[str]]:
+    """Every table of the latest schema and its columns, read off a new in-memory
+    database that the migrations built (so they cannot disagree)."""
+    db = sqlite_utils.Database(sqlite3.connect(":memory:"))
+    try:
+        migrate(db, ":memory:")
+        return {name: frozenset(db[name].columns_dict) for name in db.table_names()}
+    finally:
+        db.close()

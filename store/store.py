@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,7 +17,8 @@ from typing import Any
 import sqlite_utils
 
 from flexcomm.policy.types import Decision, StepReport
-from flexcomm.store import schema
+from flexcomm.store import damage, schema
+from flexcomm.store.damage import StoreDamaged
 from flexcomm.store.records import (
     DecisionRecord,
     EmulationStep,
@@ -55,6 +57,28 @@ def _measurement(row: Mapping[str, Any]) -> Measurement:
     return Measurement(**d)
 
 
+def _check_place(path: Path, create: bool) -> None:
+    """ValueError naming what stops a store living at `path` (a directory, a
+    read-only file system, a directory that cannot be made)."""
+    if path.is_dir():
+        raise ValueError(f"db: {path} is a directory")
+    if create:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"db: cannot create the directory {path.parent}: {exc.strerror}") from None
+    where = path if path.exists() else path.parent
+    if where.exists() and os.statvfs(where).f_flag & os.ST_RDONLY:
+        raise ValueError(f"db: {path} is on a read-only file system")
+
+
+def _is_empty_file(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0 and not Path(f"{path}-wal").exists()
+    except FileNotFoundError:
+        return False
+
+
 class Store:
     """One SQLite database of measurements, decisions, step reports, emulation
     steps, jobs and policy state. Safe to share between threads (one connection,
@@ -65,18 +89,26 @@ class Store:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.RLock()
+        self._depth = 0  # nesting of _write(): inner ones join the outer transaction
         if not create and not self.path.exists():
             raise ValueError(f"db: no flexcomm store at {self.path}")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
-                               check_same_thread=False)
+        _check_place(self.path, create)
+        # A 0-byte file opens as a new, empty store; whoever opened it may want to say so.
+        self.was_empty_file = _is_empty_file(self.path)
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ValueError(f"db: cannot open {self.path}: {exc}") from None
         try:
             self.db = sqlite_utils.Database(conn, execute_plugins=False)
             self._open()
+        except sqlite3.OperationalError as exc:  # locked, read-only, I/O: not the file's fault
+            conn.close()
+            raise ValueError(f"db: cannot use {self.path}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise ValueError(f"db: {self.path} is not a usable SQLite database ({exc})") from None
+            raise StoreDamaged(f"db: {self.path} is not a usable SQLite database ({exc})") from None
         except BaseException:
             conn.close()
             raise
@@ -89,6 +121,13 @@ class Store:
         # FULL: a committed row survives a power cut, not only a killed process.
         self.db.execute("PRAGMA synchronous=FULL")
         self.migrated_from = schema.migrate(self.db, where)
+
+    def check(self) -> None:
+        """Raise StoreDamaged when the file is damaged: `PRAGMA quick_check`, the
+        schema's tables and columns, every job and policy-state row decoded
+        (store/damage.py). Reads the whole file: run it at start, not per request."""
+        with self._lock:
+            damage.check(self.db.conn, str(self.path))
 
     def close(self) -> None:
         with self._lock:
@@ -105,14 +144,28 @@ class Store:
         with self._lock:
             return schema.read_version(self.db)
 
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite_utils.Database]:
+        """Every write inside the block is one transaction: all of them are
+        committed (one sync to disk) or none is."""
+        return self._write()
+
     @contextmanager
     def _write(self) -> Iterator[sqlite_utils.Database]:
-        """One write transaction. IMMEDIATE takes the write lock up front (waiting
-        out other writers): a deferred one that reads first (sqlite-utils reads
-        the table's columns) fails with "database is locked" when another process
-        commits in between, and the busy timeout cannot help it."""
+        """One write transaction, or a part of the enclosing one. IMMEDIATE takes
+        the write lock up front (waiting out other writers): a deferred one that
+        reads first (sqlite-utils reads the table's columns) fails with "database
+        is locked" when another process commits in between, and the busy timeout
+        cannot help it."""
         with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self.db
+                finally:
+                    self._depth -= 1
+                return
             self.db.conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield self.db  # sqlite-utils' own atomic() nests as savepoints
                 self.db.conn.execute("COMMIT")
@@ -120,6 +173,8 @@ class Store:
                 if self.db.conn.in_transaction:
                     self.db.conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._depth = 0
 
     def _ts(self, ts: float | None) -> float:
         return self._clock() if ts is None else float(ts)
@@ -159,8 +214,8 @@ class Store:
         rec = DecisionRecord(job_id=job_id, decision=decision, ts=self._ts(ts))
         d = decision.to_dict()
         row = {"ts": rec.ts, "job_id": job_id, **{k: d[k] for k in (
-            "version", "cr", "collective", "root", "reason", "predicted_sync_s",
-            "predicted_comp_s", "model_forms")}}
+            "version", "family", "param", "collective", "root", "reason", "predicted_sync_s",
+            "predicted_comp_s", "model_forms", "exploring")}}
         with self._write() as db:
             row_id = db["decisions"].insert(row).last_pk
         return dataclasses.replace(rec, id=row_id)
@@ -169,16 +224,17 @@ class Store:
         """The job's decisions, newest first."""
         out = []
         for r in self.history("decisions", job_id=job_id, limit=limit):
-            fields = {k: r[k] for k in ("version", "cr", "collective", "root", "predicted_sync_s",
+            fields = {k: r[k] for k in ("version", "family", "param", "collective", "root", "predicted_sync_s",
                                         "predicted_comp_s")}
-            decision = Decision(**fields, reason=r["reason"] or "", model_forms=r["model_forms"] or "")
+            decision = Decision(**fields, reason=r["reason"] or "", model_forms=r["model_forms"] or "",
+                                exploring=bool(r["exploring"]))
             out.append(DecisionRecord(job_id=r["job_id"], decision=decision, ts=r["ts"], id=r["id"]))
         return out
 
     # -- step reports (aggregated) ---------------------------------------------
     def add_step_reports(self, job_id: str, reports: Iterable[StepReport],
                          ts: float | None = None) -> list[StepAggregate]:
-        """Aggregate a batch of step reports (one row per epoch, CR, collective)
+        """Aggregate a batch of step reports (one row per epoch, compression and collective)
         and store the rows in one transaction; return them."""
         return self.add_step_aggregates(aggregate_steps(job_id, reports), ts)
 

@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", help="server private key (PEM)")
     p.add_argument("--tls-client-ca", help="require client certificates from this CA (PEM)")
     p.add_argument("--db", help="SQLite store (default $STATE_DIRECTORY/flexcomm.db)")
+    p.add_argument("--move-damaged-db", dest="move_damaged_db", action="store_const", const=True,
+                   help="a damaged store is moved aside (to DB.damaged-TIME) and a new one started, "
+                        "instead of stopping the agent")
     p.add_argument("--metrics", help="Prometheus host:port, or '' to turn off")
     p.add_argument("--flush-interval", dest="flush_interval_s", help="e.g. 1s, 500ms")
     p.add_argument("--retention", dest="retention_s", help="prune measurements and reports older than this, e.g. 30d")
@@ -41,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "metrics",
+_FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "move_damaged_db", "metrics",
           "flush_interval_s", "retention_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
           "link_peak_over_rate", "link_burst_s", "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")

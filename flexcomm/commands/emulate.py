@@ -258,11 +258,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from flexcomm.emulation.revert import Revert
+    from flexcomm.emulation.revert import Revert, StateDamaged
 
     shaper = _shaper(args)
     revert = Revert(shaper)
-    record = revert.read()
+    try:
+        record = revert.read()
+    except StateDamaged as exc:
+        print(f"{shaper.where}: the state file {revert.path} was damaged ({exc.why}); {revert.clear_damaged()}")
+        return 0
     if record is not None and revert.owner_alive(record):
         print(f"note: the run that shaped {shaper.where} (pid {record['pid']}) is still "
               "going; it will find its link restored", file=sys.stderr)

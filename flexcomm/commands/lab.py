@@ -4,7 +4,7 @@ network schedule, once per policy, and a report.
     flexcomm lab run [--out DIR] [--nodes 4] [--workload lm] [--schedule FILE|NAME]
                      [--policies ...|all] [--repeats N]
     flexcomm lab report DIR          # rebuild the report of a finished run
-    flexcomm lab clean               # remove namespaces/processes a crashed run left
+    flexcomm lab clean               # remove what a killed run or calibration left
 
 As root, each node is a network namespace on a bridge, its link shaped in both
 directions by the schedule; without root every rank runs on loopback, unshaped
@@ -89,8 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("out", help="the run directory")
     report.set_defaults(func=cmd_report)
 
-    clean = sub.add_parser("clean", help="remove a crashed run's namespaces and processes")
-    clean.add_argument("--prefix", default="flexlab", help="namespace name prefix")
+    clean = sub.add_parser("clean", help="remove what a killed run or calibration left: namespaces, "
+                           "processes, socket directories")
+    clean.add_argument("--prefix", action="append",
+                       help="a lab command's prefix; repeatable (default: flexlab and flexcal, "
+                            "the defaults of run and calibrate)")
     clean.set_defaults(func=cmd_clean)
 
     add_calibrate_parser(sub)
@@ -171,11 +174,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from flexcomm.lab.cleanup import clean
+    from flexcomm.lab.cleanup import DEFAULT_PREFIXES, clean
 
-    gone = clean(args.prefix)
-    print(f"removed {len(gone['namespaces'])} namespace(s) "
-          f"{' '.join(gone['namespaces'])}; stopped {len(gone['processes'])} process(es)")
+    for prefix in args.prefix or DEFAULT_PREFIXES:
+        gone = clean(prefix)
+        print(f"{prefix}: removed {len(gone['namespaces'])} namespace(s) {' '.join(gone['namespaces'])}; "
+              f"stopped {len(gone['processes'])} process(es); removed {len(gone['directories'])} "
+              "socket directory(ies)")
     return 0
 
 
@@ -231,9 +236,8 @@ class TerminalProgress:
     def _status(self) -> None:
         s = self.state
         link = "unshaped" if not s.get("link") else format_rate(s["link"])
-        cr = s.get("cr")
-        choice = (f"{s.get('collective')}" if cr in (None, 1.0)
-                  else f"cr {cr:.3g} {s.get('collective')}")
+        choice = (f"{s['compression']}@{s.get('collective')}" if s.get("compression")
+                  else f"{s.get('collective')}")
         acc = f"{100 * s['accuracy']:.1f}%" if "accuracy" in s else "-"
         loss = f" loss {s['loss']:.3f} |" if s.get("loss") is not None else ""
         line = (f"  step {s.get('step', 0) + 1}/{self.steps} epoch {s.get('epoch', 0)} "

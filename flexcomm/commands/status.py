@@ -63,13 +63,14 @@ def collect(stub: Any, timeout_s: float) -> dict[str, Any]:
 
 
 def render(data: dict[str, Any], target: str) -> str:
+    from flexcomm.policy.types import Compression
     from flexcomm.units import format_bytes, format_rate, format_seconds
 
     lines = [f"agent {target}: {len(data['jobs'])} job(s), {len(data['peers'])} peer(s)"]
     now = time.time()
     for j in data["jobs"]:
         d = j["decision"]
-        what = "dense" if d["cr"] == 1.0 else f"Top-k cr={d['cr']:g}"
+        what = Compression(d["family"], d["param"]).name
         lines.append(f"\njob {j['job_id']}  policy={j['policy']}  ranks={j['world_size']}  "
                      f"gradient={format_bytes(j['grad_bytes'])}  step={j['last_step']}  "
                      f"epoch={j['last_epoch']}  reports={j['reports']}")

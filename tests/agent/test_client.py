@@ -13,7 +13,7 @@ import pytest
 
 from flexcomm.client.agent_client import AgentClient, channel_target
 from flexcomm.client.decisions import DecisionSource
-from flexcomm.policy.types import StepReport
+from flexcomm.policy.types import Compression, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from support.agent_process import AgentProcess, running, wait_for
 
@@ -25,9 +25,10 @@ def reports_of(agent: AgentProcess, job_id: str) -> int:
     return next((j.reports for j in jobs if j.spec.job_id == job_id), -1)
 
 
-def step(i: int, cr: float = 1.0, collective: str = "dense_ring") -> StepReport:
-    return StepReport(step=i, cr=cr, collective=collective, t_comp_s=0.0, t_sync_s=0.05, gain=1.0,
-                      t_compute_s=0.1)
+def step(i: int, compression: str = "dense", collective: str = "dense_ring") -> StepReport:
+    c = Compression.parse(compression)
+    return StepReport(step=i, family=c.family, param=c.param, collective=collective, t_comp_s=0.0, t_sync_s=0.05,
+                      gain=1.0, t_compute_s=0.1)
 
 
 @pytest.fixture
@@ -82,12 +83,13 @@ def test_a_spec_the_agent_would_refuse_fails_at_construction(tmp_path: Path, kw:
 def test_outage_keeps_the_last_decision_never_blocks_and_recovers(
         agent: AgentProcess, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="flexcomm.client.agent")
-    client = client_for(agent, "outage-job", policy="static", options={"cr": 0.01, "collective": "ag_topk"})
+    client = client_for(agent, "outage-job", policy="static", options={"compression": "topk:0.01",
+                                                                        "collective": "ag_topk"})
     try:
         wait_for(lambda: client.latest() is not None, what="the first decision")
         before = client.latest()
         for i in range(10):
-            client.report(step(i, 0.01, "ag_topk"))
+            client.report(step(i, "topk:0.01", "ag_topk"))
         wait_for(lambda: reports_of(agent, "outage-job") == 10, what="reports before the outage")
         time.sleep(0.5)  # let the agent flush them to its store
         agent.kill9()
@@ -98,7 +100,7 @@ def test_outage_keeps_the_last_decision_never_blocks_and_recovers(
         while time.monotonic() < deadline:  # a training loop during the outage
             t0 = time.perf_counter()
             decision = client.latest()
-            client.report(step(i, 0.01, "ag_topk"))
+            client.report(step(i, "topk:0.01", "ag_topk"))
             slowest = max(slowest, time.perf_counter() - t0)
             assert decision == before
             i += 1

@@ -3,6 +3,7 @@ value named), sd_notify's datagrams, and the optional TCP listener with TLS."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import subprocess
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexcomm.agent import sdnotify
-from flexcomm.agent.config import load_config
+from flexcomm.agent.config import AgentConfig, load_config
 from flexcomm.policy.types import LinkBucket
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
@@ -130,3 +133,46 @@ def test_the_lab_tells_its_agents_the_shapers_bucket(tmp_path: Path, ceil_over_r
     args = build_parser().parse_args(argv[argv.index("agent"):])
     config = load_config(None, {name: getattr(args, name) for name in _FLAGS}, environ={})
     assert config.link_bucket() == expected
+
+
+# -- every key's type, by property ------------------------------------------------
+# A TOML value of each kind, as the file would hold it.
+TOML_VALUES = {
+    "bool": st.booleans().map(lambda b: "true" if b else "false"),
+    "int": st.integers(-10**6, 10**6).map(str),
+    "float": st.floats(-1e6, 1e6, allow_nan=False).filter(lambda v: not v.is_integer()).map(repr),
+    "str": st.text(alphabet="abcxyz:/._-", max_size=10).map(lambda t: f'"{t}"'),
+    "list": st.lists(st.integers(0, 9), max_size=3).map(lambda xs: f"[{', '.join(map(str, xs))}]"),
+    "table": st.just("{ a = 1 }"),
+}
+
+
+def toml_kinds(kind: str, name: str) -> set[str]:
+    """The TOML kinds a setting of annotated type `kind` takes."""
+    return {"bool": {"bool"}, "int": {"int"}, "str": {"str"},
+            "float": {"int", "float"} | ({"str"} if name.endswith("_s") else set())}[kind]
+
+
+SETTINGS = [(f.name, f.type) for f in dataclasses.fields(AgentConfig)]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(setting=st.sampled_from(SETTINGS), data=st.data())
+def test_a_setting_of_the_wrong_type_is_named(tmp_path_factory, setting: tuple[str, str], data) -> None:
+    name, kind = setting
+    wrong = data.draw(st.sampled_from(sorted(set(TOML_VALUES) - toml_kinds(kind, name))))
+    path = tmp_path_factory.mktemp("cfg") / "agent.toml"
+    path.write_text(f"[agent]\n{name} = {data.draw(TOML_VALUES[wrong])}\n")
+    with pytest.raises(ValueError) as err:
+        load_config(str(path), {}, environ={})
+    assert str(err.value).startswith(f"{path}: agent.{name}: "), str(err.value)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(setting=st.sampled_from([s for s in SETTINGS if s[1] != "str"]),
+       text=st.text(alphabet="abcxyz!%# ", min_size=1, max_size=8))
+def test_an_environment_value_that_is_not_of_its_type_is_named(setting: tuple[str, str], text: str) -> None:
+    variable = f"FLEXCOMM_AGENT_{setting[0].upper()}"
+    with pytest.raises(ValueError) as err:
+        load_config(None, {}, environ={variable: text})
+    assert str(err.value).startswith(f"{variable}: "), str(err.value)

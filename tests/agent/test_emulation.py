@@ -38,7 +38,7 @@ def shaped_rates(shaper: Shaper) -> list[float]:
 
 
 def report_epoch(agent: AgentProcess, epoch: int) -> None:
-    step = pb.StepReport(step=epoch * 10, epoch=epoch, cr=1.0, collective=pb.COLLECTIVE_DENSE_RING,
+    step = pb.StepReport(step=epoch * 10, epoch=epoch, family="dense", collective=pb.COLLECTIVE_DENSE_RING,
                          t_sync_s=0.1, gain=1.0)
     agent.stub.ReportSteps(iter([pb.ReportStepsRequest(job_id="emu", reports=[step])]), timeout=5)
 

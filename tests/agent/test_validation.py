@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import grpc
@@ -15,11 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flexcomm.policy.gravac import GravacConfig
+from flexcomm.policy.moo import MooConfig
+from flexcomm.policy.static import StaticConfig
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, spec
 
-OK_REPORT = {"step": 1, "cr": 1.0, "collective": pb.COLLECTIVE_DENSE_RING, "t_sync_s": 0.1, "gain": 1.0}
+OK_REPORT = {"step": 1, "family": "dense", "collective": pb.COLLECTIVE_DENSE_RING, "t_sync_s": 0.1, "gain": 1.0}
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED}
 FIELD_PATH = re.compile(r"^(spec|job_id|reports|network)[\w\[\].]*: ")
@@ -110,9 +115,14 @@ BAD_REPORTS = [
     ({"t_sync_s": math.inf}, "reports[0].t_sync_s"),
     ({"t_comp_s": -0.5}, "reports[0].t_comp_s"),
     ({"t_compute_s": 1e9}, "reports[0].t_compute_s"),
-    ({"cr": 0.0}, "reports[0].cr"),
-    ({"cr": 1.5}, "reports[0].cr"),
-    ({"cr": math.nan}, "reports[0].cr"),
+    ({"family": "topk", "param": 0.0, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),
+    ({"family": "topk", "param": 1.5, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),
+    ({"family": "topk", "param": math.nan, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),
+    ({"family": "powersgd", "param": 2.5}, "reports[0].param"),
+    ({"family": "powersgd", "param": 2, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].collective"),
+    ({"family": "dense", "param": 0.5}, "reports[0].param"),
+    ({"family": ""}, "reports[0].family"),
+    ({"family": "zip"}, "reports[0].family"),
     ({"collective": pb.COLLECTIVE_UNSPECIFIED}, "reports[0].collective"),
     ({"collective": 42}, "reports[0].collective"),
     ({"gain": 1.5}, "reports[0].gain"),
@@ -120,12 +130,15 @@ BAD_REPORTS = [
     ({"step": 2**60}, "reports[0].step"),
     ({"epoch": 2**63}, "reports[0].epoch"),
     ({"bytes_sent": 2**62}, "reports[0].bytes_sent"),
-    ({"gains": [pb.GainAt(cr=2.0, gain=0.5)]}, "reports[0].gains[0].cr"),
-    ({"gains": [pb.GainAt(cr=0.1, gain=math.nan)]}, "reports[0].gains[0].gain"),
-    ({"gains": [pb.GainAt(cr=0.5, gain=0.5)] * 65}, "reports[0].gains"),
+    ({"gains": [pb.Gain(compression="topk:2", gain=0.5)]}, "reports[0].gains"),
+    ({"gains": [pb.Gain(compression="bf16", gain=0.5)]}, "reports[0].gains"),
+    ({"gains": [pb.Gain(compression="x" * 100, gain=0.5)]}, "reports[0].gains[0].compression"),
+    ({"gains": [pb.Gain(compression="topk:0.1", gain=math.nan)]}, "reports[0].gains[0].gain"),
+    ({"gains": [pb.Gain(compression="topk:0.5", gain=0.5)] * 65}, "reports[0].gains"),
     ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 0.0}}, "network.bandwidth_bps"),
     ({"network": {"alpha_s": math.nan, "bandwidth_bps": 1e9}}, "network.alpha_s"),
     ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 1e30}}, "network.bandwidth_bps"),
+    ({"network": {"alpha_s": 1e-4, "bandwidth_bps": 5e-324}}, "network.bandwidth_bps"),
     ({"job_id": "bad id"}, "job_id"),
 ]
 
@@ -187,11 +200,17 @@ u32 = st.one_of(st.integers(0, 2**32 - 1), st.integers(0, 8))
 enums = st.integers(-3, 12)
 job_ids = st.one_of(st.sampled_from(["fz-1", "fz-2", "ghost", ""]), st.text(max_size=140)).filter(
     lambda s: s != "canary")
-option_values = st.one_of(floats, st.text(max_size=20), st.booleans(),
-                          st.lists(st.sampled_from(["ag_topk", "art_ring", "bogus"]), max_size=3))
-options = st.dictionaries(st.sampled_from(["c_low", "c_high", "factor", "weight_time", "objective",
-                                           "collectives", "cr", "collective", "root", "epsilon",
-                                           "whatever"]), option_values, max_size=3)
+# Every option of every policy, with values of every kind: wrong types, numbers
+# at the edges (a factor near 1 once asked for a 46-million-ratio grid), lists
+# with repeats.
+OPTION_NAMES = sorted({f.name for config in (MooConfig, GravacConfig, StaticConfig) for f in fields(config)}
+                      | {"whatever"})
+edge_numbers = st.sampled_from([1.0000001, 1.001, 1e-300, 5e-324, 1e308, -0.0, 0.5, 3, 0, -1, 2**53])
+option_values = st.one_of(floats, edge_numbers, st.integers(-10, 10**6), st.text(max_size=20), st.booleans(),
+                          st.sampled_from(["0.5", "ag_topk,ag_topk", "asf", "star", "paper"]),
+                          st.lists(st.sampled_from(["ag_topk", "art_ring", "dense_ring", "bogus"]), max_size=4),
+                          st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+options = st.dictionaries(st.sampled_from(OPTION_NAMES), option_values, max_size=4)
 
 registrations = st.builds(
     lambda job_id, world, grad, nodes, policy, opts: pb.RegisterJobRequest(spec=_spec(
@@ -206,17 +225,24 @@ def _spec(job_id, world, grad, nodes, policy, opts) -> pb.JobSpec:
     return msg
 
 
+families = st.sampled_from(["dense", "bf16", "powersgd", "topk", "", "zip"])
+compressions = st.one_of(st.sampled_from(["topk:0.1", "powersgd:2", "bf16", "topk:2"]), st.text(max_size=12))
 step_reports = st.builds(
-    pb.StepReport, step=u64, epoch=u64, cr=floats, collective=enums, t_comp_s=floats, t_sync_s=floats,
-    t_compute_s=floats, gain=floats, bytes_sent=u64,
-    gains=st.lists(st.builds(pb.GainAt, cr=floats, gain=floats), max_size=3))
-# Valid but odd reports: they reach the policy (a dense collective at cr 0.3, ...).
+    pb.StepReport, step=u64, epoch=u64, family=families, param=floats, collective=enums, t_comp_s=floats,
+    t_sync_s=floats, t_compute_s=floats, gain=floats, bytes_sent=u64,
+    gains=st.lists(st.builds(pb.Gain, compression=compressions, gain=floats), max_size=3))
+# Valid but odd reports: they reach the policy (a compression it never chose, ...).
 unit = st.floats(0, 1)
-plausible_reports = st.builds(
-    pb.StepReport, step=st.integers(0, 10**6), epoch=st.integers(0, 100),
-    cr=st.floats(1e-6, 1), collective=st.integers(1, 6), t_comp_s=st.floats(0, 5),
-    t_sync_s=st.floats(0, 5), t_compute_s=st.floats(0, 5), gain=unit, bytes_sent=st.integers(0, 10**9),
-    gains=st.lists(st.builds(pb.GainAt, cr=st.floats(1e-6, 1), gain=unit), max_size=3))
+plausible_reports = st.one_of(
+    st.builds(pb.StepReport, step=st.integers(0, 10**6), epoch=st.integers(0, 100), family=st.just("topk"),
+              param=st.floats(1e-6, 0.99), collective=st.integers(4, 6), t_comp_s=st.floats(0, 5),
+              t_sync_s=st.floats(0, 5), t_compute_s=st.floats(0, 5), gain=unit, bytes_sent=st.integers(0, 10**9),
+              gains=st.lists(st.builds(pb.Gain, compression=st.sampled_from(["topk:0.1", "powersgd:1"]),
+                                       gain=unit), max_size=2)),
+    st.builds(pb.StepReport, step=st.integers(0, 10**6), family=st.sampled_from(["dense", "bf16"]),
+              collective=st.integers(2, 3), t_sync_s=st.floats(0, 5), t_compute_s=st.floats(0, 5), gain=unit),
+    st.builds(pb.StepReport, step=st.integers(0, 10**6), family=st.just("powersgd"), param=st.integers(1, 64),
+              collective=st.just(2), t_sync_s=st.floats(0, 5), t_compute_s=st.floats(0, 5), gain=unit))
 report_messages = st.builds(
     lambda job_id, reports, net: _report_message(job_id, reports, net),
     st.one_of(job_ids, st.just("fz-1"), st.just("fz-moo")),
@@ -237,7 +263,22 @@ requests = st.one_of(
     st.lists(report_messages, min_size=1, max_size=3).map(lambda r: ("ReportSteps", r)),
     job_ids.map(lambda j: ("GetDecision", pb.JobRef(job_id=j))),
     job_ids.map(lambda j: ("GetNetwork", pb.GetNetworkRequest(job_id=j))),
+    st.builds(pb.WatchDecisionsRequest, job_id=st.one_of(job_ids, st.just("fz-moo")), after_version=u64).map(
+        lambda r: ("WatchDecisions", r)),
+    st.just(("ListJobs", pb.ListJobsRequest())),
 )
+
+
+def first_decision(stream) -> None:
+    """A watch answers at once with the decision when it is newer than after_version,
+    else waits for a change: either is an answer; the stream is then cancelled."""
+    try:
+        next(stream)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    finally:
+        stream.cancel()
 
 
 @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None,
@@ -251,8 +292,12 @@ def test_random_requests_never_break_the_agent(agent: AgentProcess, request) -> 
         "ReportSteps": lambda: stub.ReportSteps(iter(message), timeout=10),
         "GetDecision": lambda: stub.GetDecision(message, timeout=10),
         "GetNetwork": lambda: stub.GetNetwork(message, timeout=10),
+        "WatchDecisions": lambda: first_decision(stub.WatchDecisions(message, timeout=0.1)),
+        "ListJobs": lambda: stub.ListJobs(message, timeout=10),
     }[method]
+    start = time.monotonic()
     code, details = code_and_details(call)
+    assert time.monotonic() - start < 5, f"{method} took {time.monotonic() - start:.1f} s"
     assert code in ALLOWED, f"{method} -> {code.name}: {details}"
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                 grpc.StatusCode.ALREADY_EXISTS):

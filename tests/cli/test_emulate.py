@@ -17,7 +17,8 @@ from flexcomm.emulation.emulator import Emulator
 from flexcomm.emulation.revert import session
 from flexcomm.emulation.schedule import parse_schedule
 from flexcomm.emulation.shaping import Shaper
-from support.emulation_fixtures import REPO, flexcomm, pair, show_json
+from support.cli import REPO, assert_one_line_error, flexcomm
+from support.emulation_fixtures import pair, show_json
 
 pytestmark = pytest.mark.privileged
 
@@ -219,6 +220,24 @@ def test_delay_without_netem_is_a_clear_error_and_changes_nothing(privileged, en
         assert done.returncode == 1
         assert "sch_netem" in done.stderr
         assert show_json(a, env) == before
+
+
+@pytest.mark.parametrize("damage", [b"\x00\xff not json", b"[]", b'{"owner": "run", "original": 5}'])
+def test_a_damaged_state_file_is_named_and_clear_still_restores(privileged, env, damage):
+    with pair("d") as (a, _):
+        before = show_json(a, env)
+        assert flexcomm(["emulate", "apply", *_dev(a), "--rate", "20Mbit"], env).returncode == 0
+        (state,) = Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json")
+        state.write_bytes(damage)
+        again = flexcomm(["emulate", "apply", *_dev(a), "--rate", "30Mbit"], env)
+        line = assert_one_line_error(again, "emulate", f"state: {state} is damaged (")
+        assert line.endswith(f"`flexcomm emulate clear --dev {a.ifname} --netns {a.ns}` removes flexcomm's "
+                             "shaping and the file")
+        done = flexcomm(["emulate", "clear", *_dev(a)], env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert f"the state file {state} was damaged" in done.stdout
+        assert "flexcomm's qdiscs removed, the kernel's default root is back" in done.stdout
+        assert show_json(a, env) == before and not state.exists()
 
 
 def test_clear_drops_the_record_of_an_interface_that_is_gone(privileged, env):

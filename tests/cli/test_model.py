@@ -9,10 +9,13 @@ import sys
 import pytest
 
 from flexcomm.cli import main
-from flexcomm.policy.costmodel import sync_time
-from flexcomm.policy.types import LinkBucket, NetworkObservation
+from flexcomm.policy.costmodel import option_sync_time
+from flexcomm.policy.types import Compression, GradientLayout, LinkBucket, NetworkObservation
 
 BASE = ["model", "--nodes", "4", "--size", "100MB", "--latency", "1ms"]
+FLAT = GradientLayout.flat(100e6)
+# 4 matrices of 2500 x 2500 (25M values) in the same 100 MB
+SHAPED = ["--matrices", "2500x2500*4"]
 
 
 def run_json(capsys, *extra: str) -> dict:
@@ -20,39 +23,68 @@ def run_json(capsys, *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_json_has_decision_and_full_table(capsys) -> None:
-    out = run_json(capsys, "--bandwidth", "1Gbit")
-    assert {"cr", "collective"} <= set(out["decision"])
-    names = {r["collective"] for r in out["table"]}
-    assert names == {"ps", "dense_ring", "dense_tree", "ag_topk", "art_ring", "art_tree"}
-    assert len(out["table"]) == 3 + 3 * 5
+def predicted(row: dict, layout: GradientLayout, net: NetworkObservation) -> float:
+    return option_sync_time(Compression(row["family"], row["param"]), row["collective"], layout, net)
+
+
+def test_json_has_decision_every_option_and_each_familys_best(capsys) -> None:
+    out = run_json(capsys, "--bandwidth", "1Gbit", *SHAPED)
+    assert {"option", "family", "param", "collective", "reason"} <= set(out["decision"])
+    labels = [r["option"] for r in out["table"]]
+    assert labels[:5] == ["dense@ps", "dense@dense_ring", "dense@dense_tree", "bf16@dense_ring", "bf16@dense_tree"]
+    assert {"powersgd:1@dense_ring", "powersgd:4@dense_ring", "topk:0.001@art_tree"} <= set(labels)
+    assert len(labels) == 5 + 3 + 15
+    assert set(out["best_per_family"]) == {"dense", "bf16", "powersgd", "topk"}
     net = NetworkObservation.from_link(1e-3, 1e9, 4)
-    ring = next(r for r in out["table"] if r["collective"] == "dense_ring")
-    assert ring["seconds"] == pytest.approx(sync_time("dense_ring", 100e6, 1.0, net))
+    layout = GradientLayout(((2500, 2500),) * 4, 0, 4)
+    for row in out["table"]:
+        assert row["t_sync_s"] == pytest.approx(predicted(row, layout, net))
+    ring = next(r for r in out["table"] if r["option"] == "dense@dense_ring")
+    bf16 = next(r for r in out["table"] if r["option"] == "bf16@dense_ring")
+    assert bf16["t_sync_s"] == pytest.approx(6e-3 + (ring["t_sync_s"] - 6e-3) / 2)  # half the bytes
+
+
+def test_without_matrices_powersgd_is_no_option(capsys) -> None:
+    out = run_json(capsys, "--bandwidth", "1Gbit")
+    assert not [r for r in out["table"] if r["family"] == "powersgd"]
+    assert main([*BASE, "--bandwidth", "1Gbit"]) == 0
+    text = capsys.readouterr().out
+    assert "fastest of each family" in text and "choice:" in text
 
 
 def test_dense_at_high_bandwidth_with_slow_compression(capsys) -> None:
-    out = run_json(capsys, "--bandwidth", "100Gbit", "--t-comp", "50ms")
-    assert (out["decision"]["collective"], out["decision"]["cr"]) == ("dense_ring", 1.0)
+    out = run_json(capsys, "--bandwidth", "100Gbit", "--t-comp", "50ms", "--families", "dense,topk")
+    assert out["decision"]["option"] == "dense@dense_ring"
 
 
 def test_compression_at_low_bandwidth(capsys) -> None:
-    out = run_json(capsys, "--bandwidth", "10Mbit")
-    assert out["decision"]["cr"] < 0.1 and out["decision"]["collective"] in ("ag_topk", "art_ring", "art_tree")
+    out = run_json(capsys, "--bandwidth", "10Mbit", *SHAPED)
+    assert out["decision"]["family"] in ("topk", "powersgd"), out["decision"]
+
+
+def test_gains_decide_among_families(capsys) -> None:
+    # At 3 Gbit/s with a 100 ms compute: Top-k that keeps little loses to bf16,
+    # PowerSGD at rank 4 that keeps most wins.
+    common = ["--bandwidth", "3Gbit", "--t-compute", "100ms", *SHAPED]
+    low = "powersgd:1=0.3,powersgd:2=0.3,powersgd:4=0.3,topk:0.1=0.3,topk:0.033=0.2,topk:0.011=0.1,"\
+          "topk:0.004=0.05,topk:0.001=0.02"
+    assert run_json(capsys, *common, "--gains", low)["decision"]["family"] == "bf16"
+    high = low.replace("powersgd:4=0.3", "powersgd:4=0.99")
+    assert run_json(capsys, *common, "--gains", high)["decision"]["option"] == "powersgd:4@dense_ring"
 
 
 def test_forms_change_the_prediction(capsys) -> None:
     paper = run_json(capsys, "--bandwidth", "1Gbit", "--cr", "0.01")
     ring = run_json(capsys, "--bandwidth", "1Gbit", "--cr", "0.01", "--ag-form", "ring", "--tree-form", "pipelined")
-    ag = [next(r for r in t["table"] if r["collective"] == "ag_topk")["seconds"] for t in (paper, ring)]
+    ag = [next(r for r in t["table"] if r["collective"] == "ag_topk")["t_sync_s"] for t in (paper, ring)]
     assert ag[0] != ag[1]
-    assert {r["cr"] for r in paper["table"] if r["collective"] == "ag_topk"} == {0.01}
+    assert {r["param"] for r in paper["table"] if r["collective"] == "ag_topk"} == {0.01}
 
 
 def test_sweep_shows_the_choice_changing(capsys) -> None:
-    out = run_json(capsys, "--bandwidth", "1Gbit", "--sweep", "--t-comp", "20ms")
-    choices = [(p["collective"], p["cr"]) for p in out["sweep"]]
-    assert choices[0] != choices[-1] and choices[-1] == ("dense_ring", 1.0)
+    out = run_json(capsys, "--bandwidth", "1Gbit", "--sweep", "--t-comp", "20ms", "--families", "dense,topk")
+    choices = [p["option"] for p in out["sweep"]]
+    assert choices[0] != choices[-1] and choices[-1] == "dense@dense_ring"
     assert main([*BASE, "--bandwidth", "1Gbit", "--sweep"]) == 0
     assert "where the choice changes" in capsys.readouterr().out
 
@@ -64,10 +96,9 @@ def test_a_token_bucket_link_is_modelled_and_shown(capsys) -> None:
     assert out["inputs"]["link_bucket"] == {"peak_over_rate": 1.2, "burst_s": 0.005}
     net = NetworkObservation.from_link(1e-3, 50e6, 4, bucket)
     for row in out["table"]:
-        assert row["sync_s"] == pytest.approx(sync_time(row["collective"], 100e6, row["cr"], net))
+        assert row["t_sync_s"] == pytest.approx(predicted(row, FLAT, net))
     plain = run_json(capsys, "--bandwidth", "50Mbit", "--sweep")
-    tree = [next(r["sync_s"] for r in t["table"] if r["collective"] == "art_tree" and r["cr"] == 0.001)
-            for t in (out, plain)]
+    tree = [next(r["t_sync_s"] for r in t["table"] if r["option"] == "topk:0.001@art_tree") for t in (out, plain)]
     assert tree[0] < tree[1]  # the bucket's credit shortens it
     # The sweep keeps the bucket: at 1 Mbit/s the same sync time as a model with it.
     assert out["sweep"][0]["seconds"] != plain["sweep"][0]["seconds"]
@@ -84,7 +115,10 @@ def test_a_token_bucket_link_is_modelled_and_shown(capsys) -> None:
     (["--nodes", "1"], "nodes"), (["--size", "0MB"], "size"), (["--size", "10XB"], "size"),
     (["--latency", "-1ms"], "latency"), (["--latency", "5"], "latency"), (["--bandwidth", "nanGbit"], "bandwidth"),
     (["--bandwidth", "100"], "bandwidth"), (["--cr", "1.5"], "cr"), (["--cr", "1"], "cr"),
-    (["--gains", "0.1=2"], "gains"),
+    (["--gains", "topk:0.1=2"], "gains"), (["--gains", "0.1=0.5"], "gains"), (["--gains", "bf16=0.5"], "gains"),
+    (["--gains", "topk:0.01=0.5"], "gains: topk:0.01 is not among"), (["--families", "zip"], "families"),
+    (["--ranks", "0"], "ranks"), (["--matrices", "10x"], "matrices"), (["--matrices", "100000x100000"], "matrices"),
+    (["--value-bytes", "3"], "value-bytes"),
 ])
 def test_bad_input_exits_2_naming_the_field_without_traceback(flags: list[str], field: str) -> None:
     args = {"--nodes": "4", "--size": "100MB", "--latency": "1ms", "--bandwidth": "1Gbit"}

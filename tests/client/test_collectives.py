@@ -1,4 +1,5 @@
-"""Real gloo ranks (2 and 4 processes): every collective against a reference by hand.
+"""Real gloo ranks (2 and 4 processes): every family and collective against a
+reference by hand or against PyTorch's own PowerSGD hook.
 
 Each rank can regenerate every other rank's gradients (seeded by rank and step),
 so the test computes the expected average, each rank's residual and the roots
@@ -40,7 +41,7 @@ class Reference:
         self.var: list[float | None] = [None] * world
 
     def step(self, collective: str, root: str, cr: float, step: int):
-        from flexcomm.client.compress import k_for
+        from flexcomm.client.selection import k_for
 
         k = k_for(self.numel, cr)
         g_e = [local_grad(r, step, self.numel, self.world) + self.residual[r]
@@ -68,19 +69,28 @@ class Reference:
         return max(range(self.world), key=lambda r: (self.var[r], -r))
 
 
+def run_step(gradient_step, key, g, shapes, step, family, param, collective, root="star"):
+    from flexcomm.client.compressors import Bucket
+    from flexcomm.client.stats import StepStats
+    from flexcomm.policy.types import Decision
+
+    stats = StepStats(step, family, param, collective, 1)
+    decision = Decision(family, param, collective, root=root)
+    return gradient_step.run(Bucket(key, g, shapes, step), decision, stats).wait(), stats
+
+
 def check_sparse(rank: int, world: int) -> list[dict]:
-    from flexcomm.client.engine import FlatSync, StepStats
+    from flexcomm.client.step import GradientStep
 
     out = []
     for collective, root, numel, cr in CASES:
-        engine = FlatSync(None, selector="fast", var_smoothing=SMOOTHING)
+        gradient_step = GradientStep(None, selector="fast", var_smoothing=SMOOTHING)
         ref = Reference(world, numel)
         for step in range(STEPS):
             expected, g_e, g_c, root_rank = ref.step(collective, root, cr, step)
             g = local_grad(rank, step, numel, world)
-            stats = StepStats(step, collective, cr, 1)
-            result = engine.run("b0", g, collective, cr, root, step, stats).wait()
-            residual = engine.memory["b0"].residual
+            result, stats = run_step(gradient_step, "b0", g, [g.shape], step, "topk", cr, collective, root)
+            residual = gradient_step.memory.residuals["b0"].residual
             out.append({
                 "case": (collective, root, numel, cr, step),
                 "max_err": float((result - expected).abs().max()),
@@ -94,18 +104,111 @@ def check_sparse(rank: int, world: int) -> list[dict]:
     return out
 
 
-def check_dense_tree(rank: int, world: int) -> dict:
-    from flexcomm.client.engine import FlatSync, StepStats
+def check_dense(rank: int, world: int) -> dict:
+    """dense and bf16 over the ring and the tree; bf16 against casting by hand."""
+    from flexcomm.client.step import GradientStep
 
-    engine = FlatSync(None)
-    g = local_grad(rank, 0, 5_000, world)
-    expected = sum(local_grad(r, 0, 5_000, world) for r in range(world)) / world
-    out = engine.run("t", g, "dense_tree", 1.0, "star", 0, StepStats(0, "dense_tree", 1.0, 1))
-    return {"max_err": float((out.wait() - expected).abs().max())}
+    gradient_step = GradientStep(None)
+    out = {}
+    for family in ("dense", "bf16"):
+        for collective in ("dense_ring", "dense_tree"):
+            g = local_grad(rank, 0, 5_000, world)
+            result, stats = run_step(gradient_step, "t", g, [g.shape], 0, family, 0, collective)
+            grads = [local_grad(r, 0, 5_000, world) for r in range(world)]
+            if family == "bf16":  # what PyTorch's bf16 hook sends: each rank's bf16 / N, summed
+                expected = sum(x.to(torch.bfloat16).div_(world).float() for x in grads)
+                scale = 2 ** -7 * world  # a few roundings of bf16's 8-bit mantissa
+            else:
+                expected, scale = sum(grads) / world, 1e-6
+            out[f"{family}@{collective}"] = (float((result - expected).abs().max() / expected.abs().max()), scale,
+                                             stats.bytes_sent)
+    return out
+
+
+SHAPES = [torch.Size((64, 48)), torch.Size((48,)), torch.Size((30, 20, 2)), torch.Size((5, 3))]
+
+
+class _Bucket:
+    """What powerSGD_hook reads of a DDP GradBucket (which Python cannot build)."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        views, offset = [], 0
+        for s in SHAPES:
+            views.append(self._buffer[offset : offset + s.numel()].view(s))
+            offset += s.numel()
+        return views
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+
+def check_powersgd_is_pytorchs(rank: int, world: int) -> list[float]:
+    """Three steps of PyTorch's powerSGD_hook (error feedback off, warm start on)
+    and of this client's compressor alone, from the same Q: the same averages."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    from flexcomm.client.collectives import Ring
+    from flexcomm.client.compressors import Bucket
+    from flexcomm.client.compressors.powersgd import EPSILON, PowerSgd
+    from flexcomm.client.stats import StepStats
+    from flexcomm.policy.types import Decision
+
+    numel = sum(s.numel() for s in SHAPES)
+    state = psgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2, use_error_feedback=False,
+                               warm_start=True, orthogonalization_epsilon=EPSILON)
+    state.iter = 2
+    ours, ring, decision = PowerSgd(), Ring(None), Decision("powersgd", 2, "dense_ring")
+    q0 = torch.randn(48 * 2 + 40 * 2, generator=torch.Generator().manual_seed(9))  # (5, 3) goes dense at rank 2
+    state.p_memory_dict[0] = torch.empty(64 * 2 + 30 * 2)
+    state.q_memory_dict[0] = q0.clone()
+    ours.q[("b", 2)] = q0.clone()
+    errors = []
+    for step in range(3):
+        g = local_grad(rank, step, numel, world)
+        theirs = psgd.powerSGD_hook(state, _Bucket(g.clone())).wait()
+        bucket = Bucket("b", g.clone(), SHAPES, step)
+        stats = StepStats(step, "powersgd", 2, "dense_ring", 1)
+        mine = ours.communicate(ours.compress(bucket, g.clone(), decision, ring, stats), ring, stats).wait()
+        errors.append(float((mine - theirs).abs().max() / theirs.abs().max()))
+    return errors
+
+
+def check_families_keep_the_residual(rank: int, world: int) -> dict:
+    """Switching among Top-k, PowerSGD, bf16 and dense loses no residual mass:
+    summed over steps and ranks, what the average carried (times N) plus the
+    residuals left equals every gradient fed in."""
+    from flexcomm.client.step import GradientStep
+
+    gradient_step = GradientStep(None)
+    numel = sum(s.numel() for s in SHAPES)
+    plan = [("topk", 0.05, "ag_topk"), ("powersgd", 2, "dense_ring"), ("topk", 0.05, "art_ring"),
+            ("powersgd", 1, "dense_ring"), ("powersgd", 2, "dense_ring"), ("topk", 0.1, "art_tree"),
+            ("dense", 0, "dense_tree")]
+    fed, carried = torch.zeros(numel, dtype=torch.float64), torch.zeros(numel, dtype=torch.float64)
+    residual_norms = []
+    for step, (family, param, collective) in enumerate(plan):
+        g = local_grad(rank, step, numel, world)
+        fed += g.double()
+        result, _ = run_step(gradient_step, "b", g, SHAPES, step, family, param, collective)
+        carried += result.double()
+        residual_norms.append(float(gradient_step.memory.residuals["b"].residual.norm()))
+    return {"fed": fed, "carried": carried, "left": gradient_step.memory.residuals["b"].residual.double(),
+            "residual_norms": residual_norms}
 
 
 def battery(rank: int, world: int) -> dict:
-    return {"sparse": check_sparse(rank, world), "dense_tree": check_dense_tree(rank, world)}
+    return {"sparse": check_sparse(rank, world), "dense": check_dense(rank, world),
+            "powersgd": check_powersgd_is_pytorchs(rank, world),
+            "families": check_families_keep_the_residual(rank, world)}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
@@ -147,7 +250,29 @@ def test_ar_topk_roots_star_round_robin_and_var_largest_variance(results):
 
 
 @pytest.mark.timeout(200)
-def test_dense_tree_averages(results):
+def test_dense_and_bf16_average_over_ring_and_tree(results):
     _, per_rank = results
     for res in per_rank:
-        assert res["dense_tree"]["max_err"] < 1e-5
+        for option, (err, bound, bytes_sent) in res["dense"].items():
+            assert err < bound, option
+            assert bytes_sent == 5_000 * (2 if option.startswith("bf16") else 4), option
+
+
+@pytest.mark.timeout(200)
+def test_powersgd_computes_what_pytorchs_hook_does(results):
+    _, per_rank = results
+    for res in per_rank:
+        assert max(res["powersgd"]) < 1e-4, res["powersgd"]
+
+
+@pytest.mark.timeout(200)
+def test_switching_families_loses_no_residual_mass(results):
+    world, per_rank = results
+    fed = sum(res["families"]["fed"] for res in per_rank)
+    left = sum(res["families"]["left"] for res in per_rank)
+    carried = per_rank[0]["families"]["carried"]
+    assert all(torch.equal(carried, res["families"]["carried"]) for res in per_rank)  # every rank agrees
+    assert float((carried * world + left - fed).abs().max()) < 1e-4 * float(fed.abs().max())
+    # The lossy steps did leave something behind, and the final dense step sent it.
+    norms = per_rank[0]["families"]["residual_norms"]
+    assert min(norms[:-1]) > 0 and norms[-1] == 0

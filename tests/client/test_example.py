@@ -19,10 +19,10 @@ def test_example_trains_under_torchrun_with_the_hook():
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", str(ROOT / "examples/train_ddp.py"),
-         "--cr", "0.01", "--collective", "art_ring", "--root", "var", "--steps", "150"],
+         "--compression", "topk:0.01", "--collective", "art_ring", "--root", "var", "--steps", "150"],
         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert re.search(r"step  149 loss [0-9.]+ art_ring cr=0.01 ", proc.stdout), proc.stdout
+    assert re.search(r"step  149 loss [0-9.]+ topk:0.01@art_ring ", proc.stdout), proc.stdout
     acc = float(re.search(r"accuracy ([0-9.]+)", proc.stdout).group(1))
     assert acc > 0.6, proc.stdout  # 10 classes: chance is 0.1

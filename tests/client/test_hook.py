@@ -1,12 +1,15 @@
 """The DDP hook and GradientSync on real gloo ranks (2 and 4 processes).
 
-- dense mode is bit-identical to PyTorch's allreduce_hook (several buckets);
+- dense is bit-identical to PyTorch's allreduce_hook and bf16 to its
+  bf16_compress_hook (several buckets);
 - Top-k through DDP (per bucket, and global over several buckets) and through
   GradientSync equal a reference computed by hand from every rank's gradients;
-- switching CR and collective mid-training never hangs and every rank runs rank
-  0's sequence, though every rank's own policy disagrees on purpose, a decision
-  the client cannot run is ignored and a failing source changes nothing;
-- state_dict/load_state_dict restores the residuals.
+- switching family, parameter and collective mid-training never hangs and every
+  rank runs rank 0's sequence, though every rank's own policy disagrees on
+  purpose, a decision the client cannot run is ignored and a failing source
+  changes nothing; reports carry the probes' gains and the step's compute time;
+- state_dict/load_state_dict restores the residuals, PowerSGD's factors and an
+  in-process policy.
 Bad input fails at construction (in this process, and a group of one rank).
 """
 
@@ -47,14 +50,25 @@ def train_step(model, opt, rank, step, features=20) -> None:
 
 # -- on the ranks ----------------------------------------------------------------
 
-def check_dense_bitwise(rank: int, world: int) -> dict:
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+def check_dense_bitwise(rank: int, world: int, compression: str = "dense") -> dict:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook
 
     from flexcomm.client.hook import register
 
+    def pytorch_bf16(steps, bucket):
+        # PyTorch's own hooks, under another name: DDP refuses bf16_compress_hook by
+        # name unless CUDA and NCCL are there, though gloo all-reduces bf16 fine.
+        # The first step is dense, as flexcomm's warm-up is.
+        fut = (allreduce_hook if steps["done"] == 0 else bf16_compress_hook)(None, bucket)
+        steps["done"] += bucket.is_last()
+        return fut
+
     builtin, ours = ddp(mlp(0)), ddp(mlp(0))
-    builtin.register_comm_hook(None, allreduce_hook)
-    state = register(ours, control_interval=3)
+    if compression == "dense":
+        builtin.register_comm_hook(None, allreduce_hook)
+    else:
+        builtin.register_comm_hook({"done": 0}, pytorch_bf16)
+    state = register(ours, control_interval=3, compression=compression)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (builtin, ours)]
     grads_equal = []
     for step in range(6):
@@ -70,7 +84,7 @@ def check_dense_bitwise(rank: int, world: int) -> dict:
     return {"grads_equal": grads_equal, "params_equal": params_equal,
             "buckets": len(ours.reducer._get_zeros_like_grad_buckets()) if hasattr(
                 ours.reducer, "_get_zeros_like_grad_buckets") else None,
-            "collectives": [s.collective for s in state.history], "bytes": last.bytes_sent}
+            "ran": [s.compression.name for s in state.history], "bytes": last.bytes_sent}
 
 
 def _all_local_grads(model: nn.Module, rank: int, world: int, step: int, features: int):
@@ -87,7 +101,7 @@ def _all_local_grads(model: nn.Module, rank: int, world: int, step: int, feature
 
 
 def _reference_topk(local, residual, cr, collective, step, world):
-    from flexcomm.client.compress import k_for
+    from flexcomm.client.selection import k_for
 
     numel = local[0].numel()
     k = k_for(numel, cr)
@@ -141,13 +155,13 @@ def check_sparse_through_ddp(rank: int, world: int) -> dict:
     # One parameter of 81920 entries (the fast selector's range): one bucket.
     single = lambda: (torch.manual_seed(3), nn.Linear(512, 160, bias=False))[1]  # noqa: E731
     model = nn.parallel.DistributedDataParallel(single())
-    state = register(model, cr=0.01, collective="ag_topk", warmup_steps=1)
+    state = register(model, compression="topk:0.01", collective="ag_topk", warmup_steps=1)
     out["bucket_ag_topk"] = _run_against_reference(
         rank, world, model, single(), state, 0.01, "ag_topk", 4, 512, warmup=1)
     out["restart"] = _restart(rank, world, model, state)
     # Several buckets, one Top-k over all of them (global mode), AR-Topk ring, STAR root.
     model = ddp(mlp(1))
-    state = register(model, cr=0.05, collective="art_ring", global_topk=True, warmup_steps=2)
+    state = register(model, compression="topk:0.05", collective="art_ring", global_topk=True, warmup_steps=2)
     out["global_art_ring"] = _run_against_reference(
         rank, world, model, mlp(1), state, 0.05, "art_ring", 5, 20, warmup=2)
     out["global_roots"] = [s.roots for s in state.history]
@@ -164,11 +178,11 @@ def _restart(rank: int, world: int, model, state) -> list[float]:
     from flexcomm.client.hook import register
 
     saved = state.state_dict()
-    mine = saved["engine"]["residuals"][0]
+    mine = saved["gradient_step"]["memory"]["residuals"][0]
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
     restarted = nn.parallel.DistributedDataParallel(copy.deepcopy(model.module))
-    again = register(restarted, cr=0.01, collective="ag_topk", warmup_steps=1)
+    again = register(restarted, compression="topk:0.01", collective="ag_topk", warmup_steps=1)
     again.load_state_dict(saved)
     errors = _run_against_reference(rank, world, restarted, copy.deepcopy(model.module), again,
                                     0.01, "ag_topk", 2, 512, warmup=1, first_step=4,
@@ -181,11 +195,11 @@ def check_gradient_sync(rank: int, world: int) -> dict:
     from flexcomm.client.sync import GradientSync
 
     model = mlp(2)
-    sync = GradientSync(model, cr=0.02, collective="ag_topk")
+    sync = GradientSync(model, compression="topk:0.02", collective="ag_topk")
     errors = _run_against_reference(rank, world, model, mlp(2), sync, 0.02, "ag_topk", 4, 20,
                                     warmup=0)
     saved = sync.state_dict()
-    again = GradientSync(model, cr=0.02, collective="ag_topk")
+    again = GradientSync(model, compression="topk:0.02", collective="ag_topk")
     again.load_state_dict(saved)
     # The original and the restored one take the same next step: same result, bit for bit.
     train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rank, 99)
@@ -199,7 +213,7 @@ def check_gradient_sync(rank: int, world: int) -> dict:
     return {"errors": errors, "restored_step": stats.step,
             "same_next_step": all(torch.equal(a, b) for a, b in
                                   zip(continued, restored, strict=True)),
-            "saved_residual_norm": float(saved["engine"]["residuals"]["model"].norm())}
+            "saved_residual_norm": float(saved["gradient_step"]["memory"]["residuals"]["model"].norm())}
 
 
 class ScheduledPolicy:
@@ -229,18 +243,21 @@ class ScheduledPolicy:
         pass
 
 
+PROBES = ("topk:0.1", "topk:0.01", "powersgd:1", "powersgd:4")
+
+
 def schedule_for(rank: int) -> dict[int, Decision]:
     """Rank 0's plan, and a deliberately different plan on every other rank."""
     if rank != 0:
-        return {0: Decision(cr=0.5, collective="ag_topk", version=100 + rank)}
+        return {0: Decision("topk", 0.5, "ag_topk", version=100 + rank)}
     return {
-        0: Decision(cr=0.1, collective="ag_topk", version=1),
-        4: Decision(cr=0.01, collective="art_ring", root="var", version=2),
-        6: Decision(cr=1.0, collective="ps", version=3),  # model-only: must be ignored
-        8: Decision(cr=1.0, collective="dense_tree", version=4),
-        10: Decision(cr=0.05, collective="art_tree", root="star", version=5),
-        12: Decision(cr=1.0, collective="dense_ring", version=6, probe_crs=(0.1, 0.01)),
-        14: Decision(cr=0.001, collective="ag_topk", version=7, probe_crs=(0.1, 0.01)),
+        0: Decision("topk", 0.1, "ag_topk", version=1),
+        4: Decision("topk", 0.01, "art_ring", root="var", version=2),
+        6: Decision("dense", 0, "ps", version=3),  # model-only: must be ignored
+        8: Decision("powersgd", 2, "dense_ring", version=4),
+        10: Decision("topk", 0.05, "art_tree", root="star", version=5),
+        12: Decision("bf16", 0, "dense_tree", version=6, probes=PROBES),
+        14: Decision("powersgd", 1, "dense_ring", version=7, probes=PROBES),
     }
 
 
@@ -269,6 +286,31 @@ class FlakySource:
         pass
 
 
+def check_step_times(rank: int, world: int) -> dict:
+    """What a step reports against a clock of its own: with GradientSync (nothing
+    overlaps) the time outside synchronize() is the step's compute, and inside it
+    its compression and synchronisation."""
+    import time
+
+    from flexcomm.client.sync import GradientSync
+
+    model = mlp(6)
+    sync = GradientSync(model, compression="topk:0.05", collective="art_ring")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    outside, inside, last = [], [], None
+    for step in range(12):
+        train_step(model, opt, rank, step)
+        time.sleep(0.01 * (step % 3))  # some steps compute longer
+        t0 = time.perf_counter()
+        outside.append(t0 - last if last is not None else None)
+        sync.synchronize()
+        last = time.perf_counter()
+        inside.append(last - t0)
+        opt.step()
+    reported = [(s.t_compute_s, s.t_comp_s + s.t_sync_s + s.t_probe_s) for s in sync.history]
+    return {"outside": outside, "inside": inside, "reported": reported}
+
+
 def check_switching(rank: int, world: int) -> dict:
     from flexcomm.client.hook import register
 
@@ -276,34 +318,78 @@ def check_switching(rank: int, world: int) -> dict:
     # latest() call 6 (step 10's agreement) fails: rank 0 keeps what it ran.
     source = FlakySource(policy, fail_on_call=6)
     model = ddp(mlp(4))
-    state = register(model, source=source, control_interval=CONTROL_INTERVAL, warmup_steps=1)
+    state = register(model, source=source, control_interval=CONTROL_INTERVAL, probe_interval=CONTROL_INTERVAL,
+                     warmup_steps=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    dense_after_sparse_residual_zero = None
+    lossless_after_lossy_residual_zero = None
     for step in range(SWITCH_STEPS):
         train_step(model, opt, rank, step)
         opt.step()
-        if step == 9:  # first dense_tree step after art_ring: the residual went out
-            dense_after_sparse_residual_zero = all(
+        if step == 13:  # the first bf16 step after Top-k: the residual went out with it
+            lossless_after_lossy_residual_zero = all(
                 not ef.dirty and float(ef.residual.abs().max()) == 0.0
-                for ef in state.engine.memory.values())
+                for ef in state.gradient_step.memory.residuals.values())
     state.close()
     return {
-        "sequence": [(s.step, s.collective, s.cr, s.version, tuple(s.roots))
+        "sequence": [(s.step, s.compression.name, s.collective, s.version, tuple(s.roots))
                      for s in state.history],
         "source_calls": source.calls,
-        "reports": [(r.step, r.collective, sorted(r.gains)) for r in source.reports],
+        "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s)
+                    for r in source.reports],
         "rejected": state.controller.rejected,
-        "dense_flushed": dense_after_sparse_residual_zero,
+        "lossless_flushed": lossless_after_lossy_residual_zero,
         "rank_stats": state.rank_stats,
+    }
+
+
+def check_checkpoint_with_powersgd_and_policy(rank: int, world: int) -> dict:
+    """A job on PowerSGD with an in-process MOO on rank 0, checkpointed at step 6
+    and restored into a new model and hook: the same factors, residuals, step and
+    policy state come back, and the restored job decides as the original would."""
+    import copy
+
+    from flexcomm.client.hook import register
+    from flexcomm.policy import GradientLayout, make_policy
+
+    layout = GradientLayout.of_shapes([p.shape for p in mlp(5).parameters()])
+
+    def policy():
+        return make_policy("moo", grad_bytes=layout.grad_bytes, nodes=world, layout=layout,
+                           options={"families": ["powersgd"], "ranks": [2, 4]}) if rank == 0 else None
+
+    model = ddp(mlp(5))
+    state = register(model, policy=policy(), control_interval=2, warmup_steps=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(6):
+        train_step(model, opt, rank, step)
+        opt.step()
+    saved = state.state_dict()
+    restarted = ddp(copy.deepcopy(model.module))
+    again = register(restarted, policy=policy(), control_interval=2, warmup_steps=1)
+    again.load_state_dict(copy.deepcopy(saved))
+    back = again.state_dict()
+    q = saved["gradient_step"]["compressors"]["powersgd"]["q"]
+    return {
+        "q_keys": sorted(str(k) for k in q),
+        "q_equal": all(torch.equal(v, back["gradient_step"]["compressors"]["powersgd"]["q"][k]) for k, v in q.items()),
+        "residuals_equal": all(torch.equal(v, back["gradient_step"]["memory"]["residuals"][k])
+                               for k, v in saved["gradient_step"]["memory"]["residuals"].items()),
+        "step": back["controller"]["step"],
+        "policy_equal": rank != 0 or saved["controller"]["policy"] == back["controller"]["policy"],
+        "decision": again.controller.decision.label if rank == 0 else None,
+        "original": state.controller.decision.label if rank == 0 else None,
     }
 
 
 def battery(rank: int, world: int) -> dict:
     return {
         "dense": check_dense_bitwise(rank, world),
+        "bf16": check_dense_bitwise(rank, world, "bf16"),
         "sparse": check_sparse_through_ddp(rank, world),
         "sync": check_gradient_sync(rank, world),
         "switching": check_switching(rank, world),
+        "step_times": check_step_times(rank, world),
+        "checkpoint": check_checkpoint_with_powersgd_and_policy(rank, world),
     }
 
 
@@ -312,7 +398,7 @@ def group_of_one(rank: int, world: int) -> dict:
     from flexcomm.client.sync import GradientSync
 
     messages = []
-    for build in (lambda: FlexcommState(cr=0.01), lambda: GradientSync(mlp(0))):
+    for build in (lambda: FlexcommState(compression="topk:0.01"), lambda: GradientSync(mlp(0))):
         try:
             build()
         except ValueError as e:
@@ -328,15 +414,18 @@ def results(request):
 
 
 @pytest.mark.timeout(260)
-def test_dense_mode_is_bitwise_allreduce_hook(results):
+@pytest.mark.parametrize("compression", ["dense", "bf16"])
+def test_lossless_families_are_bitwise_pytorchs_hooks(results, compression):
     _, per_rank = results
     for res in per_rank:
-        d = res["dense"]
+        d = res[compression]
         assert d["buckets"] is None or d["buckets"] >= 2  # several buckets were compared
         assert d["grads_equal"] == [True] * 6
         assert d["params_equal"]
-        assert d["collectives"] == ["dense_ring"] * 6
-        assert d["bytes"] == 4 * sum(p.numel() for p in mlp(0).parameters())
+        # the first step is dense (warm-up), then the family asked for
+        assert d["ran"] == ["dense"] + [compression] * 5
+        value_bytes = 4 if compression == "dense" else 2
+        assert d["bytes"] == value_bytes * sum(p.numel() for p in mlp(0).parameters())
 
 
 @pytest.mark.timeout(260)
@@ -377,11 +466,11 @@ def expected_sequence(world: int) -> list[tuple]:
             proposed = adopted if proposal.collective == "ps" else proposal
             if step == 0:
                 adopted, proposed = proposed, None
-        d = adopted if step >= 1 else Decision(cr=1.0, collective="dense_ring")
+        d = adopted if step >= 1 else Decision("dense", 0, "dense_ring")
         roots = ()
         if d.collective in ("art_ring", "art_tree"):
             roots = None if d.root == "var" else (step % world,)
-        seq.append((step, d.collective, d.cr, roots))
+        seq.append((step, d.compression.name, d.collective, roots))
     return seq
 
 
@@ -391,7 +480,7 @@ def test_switching_follows_rank_0_on_every_rank(results):
     sequences = [res["switching"]["sequence"] for res in per_rank]
     assert all(s == sequences[0] for s in sequences), "ranks ran different sequences"
     expected = expected_sequence(world)
-    got = [(step, c, cr, roots) for step, c, cr, _version, roots in sequences[0]]
+    got = [(step, c, collective, roots) for step, c, collective, _version, roots in sequences[0]]
     assert len(got) == SWITCH_STEPS
     for g, e in zip(got, expected, strict=True):
         if e[3] is None:  # VAR: one agreed root per bucket, whichever it is
@@ -402,26 +491,58 @@ def test_switching_follows_rank_0_on_every_rank(results):
     assert per_rank[0]["switching"]["source_calls"] == SWITCH_STEPS // CONTROL_INTERVAL
     assert all(res["switching"]["source_calls"] == 0 for res in per_rank[1:])
     assert per_rank[0]["switching"]["rejected"] == 1  # the "ps" decision
-    assert per_rank[0]["switching"]["dense_flushed"] is True
-    # Reports carry gains for the CRs the decision asked about, on the first step
-    # of each control interval.
+    assert per_rank[0]["switching"]["lossless_flushed"] is True
+    # Reports carry gains for the compressions the decision asked about, every
+    # probe interval, and every finished step's compute time.
     reports = per_rank[0]["switching"]["reports"]
     assert [r[0] for r in reports] == list(range(SWITCH_STEPS))
-    assert reports[14][2] == [0.01, 0.1]  # asked by the decision agreed at step 12
-    assert reports[15][2] == []
+    assert [(r[1], r[2]) for r in reports] == [e[1:3] for e in expected]
+    assert reports[14][3] == sorted(PROBES)  # asked by the decision agreed at step 12
+    assert reports[15][3] == []
+    # Buckets overlap under DDP; their sync is counted once, so compute stays positive.
+    assert all(r[4] > 0 for r in reports[:-1])
     assert len(per_rank[0]["switching"]["rank_stats"]) == world
 
 
+@pytest.mark.timeout(260)
+def test_step_times_agree_with_a_clock_outside_the_client(results):
+    _, per_rank = results
+    t = per_rank[0]["step_times"]  # rank 0 reports, so it knows each step's compute time
+    # From sync s to sync s+1: its busy time, then the next compute (step 0 also
+    # waits for the first agreement, which is neither)
+    for step in range(1, 10):
+        compute, busy = t["reported"][step]
+        outside, inside = t["outside"][step + 1], t["inside"][step]
+        assert compute == pytest.approx(outside, rel=0.2, abs=3e-3), (step, t)
+        assert busy == pytest.approx(inside, rel=0.2, abs=3e-3), (step, t)
+    assert t["reported"][-1][0] == 0.0  # the last step: no next one yet, compute unknown
+
+
+@pytest.mark.timeout(260)
+def test_a_checkpoint_keeps_powersgds_factors_and_the_policy(results):
+    _, per_rank = results
+    for rank, res in enumerate(per_rank):
+        c = res["checkpoint"]
+        assert c["q_keys"] and c["q_equal"] and c["residuals_equal"] and c["policy_equal"], c
+        assert c["step"] == 6
+        if rank == 0:
+            assert c["decision"] == c["original"] and c["decision"].startswith("powersgd")
+
+
 @pytest.mark.parametrize("kwargs, field", [
-    ({"cr": 0.0}, "cr"),
-    ({"cr": 1.5}, "cr"),
-    ({"cr": float("nan")}, "cr"),
-    ({"cr": 0.1, "collective": "allgather"}, "collective"),
-    ({"cr": 1.0, "collective": "ps"}, "collective"),
-    ({"collective": "art_ring"}, "cr"),
-    ({"cr": 0.1, "root": "biggest"}, "root"),
-    ({"cr": 0.1, "selector": "approx"}, "selector"),
-    ({"cr": 0.1, "warmup_steps": 0}, "warmup_steps"),
+    ({"compression": "topk:0"}, "compression"),
+    ({"compression": "topk:1.5"}, "compression"),
+    ({"compression": "topk:nan"}, "compression"),
+    ({"compression": "powersgd:0"}, "compression"),
+    ({"compression": "zip"}, "compression"),
+    ({"compression": "topk:0.1", "collective": "allgather"}, "collective"),
+    ({"compression": "dense", "collective": "ps"}, "collective"),
+    ({"collective": "art_ring"}, "collective"),
+    ({"compression": "powersgd:2", "collective": "ag_topk"}, "collective"),
+    ({"compression": "topk:0.1", "root": "biggest"}, "root"),
+    ({"compression": "topk:0.1", "selector": "approx"}, "selector"),
+    ({"compression": "topk:0.1", "warmup_steps": 0}, "warmup_steps"),
+    ({"compression": "topk:0.1", "probe_interval": 0}, "probe_interval"),
 ])
 def test_bad_input_fails_at_construction(kwargs, field):
     from flexcomm.client.hook import FlexcommState

@@ -21,7 +21,7 @@ from flexcomm.lab.plan import (
     parse_policy,
     schedule_file,
 )
-from flexcomm.lab.report import build_summary, format_table
+from flexcomm.lab.report import build_summary, format_table, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
 from flexcomm.lab.workload import WorkloadSpec
 
@@ -30,7 +30,7 @@ def test_default_policies_parse() -> None:
     specs = parse_policies(" ".join(DEFAULT_POLICIES))
     assert [s.label for s in specs] == list(DEFAULT_POLICIES)
     kinds = {s.label: (s.kind, s.options, s.fixed) for s in specs}
-    assert kinds["topk-0.01"] == ("static", {"cr": 0.01, "collective": "ag_topk"}, True)
+    assert kinds["topk-0.01"] == ("static", {"compression": "topk:0.01", "collective": "ag_topk"}, True)
     assert kinds["moo"] == ("moo", {}, False)
     assert kinds["powersgd"][0] == "powersgd" and not kinds["powersgd"][2]
 
@@ -66,7 +66,8 @@ def test_an_unknown_schedule_name_is_one_line(tmp_path: Path) -> None:
 
 
 def test_policy_options_and_collectives() -> None:
-    assert parse_policy("topk-0.004-art_ring").options == {"cr": 0.004, "collective": "art_ring"}
+    assert parse_policy("topk-0.004-art_ring").options == {"compression": "topk:0.004", "collective": "art_ring"}
+    assert parse_policy("static:compression=powersgd:2").options == {"compression": "powersgd:2"}
     spec = parse_policy("moo:objective=progress,warmup_steps=5")
     assert spec.options == {"objective": "progress", "warmup_steps": 5}
     assert [s.label for s in parse_policies("dense,moo")] == ["dense", "moo"]
@@ -129,7 +130,7 @@ LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
 
 def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
               accuracies: list[float], version: int = 1, *, repeat: int = 0,
-              losses: list[float] | None = None, reasons: list[str] | None = None,
+              losses: list[float] | None = None, exploring: list[bool] | None = None,
               compute_s: float | None = None) -> None:
     """4 steps: 2 fast (wall 101, 102), 2 slow (201, 202); an eval after each step."""
     pdir = policy_dir(out, label, repeat)
@@ -142,11 +143,13 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
         phase = 0 if i < 2 else 1
         t += step_s[phase]
         collective = "dense_ring" if cr[phase] == 1.0 else "ag_topk"
+        compression = "dense" if cr[phase] == 1.0 else f"topk:{cr[phase]!r}"
         records.append({"kind": "step", "step": i, "epoch": phase, "t": t, "wall": wall,
-                        "step_s": step_s[phase], "cr": cr[phase], "collective": collective,
+                        "step_s": step_s[phase], "cr": cr[phase], "compression": compression,
+                        "collective": collective,
                         "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2, "version": version,
-                        "predicted_sync_s": step_s[phase] / 4,
-                        "reason": reasons[i] if reasons else "chosen"})
+                        "predicted_sync_s": step_s[phase] / 4, "reason": "chosen",
+                        "exploring": bool(exploring and exploring[i])})
         held_out = {"accuracy": accuracies[i]} | ({"loss": losses[i]} if losses else {})
         records.append({"kind": "eval", "step": i + 1, "t": t, **held_out})
     (pdir / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -173,8 +176,8 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert moo["bytes_sent"] == 4000
     assert moo["wall_s"] == pytest.approx(2 * 0.12 + 2 * 0.25)
     fast, slow = moo["phases"]
-    assert (fast["rate_bps"], fast["steps"], fast["cr"]) == (1e9, 2, 1.0)
-    assert (slow["rate_bps"], slow["steps"], slow["cr"]) == (1e7, 2, 0.01)
+    assert (fast["rate_bps"], fast["steps"], fast["compression"]) == (1e9, 2, "dense")
+    assert (slow["rate_bps"], slow["steps"], slow["compression"]) == (1e7, 2, "topk:0.01")
     assert slow["predicted_sync_s"] == pytest.approx(0.0625)
     assert slow["measured_sync_s"] == pytest.approx(0.125)
     # Best fixed per phase: dense when fast (0.1 s/step), Top-k when slow (0.2 s/step);
@@ -190,7 +193,7 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     assert all(summary[p]["warnings"] == [] for p in policies)
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
-    assert "1 Gbit/s: 2x120 ms dense_ring" in table
+    assert "1 Gbit/s: 2x120 ms dense@dense_ring" in table and "10 Mbit/s: 2x250 ms topk:0.01@ag_topk" in table
 
 
 def write_config(out: Path, policies: str, **settings: object) -> None:
@@ -206,8 +209,7 @@ def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
     write_run(tmp_path, "topk-0.01", (0.1, 0.2), (0.01, 0.01), [0.2] * 4,
               losses=[3.2, 2.9, 2.7, 2.6], compute_s=0.07)
     write_run(tmp_path, "moo", (0.1, 0.3), (1.0, 0.01), [0.2] * 4, losses=[3.0, 2.6, 2.45, 2.42],
-              reasons=["warm-up", "exploring 1/2 (first exploration)", "exploring 2/2 (x)",
-                       "Top-k cr=0.01 over ag_topk"], compute_s=0.06)
+              exploring=[False, True, True, False], compute_s=0.06)
     summary = build_summary(tmp_path)
     assert (summary["workload"], summary["lab"]["target_metric"]) == ("lm", "loss")
     dense, topk, moo = summary["dense"], summary["topk-0.01"], summary["moo"]
@@ -222,6 +224,13 @@ def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
     assert "target validation loss 2.5 nats" in table
     assert re.search(r"topk-0\.01 +never +2\.600 +\+0\.200 ", table)  # final loss, vs dense
     assert re.search(r"moo .* 2/4 ", table)  # exploring steps
+
+
+def test_exploring_is_the_decisions_flag_or_in_older_records_its_reason() -> None:
+    assert is_exploring({"exploring": True, "reason": "measuring 1/3 (network moved)"})
+    assert not is_exploring({"exploring": False, "reason": "measuring 2/3 (network moved)"})
+    assert is_exploring({"reason": "exploring 1/2 (first exploration)"})
+    assert not is_exploring({"reason": "warm-up"})
 
 
 def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> None:

@@ -53,7 +53,8 @@ def every_method(rank: int, world: int) -> dict:
         sync.close()
         after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         results[label] = {"params": after, "moved": float((after - before).norm()),
-                          "last": {k: last.get(k) for k in ("cr", "collective", "bytes_sent")},
+                          "last": {k: last.get(k) for k in ("compression", "cr", "collective",
+                                                            "bytes_sent")},
                           "grad_bytes": gradient_bytes(model)}
     return results
 
@@ -70,8 +71,12 @@ def test_every_baseline_and_policy_trains_4d_weights_alike_on_every_rank() -> No
     last = {label: r["last"] for label, r in ranks[0].items()}
     full = ranks[0]["dense"]["grad_bytes"]
     assert last["powersgd-1"]["collective"] == last["powersgd-4"]["collective"] == "powersgd"
+    assert (last["powersgd-1"]["compression"], last["powersgd-4"]["compression"]) == (
+        "powersgd:1", "powersgd:4")
     assert last["powersgd-1"]["bytes_sent"] < last["powersgd"]["bytes_sent"] \
         < last["powersgd-4"]["bytes_sent"] < full / 2
-    assert last["bf16"] == {"cr": 0.5, "collective": "bf16_allreduce", "bytes_sent": full // 2}
-    assert (last["topk-0.01"]["cr"], last["topk-0.01"]["collective"]) == (0.01, "ag_topk")
+    assert last["bf16"] == {"compression": "bf16", "cr": 0.5, "collective": "bf16_allreduce",
+                            "bytes_sent": full // 2}
+    assert (last["topk-0.01"]["compression"], last["topk-0.01"]["collective"]) == (
+        "topk:0.01", "ag_topk")
     assert last["dense"]["bytes_sent"] == full

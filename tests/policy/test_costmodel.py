@@ -14,10 +14,12 @@ from flexcomm.policy.costmodel import (
     ModelForms,
     alpha_beta_terms,
     crossover_ratio,
+    option_terms,
+    powersgd_split,
     predict,
     sync_time,
 )
-from flexcomm.policy.types import LinkBucket, NetworkObservation
+from flexcomm.policy.types import Compression, Decision, GradientLayout, LinkBucket, NetworkObservation
 
 # N=4, alpha=1 ms, beta=1 ns/byte (1 GB/s), M=1e6 bytes, c=0.01 -> Mc=1e4; log2(4)=2
 NET = NetworkObservation(alpha_s=1e-3, beta_s_per_byte=1e-9, nodes=4)
@@ -201,12 +203,53 @@ def test_unknown_collective_and_form_are_refused() -> None:
         ModelForms(ag="tree")
 
 
-def test_compression_cost_is_zero_for_dense_and_grows_with_cr() -> None:
-    cost = CompressionCost(per_byte=1e-9, per_selected_byte=1e-8)
-    assert cost.seconds(M, 1.0) == 0
-    assert cost.seconds(M, 0.1) == pytest.approx(1e-3 + 1e-3)
-    assert cost.seconds(M, 0.01) < cost.seconds(M, 0.1)
-    assert predict("dense_ring", M, 1.0, NET, comp=cost).comp_s == 0
+# A gradient of a 100 x 50 and a 10 x 10 matrix and 30 vector values: 5130 fp32 values.
+LAYOUT = GradientLayout(((100, 50), (10, 10)), 30, 4)
+
+
+def test_powersgd_split_follows_its_own_rule_by_hand() -> None:
+    # rank 2: (100+50)*2*2 = 600 < 5000 and (10+10)*2*2 = 80 < 100: both compressed.
+    s = powersgd_split(LAYOUT, 2)
+    assert (s.dense_values, s.p_values, s.q_values, s.macs) == (30, 200 + 20, 100 + 20, 100 * 50 * 2 + 10 * 10 * 2)
+    # rank 8: (10+10)*8*2 = 320 >= 100, so the small matrix goes dense.
+    s = powersgd_split(LAYOUT, 8)
+    assert (s.dense_values, s.p_values, s.q_values, s.macs) == (130, 800, 400, 100 * 50 * 8)
+    # rank 100 on a 100 x 50 matrix is capped at 50, where nothing is saved: dense.
+    assert powersgd_split(LAYOUT, 100).p_values == 0
+
+
+def test_every_family_moves_its_own_bytes_by_hand() -> None:
+    ring = 2 * 3 / 4  # B per byte of one ring AllReduce at N = 4
+    assert option_terms(Compression("dense"), "dense_ring", LAYOUT, 4) == (6.0, ring * 5130 * 4)
+    assert option_terms(Compression("bf16"), "dense_ring", LAYOUT, 4) == (6.0, ring * 5130 * 2)
+    # PowerSGD at rank 2: P (220 values), then Q (120) with the dense 30; two AllReduces.
+    assert option_terms(Compression("powersgd", 2), "dense_ring", LAYOUT, 4) == (12.0, ring * (220 + 150) * 4)
+    # Top-k over AllGather, paper form: a logN + 2(N-1) M c b with the layout's value bytes.
+    a, b = option_terms(Compression("topk", 0.01), "ag_topk", LAYOUT, 4)
+    assert (a, b) == pytest.approx((2.0, 6 * 5130 * 4 * 0.01))
+    with pytest.raises(ValueError, match="collective"):
+        option_terms(Compression("powersgd", 2), "ag_topk", LAYOUT, 4)
+
+
+def test_bf16_values_halve_topk_bytes() -> None:
+    half = GradientLayout(LAYOUT.matrices, LAYOUT.vector_values, 2)
+    full = option_terms(Compression("topk", 0.1), "ag_topk", LAYOUT, 4, ModelForms(ag="ring"))
+    # ring form: (N-1) s c M with s = (value + index bytes) / value bytes
+    assert full[1] == pytest.approx(3 * 2 * 0.1 * 5130 * 4)
+    assert option_terms(Compression("topk", 0.1), "ag_topk", half, 4, ModelForms(ag="ring"))[1] == pytest.approx(
+        3 * 3 * 0.1 * 5130 * 2)
+
+
+def test_compression_cost_by_family_by_hand() -> None:
+    cost = CompressionCost(per_byte=1e-9, per_selected_byte=1e-8, per_cast_byte=2e-9, per_mac=1e-10)
+    m = 5130 * 4
+    assert cost.seconds(Compression("dense"), LAYOUT) == 0
+    assert cost.seconds(Compression("topk", 0.1), LAYOUT) == pytest.approx(1e-9 * m + 1e-8 * m * 0.1)
+    assert cost.seconds(Compression("topk", 0.01), LAYOUT) < cost.seconds(Compression("topk", 0.1), LAYOUT)
+    assert cost.seconds(Compression("bf16"), LAYOUT) == pytest.approx(2e-9 * m)
+    assert cost.seconds(Compression("powersgd", 2), LAYOUT) == pytest.approx(1e-10 * 3 * 10200 + 1e-9 * m)
+    p = predict(Compression("dense"), "dense_ring", LAYOUT, NET, comp=cost)
+    assert p.comp_s == 0 and p.sync_s == pytest.approx(6e-3 + 1e-9 * 1.5 * m)
 
 
 def test_calibration_learns_a_constant_factor_and_reports_error() -> None:
@@ -275,12 +318,29 @@ def test_calibration_round_trips_and_refuses_bad_pairs() -> None:
 
 
 @pytest.mark.parametrize(("kw", "field"), [
-    ({"probe_crs": (0.0,)}, "probe_crs"), ({"probe_crs": (float("nan"),)}, "probe_crs"),
-    ({"probe_crs": (5.0,)}, "probe_crs"), ({"probe_crs": tuple([0.1] * 65)}, "probe_crs"),
+    ({"probes": ("topk:0",)}, "probes"), ({"probes": ("topk:nan",)}, "probes"),
+    ({"probes": ("topk:5",)}, "probes"), ({"probes": tuple(["topk:0.1"] * 65)}, "probes"),
+    ({"probes": ("bf16",)}, "probes"), ({"probes": ("powersgd:0",)}, "probes"),
     ({"version": -1}, "version"), ({"version": 1 << 53}, "version"), ({"version": 1.5}, "version"),
 ])
 def test_a_decision_that_could_hang_ranks_is_refused(kw: dict, field: str) -> None:
-    from flexcomm.policy.types import Decision
-
     with pytest.raises(ValueError, match=field):
-        Decision(cr=0.01, collective="ag_topk", **kw)
+        Decision("topk", 0.01, "ag_topk", **kw)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (("topk", 1.0, "ag_topk"), "param"), (("topk", 0.01, "dense_ring"), "collective"),
+    (("powersgd", 2.5, "dense_ring"), "param"), (("powersgd", 2, "dense_tree"), "collective"),
+    (("dense", 0.5, "dense_ring"), "param"), (("bf16", 0, "ps"), "collective"), (("zip", 0, "dense_ring"), "family"),
+])
+def test_a_family_needs_its_parameter_and_collective(args: tuple, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Decision(*args)
+
+
+def test_compressions_read_and_write_their_text_form() -> None:
+    for text in ("dense", "bf16", "powersgd:4", "topk:0.011", "topk:1e-05"):
+        assert Compression.parse(text).name == text
+    d = Decision("powersgd", 4, "dense_ring", probes=("topk:0.1", "powersgd:2"), exploring=True)
+    assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+    assert d.label == "powersgd:4@dense_ring"

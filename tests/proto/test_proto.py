@@ -52,16 +52,39 @@ def test_unknown_or_unspecified_collective_names_the_field(value: int) -> None:
         convert.collective_from_enum(value)
 
 
-def test_decision_round_trip() -> None:
-    d = Decision(cr=0.01, collective="art_ring", root="var", version=7, predicted_sync_s=0.2,
-                 reason="why", probe_crs=(0.1, 0.01), model_forms="paper")
-    assert convert.decision_from_proto(convert.decision_to_proto(d, "j")) == d
+@pytest.mark.parametrize(("family", "param", "collective"), [
+    ("topk", 0.01, "art_ring"), ("powersgd", 4, "dense_ring"), ("bf16", 0, "dense_tree"), ("dense", 0, "dense_ring"),
+])
+def test_decision_round_trip(family: str, param: float, collective: str) -> None:
+    d = Decision(family, param, collective, root="var", version=7, predicted_sync_s=0.2, reason="why",
+                 probes=("topk:0.1", "powersgd:2"), model_forms="paper", exploring=True)
+    msg = convert.decision_to_proto(d, "j")
+    assert (msg.family, msg.param) == (family, param)
+    assert convert.decision_from_proto(msg) == d
 
 
 def test_report_to_proto_keeps_every_field() -> None:
-    r = StepReport(step=3, cr=0.1, collective="ag_topk", t_comp_s=0.01, t_sync_s=0.2, gain=0.9,
-                   bytes_sent=100, epoch=1, t_compute_s=0.5, gains={0.1: 0.9, 0.01: 0.5})
+    r = StepReport(step=3, family="powersgd", param=2, collective="dense_ring", t_comp_s=0.01, t_sync_s=0.2,
+                   gain=0.9, bytes_sent=100, epoch=1, t_compute_s=0.5, gains={"topk:0.1": 0.9, "powersgd:1": 0.5})
     msg = convert.report_to_proto(r)
-    assert (msg.step, msg.epoch, msg.bytes_sent) == (3, 1, 100)
-    assert {g.cr: g.gain for g in msg.gains} == {0.1: 0.9, 0.01: 0.5}
-    assert convert.collective_from_enum(msg.collective) == "ag_topk"
+    assert (msg.step, msg.epoch, msg.bytes_sent, msg.family, msg.param) == (3, 1, 100, "powersgd", 2)
+    assert {g.compression: g.gain for g in msg.gains} == {"topk:0.1": 0.9, "powersgd:1": 0.5}
+    assert convert.collective_from_enum(msg.collective) == "dense_ring"
+
+
+def test_a_layout_round_trips_and_must_match_the_gradient() -> None:
+    from flexcomm.policy.types import GradientLayout
+    from flexcomm.proto import agent_pb2 as pb
+    from flexcomm.proto import validate
+
+    layout = GradientLayout(((64, 27), (10, 64)), 74, 4)
+    spec = pb.JobSpec(job_id="j", world_size=2, grad_bytes=layout.grad_bytes, policy="moo")
+    spec.layout.CopyFrom(convert.layout_to_proto(layout))
+    assert validate.spec(spec).layout == layout
+    assert validate.JobSpec.from_dict(validate.spec(spec).to_dict()).layout == layout
+    spec.grad_bytes += 4
+    with pytest.raises(ValueError, match=r"^spec\.layout: "):
+        validate.spec(spec)
+    spec.layout.matrices.add(rows=0, cols=3)
+    with pytest.raises(ValueError, match=r"^spec\.layout\.matrices\[2\]: "):
+        validate.spec(spec)

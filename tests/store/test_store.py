@@ -72,26 +72,29 @@ def test_bad_measurement_names_the_field():
 
 
 def test_decisions_round_trip(store):
-    d = Decision(cr=0.01, collective="ag_topk", version=3, predicted_sync_s=0.2, reason="cheaper")
+    d = Decision("topk", 0.01, "ag_topk", version=3, predicted_sync_s=0.2, reason="cheaper", exploring=True)
     store.add_decision("job", d, ts=5.0)
-    store.add_decision("job", Decision(cr=1.0, collective="dense_ring", version=4), ts=6.0)
+    store.add_decision("job", Decision("powersgd", 4, "dense_ring", version=4), ts=6.0)
     got = store.decisions("job")
     assert [r.decision.version for r in got] == [4, 3]
     assert got[1].decision == d and got[1].ts == 5.0
+    assert got[0].decision.compression.name == "powersgd:4"
 
 
-def test_step_reports_are_aggregated_per_epoch_cr_collective(store):
-    reports = [StepReport(step=i, cr=0.1, collective="ag_topk", t_comp_s=0.01 * i, t_sync_s=0.1,
+def test_step_reports_are_aggregated_per_epoch_compression_collective(store):
+    reports = [StepReport(step=i, family="topk", param=0.1, collective="ag_topk", t_comp_s=0.01 * i, t_sync_s=0.1,
                           gain=0.5, bytes_sent=100, epoch=0) for i in range(4)]
-    reports.append(StepReport(step=4, cr=1.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=1.0,
+    reports.append(StepReport(step=4, family="dense", param=0, collective="dense_ring", t_comp_s=0.0, t_sync_s=1.0,
                               gain=1.0, bytes_sent=1000, epoch=1))
+    reports.append(StepReport(step=5, family="powersgd", param=2, collective="dense_ring", t_comp_s=0.0,
+                              t_sync_s=1.0, gain=0.8, bytes_sent=10, epoch=1))
     rows = store.add_step_reports("job", reports, ts=7.0)
-    assert len(rows) == 2
+    assert len(rows) == 3 and (rows[2].family, rows[2].param) == ("powersgd", 2)
     first = rows[0]
     assert (first.step_first, first.step_last, first.count, first.bytes_sent) == (0, 3, 4, 400)
     assert first.mean_t_comp_s == pytest.approx(0.015)
     assert store.step_reports("job")[0].collective in {"ag_topk", "dense_ring"}
-    assert len(store.step_reports("job")) == 2
+    assert len(store.step_reports("job")) == 3
 
 
 def test_emulation_steps_jobs_and_policy_state(store):
@@ -119,7 +122,7 @@ def test_policy_state_survives_reopen(tmp_path):
 def test_prune_drops_old_time_series_but_keeps_jobs_and_state(store):
     for ts in (100.0, 200.0, 300.0):
         store.add_measurement(Measurement(peer="p", kind="latency", rtt_min_s=1e-3, ts=ts))
-        store.add_decision("job", Decision(cr=1.0, collective="dense_ring"), ts=ts)
+        store.add_decision("job", Decision("dense", 0, "dense_ring"), ts=ts)
     store.add_job("job", {}, created=1.0)
     store.save_policy_state("job", {"x": 1}, ts=1.0)
     deleted = store.prune(older_than_s=150.0, now_ts=400.0)
@@ -149,6 +152,25 @@ def test_older_schema_is_migrated_keeping_rows(tmp_path):
         assert old.rtt_min_s == 0.002 and old.streams is None
         s.add_measurement(Measurement(peer="p", kind="bandwidth", bandwidth_bps=1e6, streams=4))
         assert s.measurements(kind="bandwidth")[0].streams == 4
+
+
+def test_rows_of_a_topk_only_schema_read_as_families(tmp_path):
+    path = tmp_path / "v2.db"
+    db = sqlite_utils.Database(path)
+    schema.migrate(db, str(path), target=2)
+    for version, cr, collective in ((1, 1.0, "dense_ring"), (2, 0.01, "ag_topk")):
+        db["decisions"].insert({"ts": float(version), "job_id": "j", "version": version, "cr": cr,
+                                "collective": collective, "root": "star"})
+    db["step_reports"].insert({"ts": 1.0, "job_id": "j", "step_first": 0, "step_last": 3, "epoch": 0, "cr": 0.01,
+                               "collective": "ag_topk", "count": 4, "mean_t_comp_s": 0.0, "mean_t_sync_s": 0.1,
+                               "mean_gain": 0.5})
+    db.close()
+    with Store(path) as s:
+        assert s.migrated_from == 2
+        got = [(r.decision.family, r.decision.param, r.decision.exploring) for r in s.decisions("j")]
+        assert got == [("topk", 0.01, False), ("dense", 0.0, False)]
+        (agg,) = s.step_reports("j")
+        assert (agg.family, agg.param, agg.count) == ("topk", 0.01, 4)
 
 
 def test_newer_schema_is_refused_untouched(tmp_path):
@@ -183,7 +205,7 @@ WRITER = textwrap.dedent("""
     i = 0
     while True:
         m = s.add_measurement(Measurement(peer="p", kind="bandwidth", bandwidth_bps=float(i)))
-        reports = [StepReport(step=10 * i + k, cr=0.1, collective="ag_topk", t_comp_s=0.0,
+        reports = [StepReport(step=10 * i + k, family="topk", param=0.1, collective="ag_topk", t_comp_s=0.0,
                               t_sync_s=0.1, gain=0.5, epoch=i) for k in range(10)]
         s.add_step_reports("job", reports)
         print(m.id, flush=True)  # printed only after both transactions committed

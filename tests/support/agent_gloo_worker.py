@@ -84,7 +84,7 @@ def main() -> None:
         if stop.item() > 0 or len(times) >= 5000:
             break
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-    choices = sorted({(s.collective, s.cr) for s in state.history})
+    choices = sorted({(s.compression.name, s.collective) for s in state.history})
     result = {"rank": rank, "starts": starts, "step_times": times, "checksum": checksum,
               "choices": choices, "source_calls": source.calls if source else []}
     state.close()

@@ -9,29 +9,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from flexcomm.lab.netns import Node, cluster, netns_pair
+from support.cli import flexcomm
 
 SUBNET = "10.202.0.0/24"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
 def pair(tag: str) -> Iterator[tuple[Node, Node]]:
     with netns_pair(f"fce{os.getpid()}{tag}", SUBNET) as nodes:
         yield nodes
-
-
-def flexcomm(args: Sequence[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run the real CLI in a child process."""
-    return subprocess.run([sys.executable, "-m", "flexcomm.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=REPO, **kwargs)
 
 
 def show_json(node: Node, env: dict[str, str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Top-k selection, error feedback and compression gain (DESIGN.md section 4).
+"""Top-k selection: the indices of the k entries of largest magnitude.
 
 Indices are always int32 (half the bytes of the int64 that `torch.topk` returns),
 so a flat gradient must have fewer than 2**31 elements.
@@ -12,16 +12,11 @@ magnitude:
   those candidates. Whenever at least k entries pass, the result is the exact
   top-k (every top-k entry is >= the k-th largest >= the threshold); when fewer
   pass, it falls back to `select_exact`. So "fast" trades nothing but time.
-
-Error feedback (`ErrorFeedback`): g_e = g + residual; g_c = C(g_e);
-residual = g_e - g_c. The residual buffer itself holds g_e while a step runs, so
-compensation is one in-place add and settling is zeroing the k sent entries.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -51,7 +46,7 @@ def k_for(numel: int, cr: float) -> int:
     return min(numel, max(1, round(cr * numel)))
 
 
-def _check_flat(g: torch.Tensor) -> None:
+def check_flat(g: torch.Tensor) -> None:
     if g.dim() != 1:
         raise ValueError(f"gradient: expected a flat (1-D) tensor, got shape {tuple(g.shape)}")
     if g.numel() > _INT32_MAX:
@@ -60,7 +55,7 @@ def _check_flat(g: torch.Tensor) -> None:
 
 def select_exact(g: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int32) of the k entries of largest magnitude, via torch.topk."""
-    _check_flat(g)
+    check_flat(g)
     return torch.topk(g.abs(), k, sorted=False).indices.to(torch.int32)
 
 
@@ -90,7 +85,7 @@ class FastSelector:
         return self._abs[:n], self._mask[:n]
 
     def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:
-        _check_flat(g)
+        check_flat(g)
         n = g.numel()
         self.calls += 1
         if n < _FAST_MIN_NUMEL or k > _FAST_MAX_CR * n:
@@ -153,87 +148,3 @@ def make_selector(name: str, seed: int = 0):
     """A callable (g, k) -> int32 indices for selector `name` ("exact" or "fast")."""
     check_selector(name)
     return select_exact if name == "exact" else FastSelector(seed=seed)
-
-
-class ErrorFeedback:
-    """Residual memory for one flat gradient (one bucket, or the whole model).
-
-    Use per step: `g_e = ef.compensate(g)`, read the sent values from `g_e`,
-    then `ef.settle(indices)` (sparse) or `ef.flush()` (everything was sent).
-    `g_e` is the residual buffer itself: it is valid until settle/flush.
-    """
-
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
-        self.residual = torch.zeros(numel, dtype=dtype, device=device)
-        # False while the residual is known to be all zeros (skips passes in dense steps).
-        self.dirty = False
-
-    def compensate(self, g: torch.Tensor) -> torch.Tensor:
-        if g.shape != self.residual.shape:
-            raise ValueError(
-                f"gradient: shape {tuple(g.shape)} does not match the residual "
-                f"{tuple(self.residual.shape)}"
-            )
-        self.residual.add_(g)
-        return self.residual
-
-    def settle(self, indices: torch.Tensor) -> None:
-        """residual = g_e - g_c, where g_c is g_e at `indices` and zero elsewhere."""
-        self.residual[indices] = 0
-        self.dirty = True
-
-    def flush(self) -> None:
-        self.residual.zero_()
-        self.dirty = False
-
-
-def squared_norm(x: torch.Tensor) -> float:
-    """||x||^2 accumulated in float64."""
-    x = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
-    return float(torch.dot(x, x).double())
-
-
-def topk_masses(g: torch.Tensor, ks: Sequence[int], select=None) -> list[float]:
-    """Exact sum of the k largest squared magnitudes of `g`, for each k in `ks`.
-
-    One selection of the largest max(ks) entries (`select`, default a new
-    FastSelector), then for each smaller k the top k of the previous set: the
-    sizes shrink geometrically, so this costs about one selection, far less than
-    sorting the gradient.
-    """
-    _check_flat(g)
-    if not ks:
-        return []
-    kmax = max(ks)
-    select = select if select is not None else FastSelector()
-    idx = select(g, kmax) if kmax < g.numel() else torch.arange(g.numel(), device=g.device)
-    top = g[idx].float().pow(2)
-    masses: dict[int, float] = {}
-    for k in sorted(set(ks), reverse=True):
-        if k < top.numel():
-            top = torch.topk(top, k, sorted=False).values
-        masses[k] = float(top.sum(dtype=torch.float64))
-    return [masses[k] for k in ks]
-
-
-def gains_at(
-    g_e: torch.Tensor, crs: Iterable[float], total: float | None = None, select=None
-) -> dict[float, float]:
-    """Compression gain ||g_c||^2 / ||g_e||^2 that each CR would have on `g_e`."""
-    crs = [check_cr(c, "probe cr") for c in crs]
-    total = squared_norm(g_e) if total is None else total
-    if total <= 0.0:
-        return {c: 1.0 for c in crs}
-    masses = topk_masses(g_e, [k_for(g_e.numel(), c) for c in crs], select)
-    return {c: min(1.0, m / total) for c, m in zip(crs, masses, strict=True)}
-
-
-def merge_masses(parts: Iterable[tuple[dict[float, float], float]]) -> dict[float, float]:
-    """Combine per-bucket gains (each with its ||g_e||^2) into whole-gradient gains."""
-    mass: dict[float, float] = {}
-    total = 0.0
-    for gains, norm in parts:
-        total += norm
-        for c, gain in gains.items():
-            mass[c] = mass.get(c, 0.0) + gain * norm
-    return {c: (min(1.0, m / total) if total > 0 else 1.0) for c, m in mass.items()}

@@ -1,0 +1,73 @@
+"""Gains of every probed compression against brute force: Top-k against a full
+sort, PowerSGD against the exact singular values (no process group needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flexcomm.client.gains import merge_masses, probe_gains, squared_norm, topk_masses
+from flexcomm.client.selection import FastSelector, k_for
+from flexcomm.policy.types import Compression
+
+TOPK = [Compression("topk", c) for c in (0.1, 0.033, 0.011, 0.004, 0.001)]
+
+
+def heavy_tailed(n: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=gen) * torch.rand(n, generator=gen).pow(4) * 10
+
+
+def gains(g, probes, shapes=()):
+    generator = torch.Generator().manual_seed(1)
+    return probe_gains(g, shapes or [g.shape], probes, squared_norm(g), FastSelector(), generator)
+
+
+def test_topk_gains_equal_a_full_sort():
+    g = heavy_tailed(150_000, seed=3)
+    sq = torch.sort(g.double().pow(2), descending=True).values
+    total = float(sq.sum())
+    got = gains(g, TOPK)
+    for c in TOPK:
+        expected = float(sq[: k_for(g.numel(), c.param)].sum()) / total
+        assert got[c.name] == pytest.approx(expected, rel=1e-5)  # ||g_e||^2 summed in fp32
+    assert got["topk:0.1"] > got["topk:0.011"] > got["topk:0.001"]
+
+
+def test_powersgd_gains_are_the_top_singular_values_and_dense_parts_whole():
+    # A 200 x 120 matrix of rank 3 plus noise, a 12-value bias, a 4 x 4 matrix
+    # PowerSGD sends dense at every rank (its factors would not save enough).
+    gen = torch.Generator().manual_seed(0)
+    low = torch.randn(200, 3, generator=gen) @ torch.randn(3, 120, generator=gen)
+    m = low + 0.05 * torch.randn(200, 120, generator=gen)
+    bias, small = torch.randn(12, generator=gen), torch.randn(4, 4, generator=gen)
+    g = torch.cat([m.reshape(-1), bias, small.reshape(-1)])
+    shapes = [torch.Size((200, 120)), torch.Size((12,)), torch.Size((4, 4))]
+    s2 = torch.linalg.svdvals(m.double()).pow(2)
+    rest, total = float(bias.pow(2).sum() + small.pow(2).sum()), float(g.double().pow(2).sum())
+    got = gains(g, [Compression("powersgd", r) for r in (1, 2, 4)], shapes)
+    for r in (1, 2, 4):
+        assert got[f"powersgd:{r}"] == pytest.approx((float(s2[:r].sum()) + rest) / total, rel=1e-3)
+    assert got["powersgd:4"] > 0.99 > got["powersgd:1"]
+
+
+def test_probing_leaves_the_global_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    gains(torch.randn(50 * 40), [Compression("powersgd", 2)], [torch.Size((50, 40))])
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_topk_masses_and_merging_buckets():
+    a, b = heavy_tailed(5_000, 1), heavy_tailed(7_000, 2)
+    ga, gb = gains(a, TOPK[:1]), gains(b, TOPK[:1])
+    na, nb = float(a.double().pow(2).sum()), float(b.double().pow(2).sum())
+    merged = merge_masses([(ga, na), (gb, nb)])
+    mass = topk_masses(a, [500])[0] + topk_masses(b, [700])[0]
+    assert merged["topk:0.1"] == pytest.approx(mass / (na + nb), rel=1e-5)
+
+
+def test_gains_of_a_zero_gradient_are_one():
+    assert probe_gains(torch.zeros(100), [torch.Size((100,))], TOPK[:1], 0.0, None, None) == {"topk:0.1": 1.0}

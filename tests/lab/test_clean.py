@@ -1,0 +1,91 @@
+"""What a killed lab command leaves is found and removed: by `flexcomm lab clean`
+(both commands' default prefixes) and by the next cluster with the same prefix,
+before it starts. Processes are found by the prefix mark in their environment,
+wherever they run (a namespace, or this one on loopback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flexcomm.lab.cleanup import marked_pids, namespace_pids
+from flexcomm.lab.cluster import LabCluster
+from flexcomm.lab.netns import list_namespaces
+from support.agent_process import wait_for
+from support.cli import flexcomm
+
+PREFIX = "fclclean"  # this file's own; the calibration test uses calibrate's default
+
+LEAVE_A_PROCESS = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from flexcomm.lab.cluster import LabCluster
+    with LabCluster.open(prefix=sys.argv[1], n=2, subnet="10.203.9.0/24", run_dir=Path(sys.argv[2]),
+                         namespaces=False) as lab:
+        lab.spawn(1, ["sleep", "300"], log=Path(sys.argv[2]) / "sleep.log")
+        print("ready", flush=True)
+        time.sleep(300)
+""")
+
+
+def killed_lab(tmp_path: Path) -> list[int]:
+    """A lab process killed with SIGKILL after starting a node's process: that process's pid."""
+    proc = subprocess.Popen([sys.executable, "-c", LEAVE_A_PROCESS, PREFIX, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    left = marked_pids(PREFIX)
+    assert len(left) == 1
+    return left
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_lab_clean_stops_the_processes_a_killed_loopback_run_left(tmp_path: Path) -> None:
+    (pid,) = killed_lab(tmp_path)
+    done = flexcomm(["lab", "clean", "--prefix", PREFIX])
+    assert done.returncode == 0, done.stderr
+    assert f"{PREFIX}: removed 0 namespace(s) ; stopped 1 process(es)" in done.stdout
+    wait_for(lambda: not alive(pid), 10, "the left process to die")
+
+
+def test_a_new_cluster_removes_its_prefixs_leftovers_first(tmp_path: Path) -> None:
+    (pid,) = killed_lab(tmp_path)
+    with LabCluster.open(prefix=PREFIX, n=2, subnet="10.203.9.0/24", run_dir=tmp_path, namespaces=False):
+        wait_for(lambda: not alive(pid), 10, "the left process to die")
+        assert marked_pids(PREFIX) == []
+
+
+@pytest.mark.privileged
+def test_lab_clean_removes_a_killed_calibrations_namespaces(privileged: None, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "flexcomm.cli", "lab", "calibrate", "--quick",
+                             "--out", str(tmp_path / "cal")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:  # killed while it measures its links (a process runs in flexcal1)
+        wait_for(lambda: "flexcal1" in list_namespaces() and namespace_pids("flexcal1"), 60, "the probe")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        left = sorted(ns for ns in list_namespaces() if ns.startswith("flexcal"))
+        assert left == ["flexcal0", "flexcal1", "flexcalhub"]
+        done = flexcomm(["lab", "clean"])
+        assert done.returncode == 0, done.stderr
+        assert "flexcal: removed 3 namespace(s) flexcalhub flexcal0 flexcal1; stopped" in done.stdout
+        assert "flexlab: removed 0 namespace(s)" in done.stdout
+        assert not [ns for ns in list_namespaces() if ns.startswith("flexcal")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        flexcomm(["lab", "clean", "--prefix", "flexcal"])
