@@ -4,10 +4,12 @@ on the Python standard library's own source files.
 Every machine with Python has that text, so nothing is downloaded. The corpus is
 the top-level `*.py` files of the running interpreter's standard library
 (`sysconfig.get_paths()["stdlib"]`, about 4.7 MB on CPython 3.11), split into
-training and validation by file (a seeded tenth of the files validate). Training
-samples are `samples` windows of `context + 1` bytes at seeded offsets in the
-training files; validation is `VALIDATION_WINDOWS` windows of the validation
-files. Input is a window's first `context` bytes, target its last `context`.
+training and validation by file (a seeded tenth of the files validate). Each
+epoch draws its own `samples` windows of `context + 1` bytes at seeded offsets
+in the training files (the text is far longer than a run reads, so no window is
+read twice); validation is a fixed `VALIDATION_WINDOWS` windows of the
+validation files. Input is a window's first `context` bytes, target its last
+`context`.
 
 The model is GPT-shaped (pre-norm blocks of causal self-attention and a 4x MLP,
 learned positions, the output layer tied to the byte embedding), built from
