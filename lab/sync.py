@@ -114,16 +114,10 @@ class PowerSGDSync:
 
 def _powersgd_bytes(ddp: DistributedDataParallel, rank: int) -> int:
     """Bytes PowerSGD AllReduces per step: P and Q for each matrix it compresses,
-    the tensor itself for the rest (vectors, and matrices too small to pay),
-    following powerSGD_hook's own rule (min_compression_rate = 2)."""
-    total = 0
-    for p in ddp.module.parameters():
-        size = p.element_size()
-        if p.dim() < 2:
-            total += p.numel() * size
-            continue
-        n, m = p.shape[0], p.numel() // p.shape[0]
-        r = min(n, m, rank)
-        compressed = (n + m) * r
-        total += (compressed if n * m >= 2 * compressed else n * m) * size
-    return total
+    the tensor itself for the rest, by powerSGD_hook's own rule (the cost model's)."""
+    from flexcomm.client.layout import layout_of
+    from flexcomm.policy.costmodel import powersgd_split
+
+    layout = layout_of(ddp.module)
+    split = powersgd_split(layout, rank)
+    return (split.dense_values + split.p_values + split.q_values) * layout.value_bytes
