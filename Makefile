@@ -27,6 +27,7 @@ bench: bootstrap
 	$(PY) bench/compress.py
 	$(PY) bench/store.py
 	$(PY) bench/hook_overhead.py
+	$(PY) bench/lab_workloads.py
 	$(PY) bench/agent_load.py
 	$(PY) bench/agent_fuzz.py
 	$(PY) bench/agent_durability.py

@@ -17,7 +17,8 @@ A schedule is keyed by time (every step has `duration`) or by epoch (every step
 has `epoch = N`: the step starts when the job reports epoch N; epochs strictly
 increase; with `repeat` the pattern recurs every last-epoch + 1 epochs). Mixing
 the two in one file is refused: what a duration after an epoch boundary means is
-not obvious.
+not obvious. Instead of steps, a `[walk]` table gives a seeded random walk of
+rates (`flexcomm.emulation.walk`).
 
 `load_schedule(path)` checks everything before returning and raises one
 `ScheduleError` listing every problem as "FILE: step N: FIELD: what is wrong"
@@ -34,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.emulation.shaping import LinkState
+from flexcomm.emulation.walk import walk_steps
 from flexcomm.files import read_text
 from flexcomm.units import parse_duration, parse_fraction, parse_rate
 
-TOP_KEYS = ("repeat", "name", "description", "step")
+TOP_KEYS = ("repeat", "name", "description", "step", "walk")
 STEP_KEYS = ("duration", "epoch", "rate", "delay", "jitter", "loss")
 
 
@@ -113,8 +115,16 @@ def parse_schedule(text: str, where: str = "<schedule>") -> Schedule:
             errors.append(f"{where}: {key}: unknown key (allowed: {', '.join(TOP_KEYS)})")
     repeat = _repeat(data.get("repeat", 1), where, errors)
     raw_steps = data.get("step")
+    if "walk" in data:
+        if raw_steps is not None:
+            errors.append(f"{where}: step/walk: give [[step]]s or a [walk], not both")
+            raise ScheduleError(errors)
+        raw_steps = walk_steps(data["walk"], where, errors)
+        if errors:
+            raise ScheduleError(errors)
     if raw_steps is None:
-        errors.append(f"{where}: step: no steps; a schedule needs at least one [[step]]")
+        errors.append(f"{where}: step: no steps; a schedule needs at least one [[step]] "
+                      "(or a [walk])")
         raise ScheduleError(errors)
     if not isinstance(raw_steps, list) or not all(isinstance(s, dict) for s in raw_steps):
         errors.append(f"{where}: step: must be an array of tables ([[step]] sections)")

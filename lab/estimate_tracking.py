@@ -77,8 +77,8 @@ def _poll(agent_socket: str, job_id: str, path: Path, stop: threading.Event) -> 
                 out.flush()
 
 
-def read_estimates(out: Path, label: str) -> list[dict[str, Any]]:
-    path = policy_dir(out, label) / ESTIMATES
+def read_estimates(out: Path, label: str, repeat: int = 0) -> list[dict[str, Any]]:
+    path = policy_dir(out, label, repeat) / ESTIMATES
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -86,7 +86,7 @@ def read_estimates(out: Path, label: str) -> list[dict[str, Any]]:
 
 def summarize(out: Path, run: Any) -> list[dict[str, Any]]:
     """One entry per phase of `run` (a lab.report.PolicyRun) that had estimates."""
-    estimates = read_estimates(out, run.label)
+    estimates = read_estimates(out, run.label, run.repeat)
     if not estimates or not run.links:
         return []
     entries = []
@@ -159,7 +159,7 @@ def _phase_text(e: dict[str, Any]) -> str:
 
 def plot(ax: Any, out: Path, run: Any) -> None:
     """The estimate (Mbit/s) against the run's training time, on the rate's axis."""
-    estimates = read_estimates(out, run.label)
+    estimates = read_estimates(out, run.label, run.repeat)
     walls = [s["wall"] for s in run.steps if "wall" in s]
     if not estimates or not walls:
         return

@@ -53,6 +53,7 @@ class FlexcommSync:
             "bytes_sent": stats.bytes_sent,
             "predicted_sync_s": decision.predicted_sync_s,
             "reason": decision.reason,
+            "exploring": decision.exploring,
         }
 
     def close(self) -> None:

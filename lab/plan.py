@@ -9,8 +9,11 @@ A policy spec names one way to synchronise gradients:
     static:compression=bf16   flexcomm hook, any fixed compression (powersgd:2, bf16, ...)
     moo, gravac               flexcomm hook, the adaptive policies
     moo:objective=progress    a policy with options (k=v, comma separated)
-    powersgd                  PyTorch's own powerSGD_hook (what a PyTorch user reaches for)
+    powersgd                  PyTorch's own powerSGD_hook at rank 2 (what a PyTorch user reaches for)
+    powersgd-4                ... at another rank
+    bf16                      PyTorch's own bf16_compress_hook (AllReduce in bfloat16)
     allreduce                 PyTorch DDP's built-in AllReduce, no hook
+    all                       every baseline and policy of ALL_POLICIES
 
 The spec string itself is the policy's name in the report and summary.json.
 """
@@ -26,20 +29,38 @@ from flexcomm.policy import POLICY_NAMES, make_policy
 from flexcomm.policy.types import AG_TOPK, SPARSE_COLLECTIVES, check_cr
 
 # Methods that are PyTorch's own, not a flexcomm policy (flexcomm.lab.sync runs them).
-TORCH_METHODS = ("powersgd", "allreduce")
+TORCH_METHODS = ("powersgd", "bf16", "allreduce")
+POWERSGD_RANK = 2  # powerSGD_hook's own default
 DEFAULT_POLICIES = ("dense", "topk-0.1", "topk-0.01", "moo", "gravac", "powersgd")
-# The default run, sized so that all six policies finish in about 5 minutes on a
-# quiet 2-core machine (10 under load) and dense reaches the target late in it.
-DEFAULTS = {"steps": 250, "batch": 32, "lr": 0.01, "eval_every": 5, "target_accuracy": 0.95,
-            "control_interval": 2, "hidden": 400, "depth": 3}
+# What a user would pick instead of flexcomm, and flexcomm's adaptive policies.
+ALL_POLICIES = ("dense", "bf16", "powersgd-1", "powersgd", "powersgd-4", "topk-0.1", "topk-0.01",
+                "moo", "gravac")
+CONTROL_INTERVAL = 2
 FIXED_KINDS = ("dense", "static", "allreduce")
 FAILED = "failed.txt"  # in a policy's directory: why its run failed
 
-# Epoch-keyed, so every policy trains the same steps under the same link: a
-# fast start, then slow, then very slow (a network that degrades under the job).
+# Per workload: the model's size (see flexcomm.lab.workload) and how a run trains it.
+# target is a test accuracy (a fraction) or, for lm, a validation loss in nats.
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": {"hidden": 400, "depth": 3, "steps": 250, "batch": 32, "optimizer": "sgd",
+               "lr": 0.01, "eval_every": 5, "target": 0.95},
+    "synthetic": {"hidden": 400, "depth": 3, "samples": 4000, "steps": 250, "batch": 32,
+                  "optimizer": "sgd", "lr": 0.01, "eval_every": 5, "target": 0.95},
+    "lm": {"hidden": 128, "depth": 4, "samples": 1024, "steps": 384, "batch": 8,
+           "optimizer": "adam", "lr": 3e-3, "eval_every": 10, "target": 2.6},
+    "cnn": {"hidden": 32, "depth": 3, "steps": 250, "batch": 32, "optimizer": "sgd",
+            "lr": 0.05, "eval_every": 5, "target": 0.95},
+}
+DEFAULT_WORKLOAD = "digits"
+RUN_SETTINGS = ("steps", "batch", "optimizer", "lr", "eval_every", "target")
+
+# Epoch-keyed, so every policy trains the same steps under the same link: fast,
+# slow, very slow, then fast again (a network that degrades under the job and
+# recovers, where a fixed aggressive CR wastes accuracy and dense is right
+# again). Digits on 4 nodes runs 11 steps an epoch: 22, 33, 99 and 96 steps.
 DEFAULT_SCHEDULE = """\
 name = "flexcomm lab default"
-description = "fast, then slow, then very slow links (every node, both directions)"
+description = "fast, slow, very slow, then fast again (every node, both directions)"
 
 [[step]]
 epoch = 0
@@ -52,7 +73,32 @@ rate = "100Mbit"
 [[step]]
 epoch = 5
 rate = "20Mbit"
+
+[[step]]
+epoch = 14
+rate = "1Gbit"
 """
+
+
+# Schedules a lab run can name (`--schedule up-and-down`): examples/schedules/NAME.toml.
+SCHEDULES_DIR = Path(__file__).resolve().parents[1] / "examples" / "schedules"
+
+
+def named_schedules() -> list[str]:
+    return sorted(p.stem for p in SCHEDULES_DIR.glob("*.toml"))
+
+
+def schedule_file(name_or_path: str) -> Path:
+    """The schedule file `name_or_path` means: that path when it exists, else the
+    shipped schedule of that name."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix == ".toml" or "/" in name_or_path:
+        return path
+    named = SCHEDULES_DIR / f"{name_or_path}.toml"
+    if not named.exists():
+        raise ValueError(f"schedule: no file {name_or_path!r} and no shipped schedule of that name "
+                         f"(one of {', '.join(named_schedules()) or 'none found in ' + str(SCHEDULES_DIR)})")
+    return named
 
 
 @dataclass(frozen=True)
@@ -70,9 +116,11 @@ class PolicySpec:
         return self.kind in FIXED_KINDS
 
 
-def policy_dir(out: Path, label: str) -> Path:
-    """Where a run directory keeps one policy's files."""
-    return Path(out) / "policies" / re.sub(r"[^A-Za-z0-9._=-]", "_", label)
+def policy_dir(out: Path, label: str, repeat: int = 0) -> Path:
+    """Where a run directory keeps one policy's files (of its `repeat`-th run);
+    '@' never occurs in a cleaned label."""
+    name = re.sub(r"[^A-Za-z0-9._=-]", "_", label)
+    return Path(out) / "policies" / (name if repeat == 0 else f"{name}@{repeat}")
 
 
 def parse_policy(spec: str) -> PolicySpec:
@@ -81,11 +129,13 @@ def parse_policy(spec: str) -> PolicySpec:
         raise ValueError("policies: empty policy name")
     if text.startswith("topk-"):
         return _parse_topk(text)
+    if text.startswith("powersgd-"):
+        return _parse_powersgd(text)
     name, _, rest = text.partition(":")
     known = (*POLICY_NAMES, *TORCH_METHODS)
     if name not in known:
         raise ValueError(f"policies: unknown policy {name!r} (one of {', '.join(known)}, "
-                         "topk-CR[-COLLECTIVE])")
+                         "topk-CR[-COLLECTIVE], powersgd-RANK)")
     options: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -93,7 +143,10 @@ def parse_policy(spec: str) -> PolicySpec:
             raise ValueError(f"policies: option {item!r} of {name} is not key=value")
         options[key.strip()] = _plain(value.strip())
     if name in TORCH_METHODS and options:
-        raise ValueError(f"policies: {name} takes no options")
+        raise ValueError(f"policies: {name} takes no options" + (
+            " (its rank is written powersgd-RANK)" if name == "powersgd" else ""))
+    if name == "powersgd":
+        options = {"rank": POWERSGD_RANK}
     if name in POLICY_NAMES:  # bad options are refused now, not by rank 0 mid-run
         try:
             make_policy(name, grad_bytes=1e6, nodes=2, options=options)
@@ -120,8 +173,17 @@ def _parse_topk(text: str) -> PolicySpec:
     return PolicySpec(text, "static", {"compression": f"topk:{cr!r}", "collective": collective})
 
 
+def _parse_powersgd(text: str) -> PolicySpec:
+    rank = text.removeprefix("powersgd-")
+    if not rank.isdigit() or int(rank) < 1:
+        raise ValueError(f"policies: {text!r}: the PowerSGD rank must be a whole number >= 1")
+    return PolicySpec(text, "powersgd", {"rank": int(rank)})
+
+
 def parse_policies(text: str) -> list[PolicySpec]:
-    specs = [parse_policy(p) for p in _split_top(text)]
+    """The specs of `text`; the word `all` stands for ALL_POLICIES."""
+    names = [n for p in _split_top(text) for n in (ALL_POLICIES if p.strip() == "all" else (p,))]
+    specs = [parse_policy(p) for p in names]
     labels = [s.label for s in specs]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:

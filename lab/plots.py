@@ -3,9 +3,12 @@
 - network.png: per policy, the link rate in force (grey, left axis) with the
   agent's bandwidth estimate (black line), and the CR each step ran (right axis,
   log scale), coloured by collective, against the policy's training time.
-- accuracy.png: test accuracy against training time, one line per policy, the
-  target dashed.
+- accuracy.png, or loss.png when the target is a loss (lm): the held-out
+  figure against training time, one line per policy (every repeat, in the
+  policy's colour), the target dashed.
 - step_time.png: step time against step (a running median), one line per policy.
+
+network.png and step_time.png show each policy's first repeat.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from flexcomm.lab import estimate_tracking
 COLLECTIVE_COLOURS = {
     "dense_ring": "tab:red", "dense_tree": "tab:pink", "ag_topk": "tab:blue",
     "art_ring": "tab:green", "art_tree": "tab:olive", "powersgd": "tab:purple",
-    "torch_allreduce": "tab:brown",
+    "torch_allreduce": "tab:brown", "bf16_allreduce": "tab:orange",
 }
 SMOOTH_STEPS = 9
 
@@ -30,8 +33,9 @@ def write_plots(out: Path, runs: list[Any], summary: dict[str, Any]) -> list[Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = [_network(out, runs, plt), _accuracy(out, runs, summary, plt),
-             _step_time(out, runs, plt)]
+    first = [run for run in runs if run.repeat == 0]
+    paths = [_network(out, first, plt), _quality(out, runs, summary, plt),
+             _step_time(out, first, plt)]
     plt.close("all")
     return paths
 
@@ -74,24 +78,34 @@ def _rate_at(run: Any, step: dict[str, Any]) -> float | None:
     return run.links[index]["rate_bps"] if index >= 0 else None
 
 
-def _accuracy(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> Path:
+def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> Path:
+    """The target's figure against training time: percent accuracy, or loss in nats."""
+    lab = summary["lab"]
+    metric = lab["target_metric"]
+    scale = 1.0 if metric == "loss" else 100.0
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours: dict[str, Any] = {}
     for run in runs:
-        ax.plot([e["t"] for e in run.evals], [100 * e["accuracy"] for e in run.evals],
-                label=run.label, linewidth=1.4)
-    ax.axhline(100 * summary["lab"]["target_accuracy"], color="0.4", linestyle="--",
-               linewidth=1, label="target")
+        line, = ax.plot([e["t"] for e in run.evals], [scale * e[metric] for e in run.evals],
+                        label=None if run.label in colours else run.label,
+                        color=colours.get(run.label), linewidth=1.4 if run.repeat == 0 else 0.7)
+        colours.setdefault(run.label, line.get_color())
+    ax.axhline(scale * lab["target"], color="0.4", linestyle="--", linewidth=1, label="target")
     times = [e["t"] for run in runs for e in run.evals if e["t"] > 0]
     if times:
         ax.set_xscale("log")
         ax.set_xlim(min(times) * 0.8, max(times) * 1.2)
     ax.set_xlabel("training time (s)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_ylim(bottom=max(0, 100 * summary["lab"]["target_accuracy"] - 40))
+    if metric == "loss":
+        ax.set_ylabel("validation loss (nats)")
+        ax.set_ylim(top=2 * lab["target"])
+    else:
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylim(bottom=max(0, 100 * lab["target"] - 40))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / "accuracy.png"
+    path = out / f"{metric}.png"
     fig.savefig(path, dpi=90)
     return path
 

@@ -1,25 +1,38 @@
 """The lab's report, read back from a run directory alone (so it can be rebuilt).
 
 `summary.json` holds, under each policy's name: time_to_target_s (training
-seconds until the test accuracy first reached the target; null if never),
-final_accuracy, bytes_sent (payload rank 0 contributed, summed over steps),
-wall_s (training seconds in all), steps, and per phase of the schedule the
-steps, seconds, mean step time, the CR and collective run most, and the mean
-predicted vs measured sync time. At the top level: hindsight_best_fixed_s (for
-each phase the fixed choice, among the fixed policies run, that was fastest
-there, added up), and under "lab" the run's settings and the comparisons the
-README quotes (MOO against dense, the best fixed choice, and PowerSGD).
+seconds until the held-out figure first reached the target: a test accuracy, or
+for lm a validation loss; null if never), steps_to_target, final_accuracy (for
+lm next-byte accuracy), final_loss (held-out, nats), bytes_sent (payload rank 0
+contributed, summed over steps), wall_s (training seconds in all), steps,
+explore_steps (steps run under a decision that was exploring) and compute_s (the
+median compute time of a step, measured without communication). With repeats
+each figure is the median over the repeats; `per_repeat` lists every repeat's
+and `spread` its [min, max] (a time that never reached the target counts as
+slower than any; a median or bound that is such a time is null). `phases` is
+the first repeat's, per phase of the schedule: the steps, seconds, mean step
+time, the CR and collective run most, and the mean predicted vs measured sync
+time.
+
+At the top level: workload, schedule, hindsight_best_fixed_s (for each phase the
+fixed choice, among the fixed policies run, that was fastest there, added up;
+the median over repeats), compute_only_s (dense's steps to the target times the
+median compute time of a step: the time to the target if communication were
+free, which no policy can beat), and under "lab" the run's settings, the
+comparisons of MOO with every other policy, and the verdict lines.
 
 Times are rank 0's training clock (evaluation and waits for the schedule
 excluded), so runs compare step for step. `summary.txt` is the table printed
 at the end of a run; the PNGs are network.png (link rate and the chosen CR and
-collective over time), accuracy.png and step_time.png.
+collective over time), accuracy.png or, for a loss target, loss.png (the
+held-out figure against training time), and step_time.png.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +44,13 @@ from flexcomm.lab.plan import FAILED, parse_policy, policy_dir
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
+ADAPTIVE = "moo"  # the policy every other is compared with
+# Figures given per repeat and as a median; for those in SLOWER_WHEN_MISSING a
+# missing value (never reached the target) is worse than any.
+FIGURES = ("time_to_target_s", "steps_to_target", "final_accuracy", "final_loss", "wall_s",
+           "bytes_sent", "steps", "explore_steps", "compute_s")
+SLOWER_WHEN_MISSING = ("time_to_target_s", "steps_to_target")
+
 
 @dataclass
 class PolicyRun:
@@ -40,6 +60,8 @@ class PolicyRun:
     links: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     failed: str = ""  # why the run failed, when it did
+    repeat: int = 0
+    start: dict[str, Any] = field(default_factory=dict)  # rank 0's start record
 
     @property
     def fixed(self) -> bool:
@@ -58,20 +80,32 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_runs(out: Path) -> list[PolicyRun]:
+    """Every run of the lab in `out`, in the order they ran."""
     config = json.loads((out / "config.json").read_text())
     runs = []
-    for label in config["policies"]:
-        pdir = policy_dir(out, label)
-        records = read_jsonl(pdir / "records.jsonl")
-        runs.append(PolicyRun(
-            label,
-            [r for r in records if r["kind"] == "step"],
-            [r for r in records if r["kind"] == "eval"],
-            read_jsonl(pdir / "links.jsonl"),
-            [r["message"] for r in records if r["kind"] == "warning"],
-            (pdir / FAILED).read_text() if (pdir / FAILED).exists() else "",
-        ))
+    for repeat in range(config.get("repeats", 1)):
+        for label in config["policies"]:
+            pdir = policy_dir(out, label, repeat)
+            records = read_jsonl(pdir / "records.jsonl")
+            runs.append(PolicyRun(
+                label,
+                [r for r in records if r["kind"] == "step"],
+                [r for r in records if r["kind"] == "eval"],
+                read_jsonl(pdir / "links.jsonl"),
+                [r["message"] for r in records if r["kind"] == "warning"],
+                (pdir / FAILED).read_text() if (pdir / FAILED).exists() else "",
+                repeat,
+                next((r for r in records if r["kind"] == "start"), {}),
+            ))
     return runs
+
+
+def is_exploring(step: dict[str, Any]) -> bool:
+    """Whether `step` ran under a decision that was exploring (the decision's
+    flag; records written before it existed said so in the reason)."""
+    if "exploring" in step:
+        return bool(step["exploring"])
+    return str(step.get("reason", "")).startswith("exploring")
 
 
 def phase_key(run: PolicyRun, index: int) -> tuple[int, int] | None:
@@ -120,38 +154,79 @@ def check_run(run: PolicyRun) -> list[str]:
     return problems
 
 
-def summarize_run(run: PolicyRun, target: float) -> dict[str, Any]:
-    reached = next((e for e in run.evals if e["accuracy"] >= target), None)
+def reached(value: float, target: float, metric: str) -> bool:
+    """Whether a held-out `metric` value meets the target (a loss from above)."""
+    return value <= target if metric == "loss" else value >= target
+
+
+def summarize_run(run: PolicyRun, target: float, metric: str = "accuracy") -> dict[str, Any]:
+    hit = next((e for e in run.evals if reached(e[metric], target, metric)), None)
+    last = run.evals[-1] if run.evals else {}
     return {
-        "time_to_target_s": reached["t"] if reached else None,
-        "steps_to_target": reached["step"] if reached else None,
-        "final_accuracy": run.evals[-1]["accuracy"] if run.evals else None,
+        "time_to_target_s": hit["t"] if hit else None,
+        "steps_to_target": hit["step"] if hit else None,
+        "final_accuracy": last.get("accuracy"),
+        "final_loss": last.get("loss"),
         "bytes_sent": int(sum(s.get("bytes_sent", 0) for s in run.steps)),
         "wall_s": run.steps[-1]["t"] if run.steps else None,
         "steps": len(run.steps),
+        "explore_steps": sum(is_exploring(s) for s in run.steps),
+        "compute_s": run.start.get("compute_s"),
         "fixed": run.fixed,
         "phases": list(phases(run).values()),
         "warnings": check_run(run),
     }
 
 
-def hindsight(runs: list[PolicyRun], per_policy: dict[str, dict[str, Any]]
+def median_and_spread(values: list[Any], slower_when_missing: bool
+                      ) -> tuple[Any, list[Any]]:
+    """(median, [min, max]) of `values`; a missing value is skipped, or with
+    `slower_when_missing` counts as +infinity (a median or bound that is
+    infinite comes back None)."""
+    if slower_when_missing:
+        known = sorted(math.inf if v is None else v for v in values)
+    else:
+        known = sorted(v for v in values if v is not None)
+    if not known:
+        return None, [None, None]
+    finite = [None if math.isinf(v) else v for v in (statistics.median(known), known[0], known[-1])]
+    return finite[0], finite[1:]
+
+
+def summarize_policy(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's figures over its repeats (each a summarize_run dict)."""
+    summary: dict[str, Any] = {"per_repeat": {}, "spread": {}}
+    for name in FIGURES:
+        values = [r[name] for r in repeats]
+        summary[name], summary["spread"][name] = median_and_spread(
+            values, name in SLOWER_WHEN_MISSING)
+        summary["per_repeat"][name] = values
+    summary["fixed"] = repeats[0]["fixed"]
+    summary["phases"] = repeats[0]["phases"]
+    many = len(repeats) > 1
+    summary["warnings"] = [f"repeat {i}: {w}" if many else w
+                           for i, r in enumerate(repeats) for w in r["warnings"]]
+    return summary
+
+
+def hindsight(runs: list[PolicyRun], per_run: dict[str, dict[str, Any]]
               ) -> tuple[float | None, list[dict[str, Any]]]:
     """Per phase, the fixed policy with the lowest mean step time there, times the
     phase's steps (the median over all runs: the same for epoch-keyed schedules);
-    added up over the phases."""
-    fixed = [r.label for r in runs if r.fixed and per_policy[r.label]["steps"] and not r.failed]
+    added up over the phases. `runs` are one repeat's, `per_run` their summaries
+    by label."""
+    fixed = [r.label for r in runs if r.fixed and per_run[r.label]["steps"] and not r.failed]
     if not fixed:
         return None, []
     keys: dict[Any, list[int]] = {}
     for run in runs:
-        for ph in per_policy[run.label]["phases"]:
+        for ph in per_run[run.label]["phases"]:
             keys.setdefault(_key(ph), []).append(ph["steps"])
     total, choices = 0.0, []
     for key, counts in keys.items():
         options = []
         for label in fixed:
-            ph = next((p for p in per_policy[label]["phases"] if _key(p) == key), None)
+            ph = next((p for p in per_run[label]["phases"] if _key(p) == key), None)
             if ph is not None:
                 options.append((ph["mean_step_s"], label))
         if not options:
@@ -168,22 +243,34 @@ def _key(phase: dict[str, Any]) -> tuple[int, int] | None:
     return None if phase["phase"] is None else tuple(phase["phase"])
 
 
+def compute_only(per_policy: dict[str, dict[str, Any]]) -> float | None:
+    """Dense's steps to the target times the median compute time of a step over
+    every run: the time to the target with free communication."""
+    dense = per_policy.get("dense")
+    times = [t for s in per_policy.values() for t in s["per_repeat"]["compute_s"] if t is not None]
+    if not dense or dense["steps_to_target"] is None or not times:
+        return None
+    return dense["steps_to_target"] * statistics.median(times)
+
+
 def comparisons(summary: dict[str, dict[str, Any]], best_fixed_s: float | None) -> dict[str, Any]:
-    """The figures the README quotes: MOO against dense, hindsight and PowerSGD."""
+    """MOO against every other policy (time to target as rival over MOO; final
+    accuracy in points and final loss in nats as MOO minus rival), and MOO's
+    wall time over the hindsight best fixed choice. Medians over repeats."""
     out: dict[str, Any] = {}
-    moo, dense, psgd = summary.get("moo"), summary.get("dense"), summary.get("powersgd")
-    if moo and dense:
-        out["dense_over_moo_time_to_target"] = _ratio(dense["time_to_target_s"],
-                                                      moo["time_to_target_s"])
-        out["moo_minus_dense_final_accuracy_points"] = _diff_points(
-            moo["final_accuracy"], dense["final_accuracy"])
-    if moo and best_fixed_s:
-        out["moo_over_hindsight_best_fixed"] = _ratio(moo["wall_s"], best_fixed_s)
-    if moo and psgd:
-        out["powersgd_over_moo_time_to_target"] = _ratio(psgd["time_to_target_s"],
+    moo = summary.get(ADAPTIVE)
+    if not moo:
+        return out
+    for label, rival in summary.items():
+        if label == ADAPTIVE:
+            continue
+        out[f"{label}_over_moo_time_to_target"] = _ratio(rival["time_to_target_s"],
                                                          moo["time_to_target_s"])
-        out["moo_minus_powersgd_final_accuracy_points"] = _diff_points(
-            moo["final_accuracy"], psgd["final_accuracy"])
+        out[f"moo_minus_{label}_final_accuracy_points"] = _diff(
+            moo["final_accuracy"], rival["final_accuracy"], 100.0)
+        out[f"moo_minus_{label}_final_loss"] = _diff(moo["final_loss"], rival["final_loss"])
+    if best_fixed_s:
+        out["moo_over_hindsight_best_fixed"] = _ratio(moo["wall_s"], best_fixed_s)
     return out
 
 
@@ -191,64 +278,155 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def _diff_points(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else 100.0 * (a - b)
+def _diff(a: float | None, b: float | None, scale: float = 1.0) -> float | None:
+    return None if a is None or b is None else scale * (a - b)
+
+
+def overlap(a: list[Any], b: list[Any]) -> bool:
+    """Whether two [min, max] spreads overlap (a None bound is +infinity)."""
+    lo_a, hi_a = a[0], math.inf if a[1] is None else a[1]
+    lo_b, hi_b = b[0], math.inf if b[1] is None else b[1]
+    if lo_a is None or lo_b is None:
+        return lo_a is None and lo_b is None  # both never reached it
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
+def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
+    """One line per rival: MOO's time to target against it, "within noise" where
+    the spreads over the repeats overlap."""
+    moo = summary.get(ADAPTIVE)
+    if not moo:
+        return []
+    lines = []
+    for label, rival in summary.items():
+        if label == ADAPTIVE:
+            continue
+        ratio = _ratio(rival["time_to_target_s"], moo["time_to_target_s"])
+        if ratio is None:
+            figure = "moo never reached the target" if moo["time_to_target_s"] is None \
+                else f"{label} never reached the target"
+        else:
+            figure = f"{ratio:.2f}x ({'moo sooner' if ratio > 1 else 'moo later'})"
+        noise = ""
+        if repeats > 1 and overlap(moo["spread"]["time_to_target_s"],
+                                   rival["spread"]["time_to_target_s"]):
+            noise = ": within noise"
+        lines.append(f"moo vs {label}: time to target {figure}{noise} "
+                     f"(moo {_with_spread(moo, 'time_to_target_s', repeats)}, "
+                     f"{label} {_with_spread(rival, 'time_to_target_s', repeats)})")
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
+
+
+def _with_spread(s: dict[str, Any], name: str, repeats: int) -> str:
+    text = _seconds(s[name])
+    if repeats > 1:
+        lo, hi = s["spread"][name]
+        text += f" [{_seconds(lo).removesuffix(' s')}-{_seconds(hi)}]"
+    return text
 
 
 def build_summary(out: Path) -> dict[str, Any]:
     config = json.loads((out / "config.json").read_text())
     cluster = json.loads((out / "cluster.json").read_text()) if (out / "cluster.json").exists() else {}
     runs = load_runs(out)
-    target = config["target_accuracy"]
-    per_policy = {run.label: summarize_run(run, target) for run in runs}
+    repeats = config.get("repeats", 1)
+    target = config.get("target", config.get("target_accuracy"))  # the latter: older runs
+    metric = config.get("target_metric", "accuracy")
+    per_run = [summarize_run(run, target, metric) for run in runs]
+    per_policy = {label: summarize_policy([s for run, s in zip(runs, per_run, strict=True)
+                                           if run.label == label])
+                  for label in config["policies"]}
+    totals, choices = [], []
+    for repeat in range(repeats):
+        these = [(run, s) for run, s in zip(runs, per_run, strict=True) if run.repeat == repeat]
+        total, chosen = hindsight([r for r, _ in these], {r.label: s for r, s in these})
+        totals.append(total)
+        choices = choices or chosen
+    best_fixed_s, _ = median_and_spread(totals, slower_when_missing=False)
     for run in runs:
-        per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)
-    best_fixed_s, choices = hindsight(runs, per_policy)
+        if run.repeat == 0:  # as the plots: the estimate of each policy's first repeat
+            per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)
     summary: dict[str, Any] = dict(per_policy)
+    summary["workload"] = config["workload"]["name"]
+    summary["schedule"] = config["schedule_name"]
     summary["hindsight_best_fixed_s"] = best_fixed_s
+    summary["compute_only_s"] = compute_only(per_policy)
     summary["lab"] = {
-        "target_accuracy": target,
+        "target": target,
+        "target_metric": metric,
         "nodes": config["nodes"],
         "steps": config["steps"],
-        "schedule": config["schedule_name"],
+        "repeats": repeats,
         "shaped": cluster.get("shaped"),
         "reason_unshaped": cluster.get("reason_unshaped", ""),
         "decisions": config["decisions"],
+        "hindsight_per_repeat": totals,
         "hindsight_choices": choices,
-        "failed": {run.label: run.failed for run in runs if run.failed},
+        "failed": {_run_name(run, repeats): run.failed for run in runs if run.failed},
         "comparisons": comparisons(per_policy, best_fixed_s),
         "estimate_tracking": estimate_tracking.summary_of(
             {label: s["estimate_tracking"] for label, s in per_policy.items()},
             estimate_tracking.probe_share(out, runs)),
+        "verdicts": verdicts(per_policy, repeats),
     }
     return summary
 
 
+def _run_name(run: PolicyRun, repeats: int) -> str:
+    return run.label if repeats == 1 else f"{run.label}@{run.repeat}"
+
+
+TOP_LEVEL = ("lab", "workload", "schedule", "hindsight_best_fixed_s", "compute_only_s")
+
+
+def policies(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(k, v) for k, v in summary.items() if k not in TOP_LEVEL]
+
+
 def format_table(summary: dict[str, Any]) -> str:
     lab = summary["lab"]
-    rows = [("policy", "to target", "final acc", "sent", "train time", "vs best fixed")]
+    repeats = lab.get("repeats", 1)
+    dense = summary.get("dense")
+    rows = [("policy", "to target", "final loss", "vs dense", "final acc", "sent", "train time",
+             "exploring", "vs best fixed")]
     best = summary.get("hindsight_best_fixed_s")
-    for label, s in _policies(summary):
+    for label, s in policies(summary):
         rows.append((
             label,
-            "never" if s["time_to_target_s"] is None else f"{s['time_to_target_s']:.1f} s",
+            _with_spread(s, "time_to_target_s", repeats),
+            "-" if s["final_loss"] is None else f"{s['final_loss']:.3f}",
+            "-" if not dense or dense["final_loss"] is None or s["final_loss"] is None
+            else f"{s['final_loss'] - dense['final_loss']:+.3f}",
             "-" if s["final_accuracy"] is None else f"{100 * s['final_accuracy']:.1f}%",
             format_bytes(s["bytes_sent"]),
             "-" if s["wall_s"] is None else f"{s['wall_s']:.1f} s",
+            f"{s['explore_steps']}/{s['steps']}" if s["steps"] else "-",
             "-" if not best or s["wall_s"] is None else f"{s['wall_s'] / best:.2f}x",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
-    lines.append(f"target accuracy {100 * lab['target_accuracy']:.0f}%; "
-                 + ("best fixed choice per phase in hindsight: "
-                    + (f"{best:.1f} s" if best else "n/a")))
+    lines.append(f"{summary.get('workload', '')} under schedule {summary.get('schedule', '')}; "
+                 f"{_target_text(lab)}; "
+                 + (f"medians of {repeats} repeats [min-max]; " if repeats > 1 else "")
+                 + "best fixed choice per phase in hindsight: "
+                 + (f"{best:.1f} s" if best else "n/a")
+                 + "; dense's steps to the target with free communication: "
+                 + ("n/a" if summary.get("compute_only_s") is None
+                    else f"{summary['compute_only_s']:.1f} s"))
     lines.extend(_phase_lines(summary))
     lines.extend(estimate_tracking.table_lines(summary))
-    for key, value in lab["comparisons"].items():
-        lines.append(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
-    for label, s in _policies(summary):
+    lines.append("")
+    lines.extend(lab.get("verdicts", []))
+    hindsight_ratio = lab["comparisons"].get("moo_over_hindsight_best_fixed")
+    if hindsight_ratio is not None:
+        lines.append(f"moo's train time over the best fixed choice per phase: {hindsight_ratio:.2f}x")
+    for label, s in policies(summary):
         lines.extend(f"WARNING: {label}: {w}" for w in s["warnings"])
     for label, why in lab.get("failed", {}).items():
         lines.append(f"FAILED: {label}: {why.strip().splitlines()[0]}")
@@ -257,10 +435,16 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _target_text(lab: dict[str, Any]) -> str:
+    if lab["target_metric"] == "loss":
+        return f"target validation loss {lab['target']:g} nats"
+    return f"target accuracy {100 * lab['target']:.0f}%"
+
+
 def _phase_lines(summary: dict[str, Any]) -> list[str]:
     lines = ["", "per phase: steps, mean step time, CR @ collective run most, "
                  "predicted/measured sync"]
-    for label, s in _policies(summary):
+    for label, s in policies(summary):
         parts = []
         for ph in s["phases"]:
             rate = "unshaped" if ph["rate_bps"] is None else format_rate(ph["rate_bps"])
@@ -276,10 +460,6 @@ def _phase_lines(summary: dict[str, Any]) -> list[str]:
 def _choice(phase: dict[str, Any]) -> str:
     compression, collective = phase["compression"], phase["collective"]
     return str(collective) if compression is None else f"{compression}@{collective}"
-
-
-def _policies(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(k, v) for k, v in summary.items() if k not in ("lab", "hindsight_best_fixed_s")]
 
 
 def write_report(out: Path) -> dict[str, Any]:

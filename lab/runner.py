@@ -6,9 +6,13 @@ training job (one rank per node) under the network schedule; then the report.
 
 The run directory holds: config.json, schedule.toml, lab.db (the store: jobs and
 every applied link step), agents/ (each agent's store and log), and per policy
-policies/<name>/ with records.jsonl (rank 0's steps and evaluations),
+policies/<name>/ (with --repeats, policies/<name>@<repeat> for the second
+and later repeats) with records.jsonl (rank 0's steps and evaluations),
 links.jsonl (the link states applied, with their wall time), train.json and a
 log per rank. The report (summary.json, summary.txt, PNGs) is written last.
+
+With repeats, the policies run interleaved (A, B, C, A, B, C, ...), so a load
+that drifts during the run falls on every policy alike.
 
 Epoch-keyed schedules are applied at each epoch boundary before the epoch's first
 step (rank 0 waits for the runner's acknowledgement, off its training clock), so
@@ -39,17 +43,20 @@ from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cleanup import socket_dir_prefix
 from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
+    CONTROL_INTERVAL,
     DEFAULT_POLICIES,
     DEFAULT_SCHEDULE,
-    DEFAULTS,
+    DEFAULT_WORKLOAD,
     FAILED,
+    RUN_SETTINGS,
     TORCH_METHODS,
+    WORKLOAD_DEFAULTS,
     PolicySpec,
     parse_policies,
     policy_dir,
 )
-from flexcomm.lab.trainer import TrainConfig
-from flexcomm.lab.workload import WorkloadSpec, load_dataset
+from flexcomm.lab.trainer import OPTIMIZERS, TrainConfig
+from flexcomm.lab.workload import WorkloadSpec, load_dataset, target_metric
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")
@@ -64,35 +71,48 @@ class LabError(RuntimeError):
 
 @dataclass
 class LabConfig:
+    """A lab run. Training settings left None take the workload's defaults
+    (`flexcomm.lab.plan.WORKLOAD_DEFAULTS`); `target` is a test accuracy (a
+    fraction) or, when the workload's target metric is loss, a validation loss."""
+
     out: Path
     policies: list[PolicySpec] = field(default_factory=lambda: parse_policies(
         " ".join(DEFAULT_POLICIES)))
     nodes: int = 4
     schedule_text: str = DEFAULT_SCHEDULE
     schedule_name: str = "default"
-    steps: int = DEFAULTS["steps"]
-    batch: int = DEFAULTS["batch"]
-    lr: float = DEFAULTS["lr"]
-    eval_every: int = DEFAULTS["eval_every"]
-    target_accuracy: float = DEFAULTS["target_accuracy"]
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    workload: WorkloadSpec = field(default_factory=lambda: WorkloadSpec(name=DEFAULT_WORKLOAD))
+    steps: int | None = None
+    batch: int | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    eval_every: int | None = None
+    target: float | None = None
+    repeats: int = 1
     prefix: str = "flexlab"
     subnet: str = "10.213.0.0/24"
     decisions: str = "agent"
-    control_interval: int = DEFAULTS["control_interval"]
+    control_interval: int = CONTROL_INTERVAL
     namespaces: bool | None = None  # None: when this process can
     policy_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
+        for name in RUN_SETTINGS:
+            if getattr(self, name) is None:
+                setattr(self, name, WORKLOAD_DEFAULTS[self.workload.name][name])
         if self.nodes < 2:
             raise ValueError(f"nodes: need at least 2, got {self.nodes}")
-        for name in ("steps", "batch", "eval_every", "control_interval"):
+        for name in ("steps", "batch", "eval_every", "control_interval", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.target_accuracy <= 1.0:
-            raise ValueError(f"target: must be in (0, 1], got {self.target_accuracy}")
+        if self.target_metric == "accuracy" and not 0.0 < self.target <= 1.0:
+            raise ValueError(f"target: a test accuracy must be in (0, 1], got {self.target}")
+        if self.target_metric == "loss" and not self.target > 0.0:
+            raise ValueError(f"target: a validation loss must be > 0, got {self.target}")
         if not self.lr > 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.decisions not in DECISION_SOURCES:
             raise ValueError(f"decisions: one of {', '.join(DECISION_SOURCES)}, "
                              f"got {self.decisions!r}")
@@ -102,10 +122,15 @@ class LabConfig:
     def schedule(self) -> Schedule:
         return parse_schedule(self.schedule_text, self.schedule_name)
 
+    @property
+    def target_metric(self) -> str:
+        return target_metric(self.workload.name)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["out"] = str(self.out)
         d["policies"] = [p.label for p in self.policies]
+        d["target_metric"] = self.target_metric
         return d
 
 
@@ -131,12 +156,13 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str
             progress({"kind": "agents", "count": cfg.nodes if lab.shaped else 1})
             handles = start_agents(lab, sockets, db_dir=out / "agents")
             agent_socket = str(handles[0].socket)
-        for index, spec in enumerate(cfg.policies):
+        for repeat, index, spec in run_order(cfg):
             try:
-                run_policy(lab, cfg, spec, index, agent_socket, store, progress)
+                run_policy(lab, cfg, spec, index, agent_socket, store, progress, repeat)
             except LabError as exc:  # the other policies still run and are reported
-                (policy_dir(out, spec.label) / FAILED).write_text(str(exc))
-                progress({"kind": "failed", "policy": spec.label, "message": str(exc)})
+                (policy_dir(out, spec.label, repeat) / FAILED).write_text(str(exc))
+                progress({"kind": "failed", "policy": spec.label, "repeat": repeat,
+                          "message": str(exc)})
     return write_report(out)
 
 
@@ -150,6 +176,11 @@ def _socket_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def run_order(cfg: LabConfig) -> list[tuple[int, int, PolicySpec]]:
+    """(repeat, index, policy) in the order they run: every policy once, then again."""
+    return [(r, i, spec) for r in range(cfg.repeats) for i, spec in enumerate(cfg.policies)]
+
+
 def free_port(address: str) -> int:
     with socket.socket() as s:
         s.bind((address if address.startswith("127.") else "127.0.0.1", 0))
@@ -157,30 +188,33 @@ def free_port(address: str) -> int:
 
 
 def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
-               agent_socket: str, store: Store, progress: Progress) -> Path:
+               agent_socket: str, store: Store, progress: Progress, repeat: int = 0) -> Path:
     """Train once with `spec` under the schedule; returns its directory."""
-    pdir = policy_dir(cfg.out, spec.label)
+    pdir = policy_dir(cfg.out, spec.label, repeat)
     if pdir.exists():
         shutil.rmtree(pdir)
     pdir.mkdir(parents=True)
     schedule = cfg.schedule
-    job_id = re.sub(r"[^A-Za-z0-9._-]", "_", f"lab-{int(time.time())}-{index}-{spec.label}")
+    job_id = re.sub(r"[^A-Za-z0-9._-]", "_",
+                    f"lab-{int(time.time())}-{repeat}-{index}-{spec.label}")
     train = TrainConfig(
         policy=spec.kind, policy_options=spec.options, world=cfg.nodes,
         master_addr=lab.nodes[0].address, master_port=free_port(lab.nodes[0].address),
         records=str(pdir / "records.jsonl"), workload=asdict(cfg.workload),
         agent_socket=agent_socket if spec.kind not in TORCH_METHODS else "",
-        ifname=lab.nodes[0].ifname, steps=cfg.steps, batch=cfg.batch, lr=cfg.lr,
-        eval_every=cfg.eval_every, hook_options={"control_interval": cfg.control_interval},
+        ifname=lab.nodes[0].ifname, steps=cfg.steps, batch=cfg.batch, optimizer=cfg.optimizer,
+        lr=cfg.lr, eval_every=cfg.eval_every,
+        hook_options={"control_interval": cfg.control_interval},
         node_addresses=[n.address for n in lab.nodes], dataset_cache=str(cfg.out / "dataset.pt"),
         epoch_ack=str(pdir / "epoch_ack") if schedule.by_epoch else "", job_id=job_id,
     )
     train.save(pdir / "train.json")
-    store.add_job(job_id, {"policy": spec.label, "nodes": cfg.nodes, "steps": cfg.steps})
+    store.add_job(job_id, {"policy": spec.label, "repeat": repeat, "nodes": cfg.nodes,
+                           "steps": cfg.steps})
     links = _LinkLog(pdir / "links.jsonl", lab, store)
     emulator = Emulator(schedule, lab.links, on_step=links.record) if lab.shaped else None
     progress({"kind": "policy", "policy": spec.label, "index": index,
-              "count": len(cfg.policies)})
+              "count": len(cfg.policies), "repeat": repeat, "repeats": cfg.repeats})
     if emulator is not None:  # the first step is in force before the ranks start
         if schedule.by_epoch:
             emulator.advance_epoch(0)

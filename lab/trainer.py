@@ -7,9 +7,15 @@ the workload's model in DDP with the gradient synchronisation the config names
 
 Rank 0 writes one JSON object per line to the records file: a "start" record, an
 "epoch" record at each epoch boundary, a "step" record per step and an "eval"
-record every `eval_every` steps, then "end". Times are on a training clock that
-starts after the process group is up and stops while rank 0 evaluates or waits
-for the network schedule to be applied (so wall times compare across policies).
+record (held-out loss and accuracy) every `eval_every` steps, then "end". Times
+are on a training clock that starts after the process group is up and stops
+while rank 0 evaluates or waits for the network schedule to be applied (so wall
+times compare across policies).
+
+Before the clock starts, every rank computes `COMPUTE_PROBE_STEPS` forward and
+backward passes without communicating (DDP's `no_sync`) at once, as they will
+in training; the start record's `compute_s` is rank 0's median: what a step
+would cost if communication were free.
 
 At an epoch boundary, when `epoch_ack` is set, rank 0 waits (up to
 `epoch_ack_timeout_s`) until the runner has written an epoch number >= the new
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,11 +43,15 @@ from flexcomm.lab.sync import attach_sync
 from flexcomm.lab.workload import (
     ShardLoader,
     WorkloadSpec,
-    accuracy,
     build_model,
+    evaluate,
     gradient_bytes,
     load_dataset,
+    loss_of,
 )
+
+COMPUTE_PROBE_STEPS = 8  # the first is a warm-up and not counted
+OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass
@@ -61,6 +72,7 @@ class TrainConfig:
     ifname: str = ""  # GLOO_SOCKET_IFNAME; empty leaves gloo's default
     steps: int = 200
     batch: int = 32
+    optimizer: str = "sgd"  # one of OPTIMIZERS; adam is AdamW without weight decay
     lr: float = 0.01
     momentum: float = 0.9
     eval_every: int = 5
@@ -138,17 +150,52 @@ def train(cfg: TrainConfig, rank: int) -> None:
         dist.destroy_process_group()
 
 
+def make_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    raise ValueError(f"optimizer: one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
+
+
+def wrap(model: nn.Module) -> DistributedDataParallel:
+    """`model` in DDP with one bucket that holds the whole gradient. PyTorch's
+    PowerSGD hook starts its second and third AllReduce from completion
+    callbacks, which run in whatever order the buckets finish, so with two
+    buckets gloo ranks issued mismatched collectives and aborted; every policy
+    gets the same single bucket."""
+    return DistributedDataParallel(model, bucket_cap_mb=gradient_bytes(model) / 2**20 + 1.0)
+
+
+def compute_seconds(ddp: DistributedDataParallel, batch: tuple[torch.Tensor, torch.Tensor],
+                    steps: int = COMPUTE_PROBE_STEPS) -> float:
+    """Median time of a forward and backward pass without communication; the
+    gradients it leaves are cleared."""
+    times = []
+    x, y = batch
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with ddp.no_sync():
+            loss_of(ddp(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    ddp.zero_grad(set_to_none=True)
+    return statistics.median(times[1:] or times)
+
+
 def _train_loop(cfg: TrainConfig, rank: int) -> None:
     spec = WorkloadSpec(**cfg.workload)
     data = load_dataset(spec, cache=cfg.dataset_cache or None)
     model = build_model(spec, data.features, data.classes)
-    ddp = DistributedDataParallel(model)
-    sync = attach_sync(ddp, cfg, rank, gradient_bytes(model))
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    ddp = wrap(model)
+    sync = attach_sync(ddp, cfg, rank, gradient_bytes(model))  # DDP wants hooks before backward
+    optimizer = make_optimizer(cfg, model)
     loader = ShardLoader(data, rank, cfg.world, cfg.batch, spec.seed)
+    dist.barrier()
+    compute_s = compute_seconds(ddp, loader.epoch(0)[0])
     records = Records(cfg.records, rank == 0)
     records.write("start", policy=cfg.policy, world=cfg.world, grad_bytes=gradient_bytes(model),
-                  steps=cfg.steps, steps_per_epoch=loader.steps_per_epoch, time=time.time())
+                  steps=cfg.steps, steps_per_epoch=loader.steps_per_epoch, compute_s=compute_s,
+                  time=time.time())
     dist.barrier()
     clock = TrainClock()
     step = 0
@@ -161,7 +208,7 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
                 break
             t0, wall = clock.now(), time.time()
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(ddp(x), y)
+            loss = loss_of(ddp(x), y)
             loss.backward()
             optimizer.step()
             stats = sync.after_step(step, epoch)
@@ -169,8 +216,8 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
                           step_s=clock.now() - t0, loss=float(loss.detach()), **stats)
             step += 1
             if rank == 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
-                acc = clock.pause_for(accuracy, model, data.x_test, data.y_test)
-                records.write("eval", step=step, epoch=epoch, t=clock.now(), accuracy=acc)
+                held_out = clock.pause_for(evaluate, model, data.x_test, data.y_test)
+                records.write("eval", step=step, epoch=epoch, t=clock.now(), **held_out)
         epoch += 1
     sync.close()
     records.write("end", steps=step, t=clock.now(), time=time.time())

@@ -1,7 +1,8 @@
 """`flexcomm lab`: an emulated cluster on this machine, real training under a
 network schedule, once per policy, and a report.
 
-    flexcomm lab run [--out DIR] [--nodes 4] [--schedule FILE] [--policies ...]
+    flexcomm lab run [--out DIR] [--nodes 4] [--workload lm] [--schedule FILE|NAME]
+                     [--policies ...|all] [--repeats N]
     flexcomm lab report DIR          # rebuild the report of a finished run
     flexcomm lab clean               # remove what a killed run or calibration left
 
@@ -28,10 +29,18 @@ EXAMPLES = """examples:
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULTS
+def _per_workload(setting: str) -> str:
+    from flexcomm.lab.plan import WORKLOAD_DEFAULTS
 
-    d = DEFAULTS
+    return ", ".join(f"{name} {d[setting]}" for name, d in WORKLOAD_DEFAULTS.items()
+                     if d.get(setting) is not None)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULT_WORKLOAD, named_schedules
+    from flexcomm.lab.trainer import OPTIMIZERS
+    from flexcomm.lab.workload import WORKLOADS
+
     parser = subparsers.add_parser(
         "lab", help="emulated multi-node cluster: train under a network schedule, compare policies",
         description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,28 +49,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run the lab and write its report")
     run.add_argument("--out", help="run directory (default runs/lab-<time>)")
     run.add_argument("--nodes", type=int, default=4, help="nodes = ranks (default 4)")
-    run.add_argument("--schedule", help="emulation schedule, TOML (default: fast, slow, very slow)")
+    run.add_argument("--schedule", help="emulation schedule: a TOML file, or the name of one in "
+                     f"examples/schedules ({', '.join(named_schedules())}); default: fast, slow, "
+                     "very slow, fast again")
     run.add_argument("--policies", help=f"space/comma separated (default: "
-                     f"{' '.join(DEFAULT_POLICIES)}); see flexcomm.lab.plan")
-    run.add_argument("--steps", type=int, default=None, help=f"training steps per policy (default {d['steps']})")
+                     f"{' '.join(DEFAULT_POLICIES)}; `all`: every baseline); see flexcomm.lab.plan")
+    run.add_argument("--repeats", type=int, default=1,
+                     help="runs of each policy, interleaved; the report gives medians and "
+                     "spreads (default 1)")
+    run.add_argument("--workload", choices=WORKLOADS, default=DEFAULT_WORKLOAD,
+                     help=f"what to train (default {DEFAULT_WORKLOAD}); see flexcomm.lab.workload")
+    run.add_argument("--steps", type=int, default=None,
+                     help=f"training steps per policy (default: {_per_workload('steps')})")
     run.add_argument("--batch", type=int, default=None,
-                     help=f"samples per rank per step (default {d['batch']})")
-    run.add_argument("--lr", type=float, default=None, help=f"SGD learning rate (default {d['lr']})")
+                     help=f"samples per rank per step (default: {_per_workload('batch')})")
+    run.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                     help=f"adam is AdamW without weight decay (default: {_per_workload('optimizer')})")
+    run.add_argument("--lr", type=float, default=None,
+                     help=f"learning rate (default: {_per_workload('lr')})")
     run.add_argument("--eval-every", type=int, default=None,
-                     help=f"steps between evaluations (default {d['eval_every']})")
+                     help=f"steps between evaluations (default: {_per_workload('eval_every')})")
     run.add_argument("--target", type=float, default=None,
-                     help=f"target test accuracy, a fraction (default {d['target_accuracy']})")
-    run.add_argument("--workload", choices=("digits", "synthetic"), default="digits")
+                     help="target test accuracy, a fraction, or for lm a validation loss in nats "
+                     f"(default: {_per_workload('target')})")
     run.add_argument("--hidden", type=int, default=None,
-                     help=f"MLP width: sets the gradient size (default {d['hidden']})")
-    run.add_argument("--depth", type=int, default=None, help=f"MLP layers (default {d['depth']})")
-    run.add_argument("--samples", type=int, default=None, help="synthetic: samples")
+                     help=f"model width: sets the gradient size (default: {_per_workload('hidden')})")
+    run.add_argument("--depth", type=int, default=None,
+                     help=f"model layers or blocks (default: {_per_workload('depth')})")
+    run.add_argument("--samples", type=int, default=None,
+                     help=f"synthetic: samples; lm: windows per epoch (default: {_per_workload('samples')})")
     run.add_argument("--features", type=int, default=None, help="synthetic: input features")
     run.add_argument("--decisions", choices=("agent", "inprocess"), default="agent",
                      help="rank 0 asks its node's flexcomm agent (default) or runs the "
                      "policy in-process")
     run.add_argument("--control-interval", type=int, default=None,
-                     help=f"steps between rank agreements, the hook's K (default {d['control_interval']})")
+                     help="steps between rank agreements, the hook's K (default 2)")
     run.add_argument("--prefix", default="flexlab", help="namespace name prefix")
     run.add_argument("--subnet", default="10.213.0.0/24", help="the nodes' subnet")
     run.add_argument("--loopback", action="store_true",
@@ -84,30 +106,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from flexcomm.lab.plan import DEFAULT_POLICIES, parse_policies
+    from flexcomm.lab.plan import DEFAULT_POLICIES, SCHEDULES_DIR, parse_policies, schedule_file
     from flexcomm.lab.runner import LabConfig
     from flexcomm.lab.workload import WorkloadSpec
 
     workload = {k: getattr(args, k) for k in ("hidden", "depth", "samples", "features")
                 if getattr(args, k) is not None}
     kw: dict[str, Any] = {}
-    for flag, name in (("steps", "steps"), ("batch", "batch"), ("lr", "lr"),
-                       ("eval_every", "eval_every"), ("target", "target_accuracy"),
-                       ("control_interval", "control_interval")):
-        if getattr(args, flag) is not None:
-            kw[name] = getattr(args, flag)
+    for name in ("steps", "batch", "optimizer", "lr", "eval_every", "target", "control_interval"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
     if args.schedule:
-        path = Path(args.schedule)
+        path = schedule_file(args.schedule)
         try:
             kw["schedule_text"] = path.read_text()
         except OSError as exc:
             raise ValueError(f"schedule: cannot read {path}: {exc.strerror}") from None
-        kw["schedule_name"] = str(path)
+        kw["schedule_name"] = args.schedule if path.parent == SCHEDULES_DIR else str(path)
     out = Path(args.out or f"runs/lab-{time.strftime('%Y%m%d-%H%M%S')}")
     return LabConfig(
         out=out, policies=parse_policies(args.policies or " ".join(DEFAULT_POLICIES)),
         nodes=args.nodes, workload=WorkloadSpec(name=args.workload, **workload),
-        prefix=args.prefix, subnet=args.subnet, decisions=args.decisions,
+        repeats=args.repeats, prefix=args.prefix, subnet=args.subnet, decisions=args.decisions,
         namespaces=False if args.loopback else None, **kw,
     )
 
@@ -142,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     view.finish()
     print(format_table(summary))
-    print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, accuracy.png, "
+    print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, {cfg.target_metric}.png, "
           f"step_time.png ({time.monotonic() - start:.0f} s in all)")
     for label, why in summary["lab"]["failed"].items():
         print(f"flexcomm lab: {label} failed: {why}", file=sys.stderr)
@@ -190,7 +210,9 @@ class TerminalProgress:
             self._print(f"starting {event['count']} flexcomm agent(s)")
         elif kind == "policy":
             self.finish()
-            self._print(f"[{event['index'] + 1}/{event['count']}] {event['policy']}")
+            repeat = (f" (repeat {event['repeat'] + 1}/{event['repeats']})"
+                      if event.get("repeats", 1) > 1 else "")
+            self._print(f"[{event['index'] + 1}/{event['count']}] {event['policy']}{repeat}")
         elif kind == "start":
             self.steps = event["steps"]
         elif kind == "step":
@@ -199,6 +221,7 @@ class TerminalProgress:
                 self._status()
         elif kind == "eval":
             self.state["accuracy"] = event["accuracy"]
+            self.state["loss"] = event.get("loss")
             if not self.tty and (event["step"] % max(1, self.steps // 10) < 5
                                  or event["step"] == self.steps):
                 self._status()
@@ -222,8 +245,9 @@ class TerminalProgress:
         choice = (f"{s['compression']}@{s.get('collective')}" if s.get("compression")
                   else f"{s.get('collective')}")
         acc = f"{100 * s['accuracy']:.1f}%" if "accuracy" in s else "-"
+        loss = f" loss {s['loss']:.3f} |" if s.get("loss") is not None else ""
         line = (f"  step {s.get('step', 0) + 1}/{self.steps} epoch {s.get('epoch', 0)} "
-                f"link {link} | {choice} | acc {acc} | {s.get('t', 0):.1f} s")
+                f"link {link} | {choice} | acc {acc} |{loss} {s.get('t', 0):.1f} s")
         if self.quiet:
             return
         if self.tty:

@@ -13,9 +13,18 @@ from pathlib import Path
 import pytest
 
 from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
-from flexcomm.lab.plan import DEFAULT_POLICIES, parse_policies, parse_policy
-from flexcomm.lab.report import build_summary, format_table
+from flexcomm.lab.plan import (
+    ALL_POLICIES,
+    DEFAULT_POLICIES,
+    SCHEDULES_DIR,
+    named_schedules,
+    parse_policies,
+    parse_policy,
+    schedule_file,
+)
+from flexcomm.lab.report import build_summary, format_table, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
+from flexcomm.lab.workload import WorkloadSpec
 
 
 def test_default_policies_parse() -> None:
@@ -25,6 +34,36 @@ def test_default_policies_parse() -> None:
     assert kinds["topk-0.01"] == ("static", {"compression": "topk:0.01", "collective": "ag_topk"}, True)
     assert kinds["moo"] == ("moo", {}, False)
     assert kinds["powersgd"][0] == "powersgd" and not kinds["powersgd"][2]
+
+
+def test_pytorch_baselines_and_all() -> None:
+    assert parse_policy("powersgd-4").options == {"rank": 4}
+    assert parse_policy("powersgd").options == {"rank": 2}  # PyTorch's default rank
+    assert parse_policy("bf16").kind == "bf16" and not parse_policy("bf16").fixed
+    labels = [s.label for s in parse_policies("all")]
+    assert labels == list(ALL_POLICIES)
+    assert {"dense", "bf16", "powersgd-1", "powersgd-4", "topk-0.01", "moo", "gravac"} <= set(labels)
+    assert [s.label for s in parse_policies("moo:objective=progress all")][:2] == [
+        "moo:objective=progress", "dense"]
+
+
+def test_schedules_are_found_by_name_or_path(tmp_path: Path) -> None:
+    assert schedule_file("up-and-down") == SCHEDULES_DIR / "up-and-down.toml"
+    assert {"up-and-down", "random-walk"} <= set(named_schedules())
+    mine = tmp_path / "mine.toml"
+    assert schedule_file(str(mine)) == mine  # a path stays a path, even before it exists
+    with pytest.raises(ValueError, match=r"^schedule: no file 'up-down' and no shipped schedule "
+                                         r"of that name \(one of .*random-walk.*up-and-down"):
+        schedule_file("up-down")
+
+
+def test_an_unknown_schedule_name_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out",
+                           str(tmp_path / "run"), "--schedule", "sideways"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no shipped schedule" in proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_policy_options_and_collectives() -> None:
@@ -42,7 +81,10 @@ def test_policy_options_and_collectives() -> None:
     ("topk-x", "is not a number"),
     ("topk-0.1-dense_ring", "not a Top-k collective"),
     ("moo:objective", "is not key=value"),
-    ("powersgd:rank=4", "powersgd takes no options"),
+    ("powersgd:rank=4", "powersgd takes no options (its rank is written powersgd-RANK)"),
+    ("powersgd-0", "the PowerSGD rank must be a whole number >= 1"),
+    ("powersgd-x", "the PowerSGD rank must be a whole number >= 1"),
+    ("bf16:x=1", "bf16 takes no options"),
     ("moo:bogus=1", "moo:bogus=1: bogus: unknown MOO option"),
     ("static:cr=0.1,collective=ps", "static:cr=0.1,collective=ps: "),
     ("dense moo dense", "'dense' is listed twice"),
@@ -56,7 +98,9 @@ def test_bad_policy_specs_are_named(text: str, message: str) -> None:
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("nodes", 1, "nodes: need at least 2"),
     ("steps", 0, "steps: must be >= 1"),
-    ("target_accuracy", 1.5, "target: must be in (0, 1]"),
+    ("target", 1.5, "target: a test accuracy must be in (0, 1]"),
+    ("repeats", 0, "repeats: must be >= 1"),
+    ("optimizer", "lbfgs", "optimizer: one of sgd, adam"),
     ("decisions", "remote", "decisions: one of agent, inprocess"),
 ])
 def test_bad_lab_settings_are_named(tmp_path: Path, field: str, value: object,
@@ -86,11 +130,16 @@ LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
 
 
 def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
-              accuracies: list[float], version: int = 1) -> None:
+              accuracies: list[float], version: int = 1, *, repeat: int = 0,
+              losses: list[float] | None = None, exploring: list[bool] | None = None,
+              compute_s: float | None = None) -> None:
     """4 steps: 2 fast (wall 101, 102), 2 slow (201, 202); an eval after each step."""
-    pdir = policy_dir(out, label)
+    pdir = policy_dir(out, label, repeat)
     pdir.mkdir(parents=True)
-    records, t = [], 0.0
+    records: list[dict] = []
+    if compute_s is not None:
+        records.append({"kind": "start", "compute_s": compute_s})
+    t = 0.0
     for i, wall in enumerate((101.0, 102.0, 201.0, 202.0)):
         phase = 0 if i < 2 else 1
         t += step_s[phase]
@@ -100,8 +149,10 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
                         "step_s": step_s[phase], "cr": cr[phase], "compression": compression,
                         "collective": collective,
                         "bytes_sent": 1000, "t_sync_s": step_s[phase] / 2, "version": version,
-                        "predicted_sync_s": step_s[phase] / 4})
-        records.append({"kind": "eval", "step": i + 1, "t": t, "accuracy": accuracies[i]})
+                        "predicted_sync_s": step_s[phase] / 4, "reason": "chosen",
+                        "exploring": bool(exploring and exploring[i])})
+        held_out = {"accuracy": accuracies[i]} | ({"loss": losses[i]} if losses else {})
+        records.append({"kind": "eval", "step": i + 1, "t": t, **held_out})
     (pdir / "records.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     (pdir / "links.jsonl").write_text("\n".join(json.dumps(r) for r in LINKS) + "\n")
 
@@ -109,7 +160,7 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
 def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     out = tmp_path
     policies = ["dense", "topk-0.01", "moo", "powersgd"]
-    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target_accuracy=0.9)
+    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target=0.9)
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     (out / "cluster.json").write_text(json.dumps({"shaped": True, "reason_unshaped": ""}))
     write_run(out, "dense", (0.1, 2.0), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95])
@@ -164,6 +215,72 @@ def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
     assert summary["lab"]["estimate_tracking"] == {"phases": 2, "reached": 1,
                                                    "bandwidth_probe_share_of_wall": None}
     assert "10 Mbit/s: 12.19/9.564, 13.0 s" in format_table(summary)
+
+
+def write_config(out: Path, policies: str, **settings: object) -> None:
+    cfg = LabConfig(out=out, policies=parse_policies(policies), **settings)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+
+
+def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
+        tmp_path: Path) -> None:
+    write_config(tmp_path, "dense topk-0.01 moo", workload=WorkloadSpec(name="lm"), target=2.5)
+    write_run(tmp_path, "dense", (0.1, 2.0), (1.0, 1.0), [0.2] * 4,
+              losses=[3.0, 2.6, 2.5, 2.4], compute_s=0.05)
+    write_run(tmp_path, "topk-0.01", (0.1, 0.2), (0.01, 0.01), [0.2] * 4,
+              losses=[3.2, 2.9, 2.7, 2.6], compute_s=0.07)
+    write_run(tmp_path, "moo", (0.1, 0.3), (1.0, 0.01), [0.2] * 4, losses=[3.0, 2.6, 2.45, 2.42],
+              exploring=[False, True, True, False], compute_s=0.06)
+    summary = build_summary(tmp_path)
+    assert (summary["workload"], summary["lab"]["target_metric"]) == ("lm", "loss")
+    dense, topk, moo = summary["dense"], summary["topk-0.01"], summary["moo"]
+    assert dense["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 2.0)  # loss 2.5 <= 2.5
+    assert dense["steps_to_target"] == 3 and topk["time_to_target_s"] is None
+    assert moo["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 0.3)
+    assert (moo["final_loss"], moo["explore_steps"], dense["explore_steps"]) == (2.42, 2, 0)
+    # dense's 3 steps to the target at the median compute time of a step (0.06 s)
+    assert summary["compute_only_s"] == pytest.approx(3 * 0.06)
+    assert summary["lab"]["comparisons"]["moo_minus_topk-0.01_final_loss"] == pytest.approx(-0.18)
+    table = format_table(summary)
+    assert "target validation loss 2.5 nats" in table
+    assert re.search(r"topk-0\.01 +never +2\.600 +\+0\.200 ", table)  # final loss, vs dense
+    assert re.search(r"moo .* 2/4 ", table)  # exploring steps
+
+
+def test_exploring_is_the_decisions_flag_or_in_older_records_its_reason() -> None:
+    assert is_exploring({"exploring": True, "reason": "measuring 1/3 (network moved)"})
+    assert not is_exploring({"exploring": False, "reason": "measuring 2/3 (network moved)"})
+    assert is_exploring({"reason": "exploring 1/2 (first exploration)"})
+    assert not is_exploring({"reason": "warm-up"})
+
+
+def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> None:
+    write_config(tmp_path, "dense topk-0.01 moo", target=0.9, repeats=3)
+    for repeat, (slow_dense, slow_moo) in enumerate([(2.0, 0.3), (2.4, 0.25), (1.0, 0.2)]):
+        write_run(tmp_path, "dense", (0.1, slow_dense), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95],
+                  repeat=repeat)
+        write_run(tmp_path, "moo", (0.1, slow_moo), (1.0, 0.01), [0.5, 0.8, 0.91, 0.93],
+                  repeat=repeat)
+        reached = [0.4, 0.7, 0.91, 0.92] if repeat == 0 else [0.4, 0.7, 0.85, 0.88]
+        write_run(tmp_path, "topk-0.01", (0.1, 0.2), (0.01, 0.01), reached, repeat=repeat)
+    summary = build_summary(tmp_path)
+    dense, moo, topk = summary["dense"], summary["moo"], summary["topk-0.01"]
+    assert dense["per_repeat"]["time_to_target_s"] == pytest.approx([2.2, 2.6, 1.2])
+    assert dense["time_to_target_s"] == pytest.approx(2.2)
+    assert dense["spread"]["time_to_target_s"] == pytest.approx([1.2, 2.6])
+    assert moo["time_to_target_s"] == pytest.approx(0.45)
+    # Reached once in three: the median and the upper bound are "never".
+    assert topk["per_repeat"]["time_to_target_s"] == pytest.approx([0.4, None, None])
+    assert topk["time_to_target_s"] is None and topk["spread"]["time_to_target_s"] == [
+        pytest.approx(0.4), None]
+    assert len(summary["lab"]["hindsight_per_repeat"]) == 3
+    verdicts = summary["lab"]["verdicts"]
+    assert [v.split(":")[0] for v in verdicts] == ["moo vs dense", "moo vs topk-0.01"]
+    assert "within noise" not in verdicts[0]  # dense [1.2, 2.6] against moo [0.4, 0.5]
+    assert "4.89x (moo sooner)" in verdicts[0] and "[1.2-2.6 s]" in verdicts[0]
+    assert verdicts[1] == ("moo vs topk-0.01: time to target topk-0.01 never reached the target: "
+                           "within noise (moo 0.5 s [0.4-0.5 s], topk-0.01 never [0.4-never])")
+    assert "medians of 3 repeats" in format_table(summary)
 
 
 def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """The lab end to end: real namespaces and HTB links, real `flexcomm agent`s, real
-gloo ranks training under a two-phase schedule, the report, and the cleanup.
+gloo ranks training under a two-phase schedule, the report, and the cleanup; and
+a few steps of the lm and cnn workloads under shipped schedules named on the
+command line, the cnn twice per policy.
 
 Namespace prefix "fcl", subnet 10.203.0.0/24 (this test file's own).
 """
@@ -36,10 +38,16 @@ rate = "10Mbit"
 """
 
 
-def lab_argv(out: Path, schedule: Path, *extra: str) -> list[str]:
+def lab_argv(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out),
-            "--nodes", "2", "--schedule", str(schedule), "--prefix", PREFIX,
-            "--subnet", SUBNET, *extra]
+            "--nodes", "2", "--prefix", PREFIX, "--subnet", SUBNET, *extra]
+
+
+def run_lab_ok(out: Path, *extra: str, timeout: float) -> tuple[str, dict]:
+    """Run the lab to the end; its stdout and summary."""
+    proc = subprocess.run(lab_argv(out, *extra), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads((out / "summary.json").read_text())
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -70,12 +78,9 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     out = tmp_path / "run"
     schedule = tmp_path / "two-phase.toml"
     schedule.write_text(TWO_PHASE)
-    proc = subprocess.run(lab_argv(out, schedule, "--policies", "topk-0.1 moo", "--steps", "88"),
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "links shaped" in proc.stdout and "to target" in proc.stdout
-
-    summary = json.loads((out / "summary.json").read_text())
+    stdout, summary = run_lab_ok(out, "--schedule", str(schedule), "--policies", "topk-0.1 moo",
+                                 "--steps", "88", timeout=280)
+    assert "links shaped" in stdout and "to target" in stdout
     for name in ("topk-0.1", "moo"):
         s = summary[name]
         assert s["steps"] == 88
@@ -109,12 +114,52 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
 
 @pytest.mark.privileged
 @pytest.mark.slow
+def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path) -> None:
+    out = tmp_path / "lm"
+    stdout, summary = run_lab_ok(out, "--workload", "lm", "--schedule", "up-and-down", "--policies",
+                                 "topk-0.01 moo", "--steps", "10", "--eval-every", "5", timeout=240)
+    assert "target validation loss" in stdout and "loss.png" in stdout
+    assert (summary["workload"], summary["schedule"]) == ("lm", "up-and-down")
+    assert summary["lab"]["target_metric"] == "loss"
+    for name in ("topk-0.01", "moo"):
+        s = summary[name]
+        assert s["steps"] == 10 and s["warnings"] == []
+        assert 0.5 < s["final_loss"] < 5.0  # learned from ln(256) = 5.55 nats
+        assert 0.0 < s["final_accuracy"] < 1.0
+        assert 0 <= s["explore_steps"] <= 10 and s["compute_s"] > 0
+        assert [p["rate_bps"] for p in s["phases"]] == [30e6]  # up-and-down starts slow
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_nothing_left(out)
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_a_few_cnn_steps_twice_per_policy_give_medians(privileged: None, tmp_path: Path) -> None:
+    out = tmp_path / "cnn"
+    stdout, summary = run_lab_ok(out, "--workload", "cnn", "--schedule", "random-walk", "--policies",
+                                 "powersgd-1 moo", "--steps", "12", "--repeats", "2", timeout=280)
+    assert "(repeat 2/2)" in stdout
+    assert (summary["workload"], summary["lab"]["repeats"]) == ("cnn", 2)
+    for name in ("powersgd-1", "moo"):
+        s = summary[name]
+        assert s["per_repeat"]["steps"] == [12, 12] and s["steps"] == 12
+        assert len(s["per_repeat"]["final_accuracy"]) == 2
+        lo, hi = s["spread"]["final_accuracy"]
+        assert lo <= s["final_accuracy"] <= hi
+        assert (out / "policies" / f"{name}@1" / "records.jsonl").exists()
+    assert summary["powersgd-1"]["phases"][0]["rate_bps"] == 820e6  # the walk's first rate
+    assert summary["lab"]["verdicts"][0].startswith("moo vs powersgd-1: time to target")
+    assert_nothing_left(out)
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
 def test_ctrl_c_mid_run_removes_everything(privileged: None, tmp_path: Path) -> None:
     out = tmp_path / "run"
     schedule = tmp_path / "two-phase.toml"
     schedule.write_text(TWO_PHASE)
     proc = subprocess.Popen(
-        lab_argv(out, schedule, "--policies", "topk-0.1", "--steps", "100000"),
+        lab_argv(out, "--schedule", str(schedule), "--policies", "topk-0.1", "--steps", "100000"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     records = out / "policies" / "topk-0.1" / "records.jsonl"
     try:
