@@ -373,10 +373,10 @@ class MooPolicy:
         if report.t_sync_s > 0 and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
+        if self._spent_exploring(label):
+            s.explore_steps += 1
         if self._runs_current(report):
             s.phase_steps += 1
-            if s.current.get("exploring"):
-                s.explore_steps += 1
             if report.t_sync_s > 0:
                 # In units of the step's compute time: a loaded host slows both alike.
                 unit = report.t_compute_s or self.t_compute or 1.0
@@ -574,6 +574,16 @@ class MooPolicy:
         if measured is not None:
             return measured
         return scale * self.config.comp_cost.seconds(compression, self.layout)
+
+    def _spent_exploring(self, label: str) -> bool:
+        """A step run only to measure its option: the running exploring option, or
+        one the last plan explored that the job still runs until its next agreement
+        (the client adopts a decision every control interval, so an option measured
+        runs on after the policy moved on; those steps are spent all the same)."""
+        s = self._s
+        if s.current is not None and label == self._current_label():
+            return bool(s.current.get("exploring"))
+        return any(item == label and exploring for item, exploring in s.plan or ())
 
     def _runs_current(self, report: StepReport) -> bool:
         return option_label(report.compression, report.collective) == self._current_label()
