@@ -428,6 +428,24 @@ def test_after_a_recovery_the_job_runs_lossless() -> None:
     assert policy.decide().family in ("dense", "bf16"), policy.decide().reason
 
 
+def test_after_a_recovery_a_lossless_option_is_measured_whatever_the_slow_fit_says() -> None:
+    # The dense fit learned on the slow link carries a large overhead (as gloo's
+    # first steps taught it in the lab): on the fast link it predicts lossless
+    # steps far slower than they run, beyond the exploration's prune.
+    policy = moo()
+    job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
+    settle(policy, job, *SLOW)
+    assert policy.decide().compression.lossy
+    for predicted in (0.5, 1.0, 2.0, 4.0):
+        policy.calibration.observe("dense_ring", predicted, 0.3 * predicted + 3.0)
+    first = job.step
+    job.run(40, *FAST)
+    measured = {label for label, exploring in zip(job.decisions[first:], job.exploring[first:], strict=True)
+                if exploring}
+    assert {"dense@dense_ring", "bf16@dense_ring"} & measured, job.decisions[first:]
+    assert policy.decide().family in ("dense", "bf16"), policy.decide().reason
+
+
 def test_layout_and_gradient_bytes_agree() -> None:
     with pytest.raises(ValueError, match="layout"):
         GradientLayout(((0, 3),))
