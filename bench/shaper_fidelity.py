@@ -16,7 +16,7 @@ Goal: goodput share within 0.95-1.05 at every rate, stalls or not.
 The last printed line is one JSON object.
 
     .venv/bin/python bench/shaper_fidelity.py [--rates 10,50,200,1000] [--stalls 4,16]
-        [--ceil-over-rate 1.0]   (1.0: wire-like links, as `flexcomm lab calibrate` uses)
+        [--ceil-over-rate 1.0]   (1.0: wire-like links, one small bucket)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 `probe PEER` runs one iperf3 test against the iperf3 server on PEER (--port) and
 a burst of TCP-connect RTT samples (--latency-port, default the same port), and
-prints bandwidth, RTT min/p50/p99/loss, alpha (half the median RTT) and beta
+prints bandwidth, RTT min/p50/p99/loss, alpha (half the smallest RTT) and beta
 (seconds per byte). With --db the measurements are also stored. `probe history`
 reads the store (--db, default $FLEXCOMM_DB or /var/lib/flexcomm/flexcomm.db),
 newest first. Exit code 1 when a measurement failed.
