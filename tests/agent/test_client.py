@@ -125,7 +125,7 @@ def test_outage_keeps_the_last_decision_never_blocks_and_recovers(
         # queued ones (a new registration would start from 0).
         wait_for(lambda: reports_of(agent, "outage-job") >= i, what="the queued reports")
         registered = [r.getMessage() for r in caplog.records if r.getMessage().startswith("registered job")]
-        assert registered[-1].endswith("(resumed: True)")
+        assert "(resumed: True)" in registered[-1]
         assert client.latest() == before
         assert any("agent reachable again" in r.getMessage() for r in caplog.records)
     finally:
