@@ -246,6 +246,10 @@ class AutoSelector:
         return (self.host if g.device.type == "cpu" else self.device)(g, k)
 
     @property
+    def calls(self) -> int:
+        return self.host.calls + self.device.calls
+
+    @property
     def fallbacks(self) -> int:
         """Calls that did not end on the sampled path's exact answer (reads the device)."""
         return self.host.fallbacks + self.device.misses

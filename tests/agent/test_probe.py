@@ -8,18 +8,17 @@ agent goes on; a restarted agent knows the figures from its store."""
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from flexcomm.emulation.shaping import LinkState, Shaper
-from flexcomm.lab.netns import Node, netns_pair
+from flexcomm.lab.netns import netns_pair
 from flexcomm.probe.iperf import IperfServer
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
-from support.agent_process import AgentProcess, free_port, spec
+from support.agent_process import AgentProcess, free_port, in_namespace, metrics_text, spec
 
 SUBNET = "10.207.0.0/24"
 DEAD = "10.207.0.99"  # in the pair's subnet, nobody there
@@ -29,24 +28,6 @@ RATE_BPS = 200e6
 def peers_of(agent: AgentProcess, job_id: str) -> dict[str, pb.PeerState]:
     state = agent.stub.GetNetwork(pb.GetNetworkRequest(job_id=job_id), timeout=5)
     return {p.address: p for p in state.peers}
-
-
-def in_namespace(agent: AgentProcess, node: Node, probe: bool) -> None:
-    """Run the agent inside `node`'s namespace (its socket and store stay on the
-    shared filesystem), probing or not. Called again, it starts from the helper's
-    own command line, not from the one a previous call made."""
-    plain = agent.__dict__.setdefault("plain_argv", agent.argv)
-    agent.argv = lambda: node.argv([a for a in plain() if probe is False or a != "--no-probe"])
-
-
-def metrics_text(agent: AgentProcess, node: Node) -> str:
-    """/metrics, read from inside the namespace the agent listens in."""
-    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
-    done = node.run([sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen("
-                                           f"{url!r}, timeout=5).read().decode())"],
-                    capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 @pytest.mark.privileged

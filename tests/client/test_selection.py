@@ -81,6 +81,7 @@ def test_auto_picks_by_device_and_its_default_is_everywhere():
     g = heavy_tailed(200_000)
     assert set(auto(g, 2_000).tolist()) == set(select_exact(g, 2_000).tolist())
     assert auto.host.calls == 1 and auto.device.calls == 0  # CPU tensors: the fast selector
+    assert auto.calls == 1
     assert auto.fallbacks == 0
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from flexcomm.lab.netns import Node
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 
@@ -134,11 +136,24 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def metrics_text(agent: AgentProcess) -> str:
-    import urllib.request
+def in_namespace(agent: AgentProcess, node: Node, probe: bool) -> None:
+    """Run the agent inside `node`'s namespace (its socket and store stay on the
+    shared filesystem), probing or not. Called again, it starts from the helper's
+    own command line, not from the one a previous call made."""
+    plain = agent.__dict__.setdefault("plain_argv", agent.argv)
+    agent.argv = lambda: node.argv([a for a in plain() if probe is False or a != "--no-probe"])
 
+
+def metrics_text(agent: AgentProcess, node: Node | None = None) -> str:
+    """The agent's /metrics; from inside `node`'s namespace when it listens there."""
     url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
+    if node is None:
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+    done = node.run([sys.executable, "-c", f"import sys, urllib.request; sys.stdout.write("
+                                           f"urllib.request.urlopen({url!r}, timeout=5).read().decode())"],
+                    capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def job_ids(agent: AgentProcess) -> set[str]:
