@@ -33,6 +33,11 @@ SELECTORS: tuple[str, ...] = ("auto", "exact", "fast", "sync_free")
 
 # Below this many elements a sample buys nothing: torch.topk is already cheap.
 _FAST_MIN_NUMEL = 1 << 16
+# Where "auto" starts sampling on the host: on the 2-core CI machine the sampled
+# selector against torch.topk (heavy-tailed input, three CRs) ran 0.7-1.2x at 1M
+# values, 0.9-1.9x at 2M, 1.3-2.4x at 4M, and slower than torch.topk on the lab
+# models' whole gradients (0.3 and 0.8M values).
+_AUTO_HOST_MIN_NUMEL = 1 << 22
 # Above this fraction selected, the candidate set is most of the tensor.
 _FAST_MAX_CR = 0.25
 _SAMPLE_SIZE = 1 << 18
@@ -77,9 +82,10 @@ class FastSelector:
     runs repeat). `fallbacks` counts the calls that had to use torch.topk.
     """
 
-    def __init__(self, seed: int = 0, sample_size: int = _SAMPLE_SIZE) -> None:
+    def __init__(self, seed: int = 0, sample_size: int = _SAMPLE_SIZE, min_numel: int = _FAST_MIN_NUMEL) -> None:
         self._gen = torch.Generator().manual_seed(seed)
         self._sample_size = sample_size
+        self._min_numel = min_numel  # smaller tensors go to torch.topk
         self._abs: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
         self.calls = 0
@@ -99,7 +105,7 @@ class FastSelector:
         check_flat(g)
         n = g.numel()
         self.calls += 1
-        if n < _FAST_MIN_NUMEL or k > _FAST_MAX_CR * n:
+        if n < self._min_numel or k > _FAST_MAX_CR * n:
             return select_exact(g, k)
         threshold = self._sample_threshold(g, k)
         if threshold is None:
@@ -239,7 +245,7 @@ class AutoSelector:
     """"fast" for tensors in host memory, "sync_free" for tensors on a device."""
 
     def __init__(self, seed: int = 0) -> None:
-        self.host = FastSelector(seed=seed)
+        self.host = FastSelector(seed=seed, min_numel=_AUTO_HOST_MIN_NUMEL)
         self.device = SyncFreeSelector(seed=seed)
 
     def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:

@@ -85,6 +85,16 @@ def test_auto_picks_by_device_and_its_default_is_everywhere():
     assert auto.fallbacks == 0
 
 
+def test_auto_samples_on_the_host_only_where_it_beats_torch_topk():
+    auto = make_selector("auto")
+    sampled = []
+    auto.host._sample_threshold = lambda g, k: sampled.append(g.numel())  # None: take torch.topk
+    for n in (800_000, 1 << 22):  # the lm's whole gradient; where sampling starts to pay
+        g = heavy_tailed(n)
+        assert set(auto(g, n // 100).tolist()) == set(select_exact(g, n // 100).tolist())
+    assert sampled == [1 << 22]
+
+
 def test_fast_fallback_counts_a_threshold_that_admits_too_few():
     g = heavy_tailed(200_000)
     fast = FastSelector(sample_size=1 << 18)
