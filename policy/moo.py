@@ -373,10 +373,10 @@ class MooPolicy:
         if report.t_sync_s > 0 and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
+        if self._spent_exploring(label):
+            s.explore_steps += 1
         if self._runs_current(report):
             s.phase_steps += 1
-            if s.current.get("exploring"):
-                s.explore_steps += 1
             if report.t_sync_s > 0:
                 # In units of the step's compute time: a loaded host slows both alike.
                 unit = report.t_compute_s or self.t_compute or 1.0
@@ -575,6 +575,16 @@ class MooPolicy:
             return measured
         return scale * self.config.comp_cost.seconds(compression, self.layout)
 
+    def _spent_exploring(self, label: str) -> bool:
+        """A step run only to measure its option: the running exploring option, or
+        one the last plan explored that the job still runs until its next agreement
+        (the client adopts a decision every control interval, so an option measured
+        runs on after the policy moved on; those steps are spent all the same)."""
+        s = self._s
+        if s.current is not None and label == self._current_label():
+            return bool(s.current.get("exploring"))
+        return any(item == label and exploring for item, exploring in s.plan or ())
+
     def _runs_current(self, report: StepReport) -> bool:
         return option_label(report.compression, report.collective) == self._current_label()
 
@@ -658,6 +668,9 @@ class MooPolicy:
             current = replace(current, t_sync_s=s.sync[current.label],
                               t_step_s=current.t_step_s - current.t_sync_s + s.sync[current.label])
             rows = [current if r.label == current.label else r for r in rows]
+        if not passive and not current.option.lossless and self._link_got_faster():
+            self._start_exploration(f"{why}; measuring lossless options on the faster link")
+            return
         best = self.choose(rows)
         # Only the margin on each objective holds here, not the one on the ASF score:
         # the network did change, and the first choice after it is free of that.
@@ -738,7 +751,10 @@ class MooPolicy:
             free = {self._current_label()}
         else:
             fastest = min(r.t_step_s for r in rows)
-            rows = [r for r in self.ranking(rows) if r.t_step_s <= fastest * cfg.explore_prune]
+            ranked = self.ranking(rows)
+            rows = [r for r in ranked if r.t_step_s <= fastest * cfg.explore_prune]
+            if self._link_got_faster():
+                rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
         budget = self._explore_allowance()
         plan: list[list] = []
@@ -751,6 +767,14 @@ class MooPolicy:
             if len(plan) >= cfg.explore_max:
                 break
         return plan
+
+    def _link_got_faster(self) -> bool:
+        """The bandwidth at least doubled since the choice was last settled. The
+        calibration then still holds what the slow link taught it (on the lm lab,
+        a 30 Mbit/s fit put bf16 at 0.60 s a step on 1 Gbit/s, where it ran at
+        0.17-0.2 s), so the prune alone would never measure a lossless option."""
+        net, base = self._net(), (self._s.baseline or {}).get("beta_s_per_byte", -1.0)
+        return net is not None and base > 0 and net.beta_s_per_byte * 2 <= base
 
     def _run_plan_item(self) -> None:
         s = self._s
@@ -887,6 +911,15 @@ def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:
     if current.gain is None or best.gain is None:
         return time_ok
     return time_ok and _objectives(current)[1] <= _objectives(best)[1] * (1 + margin)
+
+
+def _with_best_lossless(rows: list[Evaluation], ranked: list[Evaluation]) -> list[Evaluation]:
+    """`rows` with the best-ranked lossless option second (after the model's first
+    choice), unless one is there already."""
+    if any(r.option.lossless for r in rows):
+        return rows
+    best = next((r for r in ranked if r.option.lossless), None)
+    return rows if best is None else [rows[0], best, *rows[1:]]
 
 
 def _ewma(old: float | None, new: float, weight: float) -> float:

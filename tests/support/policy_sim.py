@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 
 from flexcomm.policy.costmodel import option_sync_time
-from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation, Policy, StepReport
+from flexcomm.policy.types import Compression, Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 # A 4M-parameter fp32 model: 4 matrices of 1000 x 1000 and 10k vector values.
 LAYOUT = GradientLayout(((1000, 1000),) * 4, 10_000, 4)
@@ -35,8 +35,12 @@ def comp_time(c: Compression) -> float:
 class Job:
     def __init__(self, policy: Policy, layout: GradientLayout = LAYOUT, nodes: int = 4, *,
                  model_error: float = 1.15, t_compute: float = 0.02,
-                 t_comp: Callable[[Compression], float] = comp_time) -> None:
+                 t_comp: Callable[[Compression], float] = comp_time, control_interval: int = 1) -> None:
+        """`control_interval`: steps between the decisions the job adopts, as the
+        client's agreement every K steps (it runs the last one in between)."""
         self.policy, self.layout, self.nodes = policy, layout, nodes
+        self.control_interval = control_interval
+        self.adopted: Decision | None = None
         self.model_error, self.t_compute, self.t_comp = model_error, t_compute, t_comp
         self.step = 0
         self.decisions: list[str] = []
@@ -53,7 +57,9 @@ class Job:
         if observe:
             self.policy.observe_network(net)
         for _ in range(steps):
-            d = self.policy.decide()
+            if self.adopted is None or self.step % self.control_interval == 0:
+                self.adopted = self.policy.decide()
+            d = self.adopted
             self.decisions.append(d.label)
             self.exploring.append(d.exploring)
             t_sync = option_sync_time(d.compression, d.collective, self.layout, net) * self.model_error
