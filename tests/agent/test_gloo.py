@@ -75,8 +75,10 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
         wait_for(lambda: progress(tmp_path) >= steps_at_kill + 40, 60, "10 steps after the kill")
         restarted_at = time.time()
         agent.start()
-        wait_for(lambda: (job_info(agent) or pb.JobInfo()).reports > before.reports, 30,
-                   "reports reaching the restarted agent")
+        # The client first re-sends the batch in flight at the kill, which the store may
+        # already hold: wait for a step newer than any the agent had before.
+        wait_for(lambda: (job_info(agent) or pb.JobInfo()).last_step > before.last_step, 30,
+                   "new steps reaching the restarted agent")
         after = job_info(agent)
         reconnected_at = time.time()
         (tmp_path / "stop").touch()
