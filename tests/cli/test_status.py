@@ -53,9 +53,18 @@ def test_status_shows_listeners_recent_decisions_and_peer_history(tmp_path: Path
         assert "earlier decisions:" in text and "topk:0.1 over ag_topk" in text
         assert "█▄▁" in text  # the peer's bandwidth, falling
 
-        piped = subprocess.run(f"{' '.join(cmd)} | head -n 1", shell=True, capture_output=True, text=True,
-                               timeout=60)
-        assert "Traceback" not in piped.stderr and piped.stdout.startswith("agent unix:")
+        line, stderr, _ = first_line_then_close(cmd)
+        assert "Traceback" not in stderr and line.startswith("agent unix:")
+
+
+def first_line_then_close(argv: list[str]) -> tuple[str, str, int]:
+    """What `argv | head -n 1` does to argv: its first line, then the pipe closed;
+    its stderr and exit status."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    return line, stderr, proc.wait(timeout=60)
 
 
 def test_sparkline_scales_between_min_and_max() -> None:
@@ -68,10 +77,8 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path: Path) -> None:
     with Store(db) as store:
         for i in range(3000):
             store.add_measurement(Measurement(peer=f"10.0.{i // 250}.{i % 250}", kind="latency", rtt_p50_s=1e-3))
-    proc = subprocess.run(f"{' '.join(CLI)} probe history --db {db} --limit 3000 | head -n 1; "
-                          "echo \"status ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash",
-                          capture_output=True, text=True, timeout=60)
-    assert proc.stderr == "" and proc.stdout.endswith("status 141\n"), proc.stdout[-200:] + proc.stderr
+    line, stderr, status = first_line_then_close([*CLI, "probe", "history", "--db", str(db), "--limit", "3000"])
+    assert stderr == "" and status == 141, (line, stderr, status)
 
 
 def parsers(parser: argparse.ArgumentParser, path: str = "flexcomm"):
