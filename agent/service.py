@@ -50,6 +50,7 @@ class SpecConflict(ValueError):
 # and another world (other nodes, another world size) may not take its id over.
 RUNNING_WITHIN_S = 5.0
 WORLD_FIELDS = ("world_size", "nodes")
+MAX_ENDED_LISTED = 100
 
 
 class StoreUnavailable(Exception):
@@ -344,7 +345,10 @@ class AgentService(pb_grpc.AgentServicer):
 
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[job.info() for job in self.jobs])
+        jobs = [job.info() for job in self.jobs]
+        if request.include_ended:
+            jobs += [ended_info(*row) for row in await self.persister.ended_jobs(MAX_ENDED_LISTED)]
+        return pb.ListJobsResponse(jobs=jobs)
 
     @unary
     async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
@@ -364,6 +368,18 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def GetAgentInfo(self, request: pb.GetAgentInfoRequest, context: Any) -> pb.AgentInfo:
         return self.agent_info()
+
+
+def ended_info(record: Any, last: list, steps: list) -> pb.JobInfo:
+    """An ended job as the store keeps it: its spec, last decision and reports."""
+    info = pb.JobInfo(spec=JobSpec.from_dict(record.spec).to_proto(), registered_unix=record.created,
+                      ended_unix=record.ended or 0.0, end_reason=record.end_reason,
+                      reports=sum(s.count for s in steps),
+                      last_step=max((s.step_last for s in steps), default=0),
+                      last_epoch=max((s.epoch for s in steps), default=0))
+    if last:
+        info.decision.CopyFrom(decision_to_proto(last[0].decision, record.job_id, last[0].ts or 0.0))
+    return info
 
 
 def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:
