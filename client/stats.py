@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from flexcomm.client.device import Later, clock_for
-from flexcomm.policy.types import Compression
+from flexcomm.policy.types import Choice, Compression
 
 
 class Pending(Protocol):
@@ -79,6 +79,10 @@ class StepStats:
     @property
     def compression(self) -> Compression:
         return Compression(self.family, self.param)
+
+    @property
+    def choice(self) -> Choice:
+        return Choice(self.compression, self.collective)
 
     @property
     def gain(self) -> float:
