@@ -8,10 +8,15 @@ Register it on a DistributedDataParallel model (gloo or NCCL) in one line:
     state = register(ddp_model, policy=my_policy)                               # in-process policy
     state = register(ddp_model, source=AgentClient(...))                        # the node's agent
 
-or, the PyTorch way:
+or, the PyTorch way (the state may be built before the process group exists,
+as PowerSGDState can, e.g. for Lightning's DDPStrategy(ddp_comm_state=...); it
+joins the group at its first step):
 
     state = FlexcommState(process_group=None, policy=my_policy)
     ddp_model.register_comm_hook(state, flexcomm_hook)
+
+`flexcomm.register(ddp_model)` (client/job.py) is the one-line form: with no
+choice given, the node's agent, else the MOO in-process.
 
 What runs each step:
 - Every `control_interval` steps, at the start of a step (the first bucket's hook

@@ -18,18 +18,11 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from synthetic import teacher_data  # examples/synthetic.py, beside this script
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from flexcomm.client.integrations.accelerate import register
-
-
-def teacher_data(n: int = 8192) -> TensorDataset:
-    teacher = nn.Linear(128, 10)
-    torch.nn.init.normal_(teacher.weight, std=1.0, generator=torch.Generator().manual_seed(0))
-    x = torch.randn(n, 128, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return TensorDataset(x, teacher(x).argmax(1))
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from synthetic import teacher_data  # examples/synthetic.py, beside this script
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from flexcomm.client.integrations.lightning import FlexcommCallback
 
@@ -38,14 +39,6 @@ class Classifier(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-
-
-def teacher_data(n: int = 8192) -> TensorDataset:
-    teacher = nn.Linear(128, 10)
-    torch.nn.init.normal_(teacher.weight, std=1.0, generator=torch.Generator().manual_seed(0))
-    x = torch.randn(n, 128, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return TensorDataset(x, teacher(x).argmax(1))
 
 
 def fit(args: argparse.Namespace, steps: int, resume: Path | None) -> tuple[pl.Trainer, Classifier, FlexcommCallback]:

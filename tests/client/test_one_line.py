@@ -136,6 +136,41 @@ def test_without_an_agent_the_one_line_form_decides_in_process_and_says_so_once(
     assert one["summary"]["exploring_share"] == 0  # known on rank 0 only
 
 
+def gradient_sync_without_agent(rank: int, world: int) -> dict:
+    import torch
+
+    import flexcomm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    sync = flexcomm.GradientSync(model, control_interval=5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    teacher = torch.nn.Linear(32, 4)
+    losses = []
+    for _ in range(40):
+        x = torch.randn(32, 32, generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(x), teacher(x).argmax(1).detach())
+        opt.zero_grad()
+        loss.backward()
+        sync.synchronize()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "version": sync.decision.version, "source": type(sync.controller.source).__name__,
+            "weights": [p.detach().clone() for p in model.parameters()]}
+
+
+@pytest.mark.timeout(120)
+def test_gradient_sync_takes_the_same_default(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setenv("FLEXCOMM_AGENT_SOCKET", str(tmp_path / "nobody.sock"))
+    zero, one = run_ranks(2, "client/test_one_line.py:gradient_sync_without_agent")
+    assert zero["source"] == "PolicySource" and zero["version"] > 1 and one["version"] == zero["version"]
+    assert sum(zero["losses"][-10:]) < sum(zero["losses"][:10])
+    assert all(torch.equal(a, b) for a, b in zip(zero["weights"], one["weights"], strict=True))  # in step
+
+
 # -- with an agent: a unique id, and two jobs at once -----------------------------
 def one_line_with_agent(rank: int, world: int, master_port: str, steps: int) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port)  # as torchrun sets them
