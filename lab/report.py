@@ -14,6 +14,19 @@ the first repeat's, per phase of the schedule: the steps, seconds, mean step
 time, the CR and collective run most, and the mean predicted vs measured sync
 time.
 
+Per policy also: time_to_targets_s (target -> training seconds, or null; one
+entry per target of the run: a number given, or the tight target's value),
+steps_to_targets, and at_equal_time (held-out loss and accuracy of the last
+evaluation by the equal time, lab.equal_time_s: the budget, or the
+pacesetter's time, or for an equal-steps run dense's median), each with
+per_repeat and spread like the figures above.
+
+At the top level also: headroom (per target, the modelled time of the best
+fixed choice over that of the best choice per phase, with its spread over
+repeats and the choice per phase; see flexcomm.lab.envelope) and
+envelope_distance (MOO's distance from the envelope of the fixed choices,
+worst and median after the first 10% of its run, per repeat and as medians).
+
 At the top level: workload, schedule, hindsight_best_fixed_s (for each phase the
 fixed choice, among the fixed policies run, that was fastest there, added up;
 the median over repeats), compute_only_s (dense's steps to the target times the
@@ -23,9 +36,10 @@ comparisons of MOO with every other policy, and the verdict lines.
 
 Times are rank 0's training clock (evaluation and waits for the schedule
 excluded), so runs compare step for step. `summary.txt` is the table printed
-at the end of a run; the PNGs are network.png (link rate and the chosen CR and
-collective over time), accuracy.png or, for a loss target, loss.png (the
-held-out figure against training time), and step_time.png.
+at the end of a run, its first line the headroom; the PNGs are network.png
+(link rate and the chosen CR and collective over time), quality.png (the
+held-out figure against training time, with the envelope of the fixed choices
+and the targets), and step_time.png.
 """
 
 from __future__ import annotations
