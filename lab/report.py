@@ -29,7 +29,8 @@ worst and median after the first 10% of its run, per repeat and as medians).
 
 At the top level: workload, schedule, hindsight_best_fixed_s (for each phase the
 fixed choice, among the fixed policies run, that was fastest there, added up;
-the median over repeats), compute_only_s (dense's steps to the target times the
+the median over repeats; null in an equal-time run, where the headroom says
+it), compute_only_s (dense's steps to the target times the
 median compute time of a step: the time to the target if communication were
 free, which no policy can beat), and under "lab" the run's settings, the
 comparisons of MOO with every other policy, and the verdict lines.
@@ -442,6 +443,8 @@ def build_summary(out: Path) -> dict[str, Any]:
         rooms.append({t: envelope.headroom(schedule, fixed, t) for t in targets})
         gaps.append(_moo_gap([r for r, _ in these], metric))
     best_fixed_s, _ = median_and_spread(totals, slower_when_missing=False)
+    if config.get("equal_time"):  # a sum of step times over the same steps: the headroom instead
+        best_fixed_s = None
     for run in runs:
         if run.repeat == 0:  # as the plots: the estimate of each policy's first repeat
             per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)

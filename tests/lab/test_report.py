@@ -151,6 +151,9 @@ LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
 ]
 
 
+EPOCH_KEYED = '[[step]]\nepoch = 0\nrate = "1Gbit"\n\n[[step]]\nepoch = 1\nrate = "10Mbit"\n'
+
+
 def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
               accuracies: list[float], version: int = 1, *, repeat: int = 0,
               losses: list[float] | None = None, exploring: list[bool] | None = None,
@@ -182,7 +185,8 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
 def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     out = tmp_path
     policies = ["dense", "topk-0.01", "moo", "powersgd"]
-    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target=0.9)
+    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target=0.9,
+                    schedule_text=EPOCH_KEYED)  # the same steps: a hindsight sum of step times
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     (out / "cluster.json").write_text(json.dumps({"shaped": True, "reason_unshaped": ""}))
     write_run(out, "dense", (0.1, 2.0), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95])
