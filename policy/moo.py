@@ -48,6 +48,7 @@ from flexcomm.policy.costmodel import (
     CompressionCost,
     ModelForms,
     calibration_key,
+    link_time,
     option_sync_time,
     option_terms,
     powersgd_split,
@@ -297,9 +298,16 @@ class MooPolicy:
         self.calibration = Calibration()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
+        self._reset_caches()
         self._set_current(self._warmup_option(), "warm-up: measuring the job on a lossless option")
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
+
+    def _reset_caches(self) -> None:
+        """Figures derived from the layout and config alone, computed once each."""
+        self._term_cache: dict[tuple[Choice, int], tuple[float, float]] = {}
+        self._comp_models: dict[str, tuple[Compression, float]] = {}
+        self._net_parsed: tuple[dict[str, Any], NetworkObservation] | None = None
 
     @property
     def grad_bytes(self) -> int:
@@ -421,8 +429,7 @@ class MooPolicy:
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
         for option in self.options:
-            raw = (option_sync_time(option.compression, option.collective, self.layout, net, self.forms)
-                   if net else None)
+            raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
             if measured and option.label == running and s.phase == EXPLOIT and s.sync_baseline is not None:
                 # Only the running option gets fresh (noisy) figures; the others
@@ -502,6 +509,7 @@ class MooPolicy:
                        else GradientLayout.flat(float(state["grad_bytes"])))
         for cached in ("forms", "options", "probes", "_labels"):
             self.__dict__.pop(cached, None)
+        self._reset_caches()
         self._decision = None
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
@@ -532,7 +540,12 @@ class MooPolicy:
     # --- internals: figures --------------------------------------------------
 
     def _net(self) -> NetworkObservation | None:
-        return NetworkObservation(**self._s.net) if self._s.net else None
+        if not self._s.net:
+            return None
+        parsed = self._net_parsed
+        if parsed is None or parsed[0] is not self._s.net:
+            parsed = self._net_parsed = (self._s.net, NetworkObservation(**self._s.net))
+        return parsed[1]
 
     def _current_label(self) -> str | None:
         cur = self._s.current
@@ -544,11 +557,28 @@ class MooPolicy:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
         ratios = []
         for name, measured in sorted(self._s.t_comp.items()):
-            c = Compression.parse(name)
-            model = self.config.comp_cost.seconds(c, self.layout)
+            c, model = self._modelled_comp(name)
             if c.family == family and model > 0:
                 ratios.append(measured / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
+
+    def _modelled_comp(self, name: str) -> tuple[Compression, float]:
+        """A compression (by text form) and its modelled t_comp, parsed once."""
+        known = self._comp_models.get(name)
+        if known is None:
+            c = Compression.parse(name)
+            known = self._comp_models[name] = (c, self.config.comp_cost.seconds(c, self.layout))
+        return known
+
+    def _terms(self, option: Choice, nodes: int) -> tuple[float, float]:
+        """The option's (latencies, bytes) for `nodes` workers: they depend on
+        the layout and the forms alone, so they are computed once."""
+        key = (option, nodes)
+        terms = self._term_cache.get(key)
+        if terms is None:
+            terms = self._term_cache[key] = option_terms(option.compression, option.collective, self.layout,
+                                                         nodes, self.forms)
+        return terms
 
     def _t_comp(self, compression: Compression, scale: float) -> float:
         """Measured, or the model's figure times what the family measured (`scale`)."""
@@ -557,7 +587,7 @@ class MooPolicy:
         measured = self._s.t_comp.get(compression.name)
         if measured is not None:
             return measured
-        return scale * self.config.comp_cost.seconds(compression, self.layout)
+        return scale * self._modelled_comp(compression.name)[1]
 
     def _spent_exploring(self, label: str) -> bool:
         """A step run only to measure its option: the running exploring option, or
