@@ -22,8 +22,9 @@ Where each figure comes from:
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
 never more than `explore_share` of all steps), exploiting. A change, the network
-moving (alpha or beta by >= change_threshold) or the running option's measured
-sync time moving for several steps in a row, is judged by what it would change:
+observed moving (alpha or beta by >= change_threshold; the policy sees the
+network only through observe_network, the agent's estimator being the one
+detector of a move), is judged by what it would change:
 every option is predicted again under the network as it now is, and only when
 another option would beat the running one by more than the margin does the
 policy explore again; otherwise it keeps its choice and re-bases. A switch
@@ -38,7 +39,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -83,11 +84,12 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("asf", "progress")
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
-MAX_BETA_S_PER_BYTE = 1e-3  # 8 kbit/s: slower than that, a step's figures are not a link's
+RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
+SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
 MAX_CANDIDATE_CRS = MAX_PROBES
 
 
@@ -129,8 +131,6 @@ class MooConfig:
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
-    sync_change_threshold: float = 0.5
-    sync_change_steps: int = 3
     alpha_floor_s: float = 1e-4
     hysteresis: float = 0.05
     warmup_steps: int = 1
@@ -179,14 +179,13 @@ class MooConfig:
         if self.weight_time + self.weight_gain <= 0:
             raise ValueError("weight_time: weights must not both be 0")
         check_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
-        check_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
         check_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         check_range("hysteresis", self.hysteresis, 0, 1)
         check_range("smoothing", self.smoothing, 0, 1, open_low=True)
         check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
         check_range("explore_share", self.explore_share, 0, 1)
         check_range("explore_prune", self.explore_prune, 1, 1e6)
-        for name, low in (("warmup_steps", 0), ("explore_steps", 1), ("sync_change_steps", 0),
+        for name, low in (("warmup_steps", 0), ("explore_steps", 1),
                           ("explore_horizon", 0), ("explore_max", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000:
@@ -276,12 +275,8 @@ class _State:
     explore_steps: int = 0  # steps run on an option only to measure it
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
-    sync_baseline: float | None = None  # the chosen option's settled sync time
-    sync_level: float | None = None  # its smoothed sync time per second of compute (per step if unknown)
-    last_level: float | None = None  # the same, of its latest step alone
-    last_sync: float | None = None  # its latest step's sync time
-    level_baseline: float | None = None  # sync_level when it settled
-    sync_moved_steps: int = 0  # consecutive steps it has stayed moved
+    settled_sync: float | None = None  # the running option's sync time when it was chosen (measured)
+    running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
 
 
 class MooPolicy:
@@ -370,10 +365,7 @@ class MooPolicy:
         if self._runs_current(report):
             s.phase_steps += 1
             if report.t_sync_s > 0:
-                # In units of the step's compute time: a loaded host slows both alike.
-                unit = report.t_compute_s or self.t_compute or 1.0
-                s.last_level, s.last_sync = report.t_sync_s / unit, report.t_sync_s
-                s.sync_level = _ewma(s.sync_level, s.last_level, cfg.smoothing)
+                s.running_sync = [*s.running_sync, report.t_sync_s][-RUNNING_SAMPLES:]
             self._advance()
 
     def _calibrate(self, report: StepReport) -> None:
@@ -431,11 +423,9 @@ class MooPolicy:
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
-            if measured and option.label == running and s.phase == EXPLOIT and s.sync_baseline is not None:
-                # Only the running option gets fresh (noisy) figures; the others
-                # keep their explored ones. Comparing them as equals lets one slow
-                # step switch the job; the change detector judges moves instead.
-                t_sync = s.sync_baseline
+            if measured and option.label == running and s.phase == EXPLOIT and self._running_sync() is not None:
+                # The median of its latest steps: one slow step must not switch the job.
+                t_sync = self._running_sync()
             elif measured and option.label in s.sync:
                 t_sync = s.sync[option.label]
             elif raw is not None:
@@ -622,67 +612,43 @@ class MooPolicy:
             s.plan_index += 1
             self._run_plan_item()
         elif s.phase == EXPLOIT:
-            why = self._sync_moved()
-            if why:
-                self._reconsider(why, passive=True)
+            fell = self._lossy_sync_fell()
+            if fell:
+                self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
+                                        "measuring the best lossless option", with_lossless=True)
 
-    def _sync_moved(self) -> str:
-        """Passive change detection: the running option's smoothed sync time, in
-        units of the step's compute time, moved by >= sync_change_threshold from
-        where it settled, for sync_change_steps steps in a row (three thresholds
-        and more at once). Probes are rare; steps are not. A busy CPU slows
-        compute and sync alike, so it does not move the ratio; a link does."""
+    def _running_sync(self) -> float | None:
+        """The running option's sync time: the median of its latest steps, or the
+        figure it was chosen on until RUNNING_SAMPLES of them ran."""
         s = self._s
-        measured = s.sync.get(self._current_label() or "")
-        if s.sync_level is None or measured is None:
-            return ""
-        if s.level_baseline is None:  # settle on what it measures
-            if s.phase_steps >= self.config.explore_steps:
-                s.level_baseline = s.sync_level
-                s.sync_baseline = measured if s.sync_baseline is None else s.sync_baseline
-            return ""
-        moved = (s.sync_level - s.level_baseline) / s.level_baseline
-        threshold = self.config.sync_change_threshold
-        s.sync_moved_steps = s.sync_moved_steps + 1 if abs(moved) >= threshold else 0
-        if not s.sync_moved_steps:  # within noise: follow slow drift
-            s.level_baseline += 0.05 * (s.sync_level - s.level_baseline)
-            if s.sync_baseline is not None:
-                s.sync_baseline += 0.05 * (measured - s.sync_baseline)
-        if s.sync_moved_steps < self.config.sync_change_steps and abs(moved) < 3 * threshold:
-            return ""
-        return f"measured sync time of the running option moved {moved:+.0%}"
+        if len(s.running_sync) >= RUNNING_SAMPLES:
+            return statistics.median(s.running_sync)
+        return s.settled_sync
 
-    def _rebase_detector(self, sync_s: float | None) -> None:
-        """The running option's figures start again: `sync_s`, when it was measured,
-        is what it is compared on (a choice made on an explored figure must notice
-        at once when its first steps run far from it: the link moved meanwhile)."""
+    def _lossy_sync_fell(self) -> float:
+        """How far the running lossy option's sync time fell below the figure it
+        was chosen on (0 while it has not fallen past the margin): the link got
+        faster, and a lossless option, cheap on a fast link, is worth measuring.
+        Network moves themselves reach the policy only through observe_network."""
         s = self._s
-        s.sync_baseline = sync_s
-        s.sync_level = None
-        s.level_baseline = None if sync_s is None else sync_s / (self.t_compute or 1.0)
-        s.sync_moved_steps = 0
+        cur = s.current
+        if (cur is None or cur["family"] not in (POWERSGD, TOPK) or s.settled_sync is None
+                or len(s.running_sync) < RUNNING_SAMPLES):
+            return 0.0
+        fell = 1.0 - statistics.median(s.running_sync) / s.settled_sync
+        return fell if fell > max(self.config.hysteresis, SYNC_FELL) else 0.0
 
-    def _reconsider(self, why: str, *, passive: bool = False) -> None:
-        """A change was seen: explore again only if the model, under the network
+    def _reconsider(self, why: str) -> None:
+        """The network moved: explore again only if the model, under the network
         as it now is, puts another option ahead of the running one by more than
         the margin; else keep the choice and re-base on what it now measures."""
         s = self._s
-        if passive:
-            implied = self._implied_network()
-            if implied is None:  # nothing to predict with: measure again
-                self._start_exploration(why)
-                return
-            s.net = implied.to_dict()  # what the steps show, until the network is observed anew
         rows = self.evaluate(predicted=True)
         current = next((r for r in rows if r.label == self._current_label()), None)
         if not rows or current is None:
             self._start_exploration(why)
             return
-        if passive:
-            current = replace(current, t_sync_s=s.sync[current.label],
-                              t_step_s=current.t_step_s - current.t_sync_s + s.sync[current.label])
-            rows = [current if r.label == current.label else r for r in rows]
-        if not passive and not current.option.lossless and self._link_got_faster():
+        if not current.option.lossless and self._link_got_faster():
             self._start_exploration(f"{why}; measuring lossless options on the faster link")
             return
         best = self.choose(rows)
@@ -690,52 +656,23 @@ class MooPolicy:
         # the network did change, and the first choice after it is free of that.
         margin = max(self.config.hysteresis, self.calibration.error())
         if best.label == current.label or _within(current, best, margin):
-            self._keep_running(passive)
+            self._keep_running()
             s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
             return
         self._start_exploration(f"{why}; the model now prefers {best.label}")
 
-    def _keep_running(self, passive: bool) -> None:
-        """Carry on with the running option, judged from now on against where it
-        now is: a passive move re-bases on its latest step (the smoothed figures
-        still trail the move), a network move on what it measures next."""
+    def _keep_running(self) -> None:
+        """Carry on with the running option, judged from now on by what it
+        measures on the network as it now is."""
         s = self._s
-        label = self._current_label()
-        if passive and s.last_sync is not None:
-            s.sync = {label: s.last_sync}
-            self._rebase_detector(s.last_sync)
-            s.sync_level = s.level_baseline = s.last_level
-        else:
-            s.sync = {}
-            self._rebase_detector(None)
+        s.sync = {}
+        s.settled_sync, s.running_sync = None, []
         self._rebase()
 
-    def _implied_network(self) -> NetworkObservation | None:
-        """The network the running option's measured sync time implies: the
-        observed latency kept, the bandwidth whatever the rest of the time needs."""
-        net, s = self._net(), self._s
-        label = self._current_label()
-        if net is None or label is None or label not in s.sync:
-            return None
-        cur = s.current
-        compression = Compression(cur["family"], cur["param"])
-        raw = option_sync_time(compression, cur["collective"], self.layout, net, self.forms)
-        expected = self.calibration.apply(calibration_key(compression, cur["collective"]), raw)
-        latencies, link_bytes = option_terms(compression, cur["collective"], self.layout, net.nodes, self.forms)
-        if expected <= 0 or link_bytes <= 0:
-            return None
-        # The raw model's time that would have been calibrated to what was measured.
-        implied_raw = raw * s.sync[label] / expected
-        wire_s = net.bucket.at_rate_s(max(implied_raw - net.alpha_s * latencies, 1e-9))
-        beta = wire_s / link_bytes
-        if not (math.isfinite(beta) and 0 < beta <= MAX_BETA_S_PER_BYTE):
-            return None  # figures too far out to mean a link
-        return replace(net, beta_s_per_byte=beta)
-
-    def _start_exploration(self, why: str) -> None:
+    def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
         s.why = why
-        s.plan = self._exploration_plan()
+        s.plan = self._exploration_plan(with_lossless or self._link_got_faster())
         s.plan_index = 0
         s.sync = {}
         if not s.plan:  # nothing to predict with and no exploring left: stay
@@ -752,7 +689,7 @@ class MooPolicy:
         cfg, s = self.config, self._s
         return math.floor(cfg.explore_share * max(s.steps_seen, cfg.explore_horizon)) - s.explore_steps
 
-    def _exploration_plan(self) -> list[list]:
+    def _exploration_plan(self, with_lossless: bool) -> list[list]:
         """What to measure, as [label, exploring] pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
         the next ones, within explore_prune of the fastest predicted step, as many
@@ -767,7 +704,7 @@ class MooPolicy:
             fastest = min(r.t_step_s for r in rows)
             ranked = self.ranking(rows)
             rows = [r for r in ranked if r.t_step_s <= fastest * cfg.explore_prune]
-            if self._link_got_faster():
+            if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
         budget = self._explore_allowance()
@@ -863,7 +800,8 @@ class MooPolicy:
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        self._rebase_detector(row.t_sync_s if row is not None and row.measured else None)
+        s.settled_sync = row.t_sync_s if row is not None and row.measured else None
+        s.running_sync = []
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
