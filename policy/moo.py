@@ -273,6 +273,8 @@ class _State:
     explorations: int = 0
     steps_seen: int = 0
     explore_steps: int = 0  # steps run on an option only to measure it
+    spent_before: int = 0  # explore_steps when the last exploration started
+    item_steps: float = 0.0  # steps an explored item actually ran, as last seen (0: not yet seen)
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     settled_sync: float | None = None  # the running option's sync time when it was chosen (measured)
@@ -342,6 +344,11 @@ class MooPolicy:
         if self._s.phase == EXPLOIT and self._network_moved(net):
             self._s.sync = {}  # measured on the old network
             self._reconsider(self._network_change_reason(net))
+        elif self._s.phase == EXPLORE and self._network_moved(net):
+            # What was measured so far ran on the old network: averaged with what
+            # runs on this one it describes neither (the lab once chose an option
+            # measured half at 100 and half at 20 Mbit/s). Plan again from here.
+            self._start_exploration(f"{self._network_change_reason(net)} while exploring")
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
@@ -654,7 +661,7 @@ class MooPolicy:
         best = self.choose(rows)
         # Only the margin on each objective holds here, not the one on the ASF score:
         # the network did change, and the first choice after it is free of that.
-        margin = max(self.config.hysteresis, self.calibration.error())
+        margin = self._margin(current, best)
         if best.label == current.label or _within(current, best, margin):
             self._keep_running()
             s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
@@ -671,17 +678,32 @@ class MooPolicy:
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
+        self._learn_item_steps()
         s.why = why
         s.plan = self._exploration_plan(with_lossless or self._link_got_faster())
+        s.spent_before = s.explore_steps
         s.plan_index = 0
         s.sync = {}
+        self._rebase()  # what a move during the exploration is judged against
         if not s.plan:  # nothing to predict with and no exploring left: stay
+            s.phase = EXPLOIT
             s.current["reason"] = f"{why}; exploring budget spent: staying"
-            self._rebase()
             return
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
+
+    def _learn_item_steps(self) -> None:
+        """What an explored item of the last plan cost in steps actually run: the
+        job adopts a decision at its agreements only, so a 2-step item ran 4-6
+        steps in the lab (agreements every 2 steps). The next plan is charged that."""
+        s = self._s
+        explored = sum(1 for _, exploring in s.plan if exploring)
+        if explored:
+            s.item_steps = (s.explore_steps - s.spent_before) / explored
+
+    def _item_cost(self) -> float:
+        return max(float(self.config.explore_steps), self._s.item_steps)
 
     def _explore_allowance(self) -> int:
         """Exploring steps still allowed: explore_share of the steps seen so far
@@ -693,7 +715,8 @@ class MooPolicy:
         """What to measure, as [label, exploring] pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
         the next ones, within explore_prune of the fastest predicted step, as many
-        as explore_max and the exploring share allow."""
+        as explore_max and the exploring share allow. Nothing with the budget
+        spent: moving onto an option nobody measured is a bet the budget pays for."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
         if not rows:  # no network to predict with: one option per family
@@ -707,14 +730,16 @@ class MooPolicy:
             if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
-        budget = self._explore_allowance()
+        budget, cost = self._explore_allowance(), self._item_cost()
+        if budget < cost:
+            return []  # budget spent: predict and stay put, measure nothing
         plan: list[list] = []
         for r in rows:
             exploring = r.label not in free
-            if exploring and budget < cfg.explore_steps:
+            if exploring and budget < cost:
                 continue
             plan.append([r.label, exploring])
-            budget -= cfg.explore_steps * exploring
+            budget -= cost * exploring
             if len(plan) >= cfg.explore_max:
                 break
         return plan
@@ -764,12 +789,22 @@ class MooPolicy:
             return Evaluation(option, 0, 0, 0, None, False)
         best = self.choose(rows)
         current = self._current_row(rows)
-        margin = max(self.config.hysteresis, self.calibration.error())
-        if current is not None and current != best and self._not_worth_switching(current, best, rows, margin):
+        if current is not None and current != best and self._not_worth_switching(
+                current, best, rows, self._margin(current, best)):
             return current
         if current != best:
             self._set_current(best.option, self.explain(best, self.evaluate()), best)
         return best
+
+    def _margin(self, *rows: Evaluation) -> float:
+        """How much better an option must look to switch to it: the hysteresis, or
+        more where a compared figure is a prediction, the current error of the fit
+        that predicted it. Only the two fits compared count: one poor fit of an
+        option not in question (the lab had one at 0.80) must not freeze every
+        switch."""
+        errors = [self.calibration.error(calibration_key(r.option.compression, r.option.collective))
+                  for r in rows if not r.measured]
+        return max([self.config.hysteresis, *errors])
 
     def _not_worth_switching(self, current: Evaluation, best: Evaluation, rows: list[Evaluation],
                              margin: float) -> bool:
