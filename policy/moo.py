@@ -44,6 +44,7 @@ from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
+from flexcomm.policy.budget import QualityBudget
 from flexcomm.policy.costmodel import (
     Calibration,
     CompressionCost,
@@ -83,8 +84,8 @@ from flexcomm.policy.types import (
 )
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
-OBJECTIVES = ("asf", "progress")
-STATE_FORMAT = 3
+OBJECTIVES = ("budget", "asf", "progress")
+STATE_FORMAT = 4
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
@@ -127,7 +128,9 @@ class MooConfig:
     factor: float = 3.0
     collectives: tuple[str, ...] = (AG_TOPK, ART_RING, ART_TREE)
     dense_collectives: tuple[str, ...] = (DENSE_RING,)
-    objective: str = "asf"
+    objective: str = "budget"
+    quality_reference: str = "topk:0.1"
+    budget_rate: float = 0.01
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
@@ -172,7 +175,9 @@ class MooConfig:
         if not self.options:
             raise ValueError("families: no option is left (check collectives, dense_collectives and ranks)")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective: unknown objective {self.objective!r} (one of asf, progress)")
+            raise ValueError(f"objective: unknown objective {self.objective!r} (one of {', '.join(OBJECTIVES)})")
+        Compression.parse(self.quality_reference, "quality_reference")
+        check_range("budget_rate", self.budget_rate, 0, 1)
         check_root(self.root)
         check_range("weight_time", self.weight_time, 0, 1)
         check_range("weight_gain", self.weight_gain, 0, 1)
@@ -266,7 +271,9 @@ class _State:
     baseline: dict[str, float] | None = None  # the network the last choice was made on
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
     t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
-    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain
+    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain its probes read
+    delivered: dict[str, float] = field(default_factory=dict)  # choice label -> gain its steps applied
+    gain_steps: dict[str, int] = field(default_factory=dict)  # gains' and delivered's key -> step last seen
     sync: dict[str, float] = field(default_factory=dict)  # option label -> s, since the last change
     current: dict[str, Any] | None = None
     version: int = 0
@@ -278,7 +285,9 @@ class _State:
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     settled_sync: float | None = None  # the running option's sync time when it was chosen (measured)
+    settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
+    running_level: list[float] = field(default_factory=list)  # the same per second of their compute
 
 
 class MooPolicy:
@@ -293,6 +302,7 @@ class MooPolicy:
         self.layout = layout or GradientLayout.flat(grad_bytes)
         self.config = config or MooConfig()
         self.calibration = Calibration()
+        self.budget = QualityBudget(self.config.budget_rate)
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
         self._reset_caches()
@@ -328,7 +338,13 @@ class MooPolicy:
     @cached_property
     def probes(self) -> tuple[str, ...]:
         names = [o.compression.name for o in self.options if o.compression.lossy]
+        if self.reference.lossy:  # its error on each step is what the budget allows
+            names.append(self.reference.name)
         return tuple(dict.fromkeys(names))
+
+    @cached_property
+    def reference(self) -> Compression:
+        return Compression.parse(self.config.quality_reference, "quality_reference")
 
     # --- observations --------------------------------------------------------
 
@@ -367,12 +383,19 @@ class MooPolicy:
         if report.t_sync_s > 0 and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
+        if self.budget.lam is None and self.config.objective == "budget":
+            rows = self.evaluate()
+            if rows and all(r.gain is not None for r in rows):
+                self.budget.start(self._reference_step(rows))
         if self._spent_exploring(label):
             s.explore_steps += 1
         if self._runs_current(report):
             s.phase_steps += 1
             if report.t_sync_s > 0:
                 s.running_sync = [*s.running_sync, report.t_sync_s][-RUNNING_SAMPLES:]
+                # Per second of compute: a busy host slows compute and sync alike; a link moves the ratio.
+                unit = report.t_compute_s or self.t_compute or 1.0
+                s.running_level = [*s.running_level, report.t_sync_s / unit][-RUNNING_SAMPLES:]
             self._advance()
 
     def _calibrate(self, report: StepReport) -> None:
@@ -398,13 +421,31 @@ class MooPolicy:
         self.calibration.observe(key, raw, report.t_sync_s)
 
     def _observe_gains(self, report: StepReport) -> None:
-        # A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x
-        # at one CR on a small model, so it is smoothed far more than times are.
-        gains = {name: g for name, g in report.gains.items() if name in self.probes}
-        if report.compression.name in self.probes:
-            gains.setdefault(report.compression.name, report.gain)
-        for name, g in sorted(gains.items()):
-            self._s.gains[name] = _ewma(self._s.gains.get(name), float(g), self.config.gain_smoothing)
+        """Two figures per gain: what a compression's probes read off a gradient
+        (keyed by compression), and what the steps of a choice applied (keyed by
+        choice: AR-Topk over a tree does not deliver what Top-k over AllGather does).
+        A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
+        one CR on a small model, so it is smoothed far more than times are, with a
+        weight per step elapsed (gain_smoothing per step, compounded), so a figure
+        read every tenth step settles as fast, in steps, as one read every step."""
+        s = self._s
+        for name, g in sorted(report.gains.items()):
+            if name in self.probes:
+                self._smooth_gain(s.gains, name, float(g), report.step)
+        label = report.choice.label
+        if report.compression.lossy and label in self._labels:
+            self._smooth_gain(s.delivered, label, report.gain, report.step)
+        reference = 1.0 if not self.reference.lossy else report.gains.get(self.reference.name,
+                                                                           s.gains.get(self.reference.name))
+        if reference is not None:
+            self.budget.observe(1.0 - report.gain, 1.0 - reference)
+
+    def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
+        last = self._s.gain_steps.get(key)
+        elapsed = 1 if last is None else min(max(1, step - last), 1000)
+        weight = 1.0 - (1.0 - self.config.gain_smoothing) ** elapsed
+        figures[key] = _ewma(figures.get(key), gain, weight)
+        self._s.gain_steps[key] = step
 
     # --- decisions -----------------------------------------------------------
 
@@ -441,7 +482,8 @@ class MooPolicy:
             else:
                 continue
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
-            gain = s.gains.get(option.compression.name) if option.compression.lossy else 1.0
+            gain = (s.delivered.get(option.label, s.gains.get(option.compression.name))
+                    if option.compression.lossy else 1.0)
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
@@ -457,6 +499,8 @@ class MooPolicy:
             raise ValueError("rows: nothing to choose from")
         if any(r.gain is None for r in rows):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
+        if self.config.objective == "budget":
+            return min(rows, key=lambda r: (self._cost(r, rows), r.option))
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
@@ -470,10 +514,28 @@ class MooPolicy:
         the front), for planning what to measure."""
         if any(r.gain is None for r in rows):
             return sorted(rows, key=lambda r: (r.t_step_s, r.option))
+        if self.config.objective == "budget":
+            return sorted(rows, key=lambda r: (self._cost(r, rows), r.option))
         if self.config.objective == "progress":
             return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
         scores = self._asf([_objectives(r) for r in rows])
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
+
+    def _cost(self, row: Evaluation, rows: list[Evaluation]) -> float:
+        """The row's step time plus the price of its error under the run's budget.
+        Read only: before the budget's price is set (it is set on the first step
+        with known errors), the reference's step time among `rows` stands in."""
+        assert row.gain is not None
+        lam = self.budget.lam
+        if lam is None:
+            lam = self._reference_step(rows)
+        return row.t_step_s + lam * (1.0 - row.gain)
+
+    def _reference_step(self, rows: list[Evaluation]) -> float:
+        """The step time of the reference among `rows` (the fastest of its
+        collectives), or the fastest row's when it is not among them."""
+        mine = [r.t_step_s for r in rows if r.option.compression == self.reference]
+        return min(mine) if mine else min(r.t_step_s for r in rows)
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
         return pareto.asf_scores(points, (self.config.weight_time, self.config.weight_gain))
@@ -492,6 +554,7 @@ class MooPolicy:
             "layout": self.layout.to_dict(),
             "config": self.config.to_dict(),
             "calibration": self.calibration.state_dict(),
+            "budget": self.budget.state_dict(),
             "state": asdict(self._s),
         }
 
@@ -504,16 +567,18 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels"):
+        for cached in ("forms", "options", "probes", "_labels", "reference"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
         self._decision = None
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
+            self.budget = QualityBudget(self.config.budget_rate)
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
+        self.budget = QualityBudget.from_state(state["budget"])
         self._s = _State(**state["state"])
 
     @property
@@ -639,10 +704,13 @@ class MooPolicy:
         Network moves themselves reach the policy only through observe_network."""
         s = self._s
         cur = s.current
-        if (cur is None or cur["family"] not in (POWERSGD, TOPK) or s.settled_sync is None
-                or len(s.running_sync) < RUNNING_SAMPLES):
+        if cur is None or cur["family"] not in (POWERSGD, TOPK) or len(s.running_level) < RUNNING_SAMPLES:
             return 0.0
-        fell = 1.0 - statistics.median(s.running_sync) / s.settled_sync
+        level = statistics.median(s.running_level)
+        if s.settled_level is None:  # its first steps set where it runs
+            s.settled_level = level
+            return 0.0
+        fell = 1.0 - level / s.settled_level
         return fell if fell > max(self.config.hysteresis, SYNC_FELL) else 0.0
 
     def _reconsider(self, why: str) -> None:
@@ -662,7 +730,7 @@ class MooPolicy:
         # Only the margin on each objective holds here, not the one on the ASF score:
         # the network did change, and the first choice after it is free of that.
         margin = self._margin(current, best)
-        if best.label == current.label or _within(current, best, margin):
+        if best.label == current.label or self._close(current, best, rows, margin):
             self._keep_running()
             s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
             return
@@ -673,7 +741,7 @@ class MooPolicy:
         measures on the network as it now is."""
         s = self._s
         s.sync = {}
-        s.settled_sync, s.running_sync = None, []
+        s.settled_sync, s.settled_level, s.running_sync, s.running_level = None, None, [], []
         self._rebase()
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
@@ -811,14 +879,22 @@ class MooPolicy:
         """Stay when `current` is within `margin` of `best` on both objectives or,
         choosing by ASF, on the ASF score itself: two options far apart on the
         front can score alike, and smoothed gains drifting by a few percent then
-        swapped them every few steps."""
-        if _within(current, best, margin):
+        swapped them every few steps. Choosing by the error budget, within
+        `margin` of its cost."""
+        if self._close(current, best, rows, margin):
             return True
         if self.config.objective != "asf" or any(r.gain is None for r in rows):
             return False
         # Over every row, the ideal point is the front's, so these are choose()'s scores.
         scores = self._asf([_objectives(r) for r in rows])
         return scores[rows.index(current)] <= scores[rows.index(best)] + margin
+
+    def _close(self, current: Evaluation, best: Evaluation, rows: list[Evaluation], margin: float) -> bool:
+        """Not worth a switch: by the budget's cost when choosing by it (and the
+        gains are known), else on both objectives."""
+        if self.config.objective == "budget" and all(r.gain is not None for r in rows):
+            return self._cost(current, rows) <= self._cost(best, rows) * (1 + margin)
+        return _within(current, best, margin)
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
         label = self._current_label()
@@ -836,7 +912,8 @@ class MooPolicy:
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
         s.settled_sync = row.t_sync_s if row is not None and row.measured else None
-        s.running_sync = []
+        s.settled_level = None
+        s.running_sync, s.running_level = [], []
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
@@ -859,11 +936,28 @@ class MooPolicy:
             if mine:
                 r = min(mine, key=lambda r: (r.t_step_s, r.option))
                 others.append(f"{r.label} {figures(r)}")
-        basis = ("time only (gains unknown)" if best.gain is None
-                 else f"{self.config.objective} on the Pareto front")
+        if best.gain is None:
+            basis = "time only (gains unknown)"
+        elif self.config.objective == "budget":
+            basis = self._explain_budget(best, rows)
+        else:
+            basis = f"{self.config.objective} on the Pareto front"
         vs = f"; vs {', '.join(others)}" if others else ""
         return (f"{best.label}: step {figures(best)} (sync {best.t_sync_s:.3g} s, comp {best.t_comp_s:.3g} s)"
                 f"{vs}; {basis}")
+
+    def _explain_budget(self, best: Evaluation, rows: list[Evaluation]) -> str:
+        """The budget rule in its own terms: the least step time plus the price of
+        the error, the price set by what the run spent against the reference."""
+        known = [r for r in rows if r.gain is not None]
+        lam = self.budget.lam if self.budget.lam is not None else self._reference_step(known or [best])
+        ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
+        ref = (f"reference {self.reference.name}" +
+               (f" (error {1 - ref_gain:.2f})" if ref_gain is not None else ""))
+        spent = (f", run spent {self.budget.spent / self.budget.allowed:.0%} of the reference's error"
+                 if self.budget.allowed > 0 else "")
+        return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
+                f"error budget: {ref}{spent}")
 
     def _network_moved(self, net: NetworkObservation) -> bool:
         base = self._s.baseline
