@@ -55,6 +55,7 @@ from flexcomm.policy.costmodel import (
     option_terms,
     powersgd_split,
 )
+from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -85,7 +86,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 4
+STATE_FORMAT = 5
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
@@ -278,10 +279,6 @@ class _State:
     current: dict[str, Any] | None = None
     version: int = 0
     explorations: int = 0
-    steps_seen: int = 0
-    explore_steps: int = 0  # steps run on an option only to measure it
-    spent_before: int = 0  # explore_steps when the last exploration started
-    item_steps: float = 0.0  # steps an explored item actually ran, as last seen (0: not yet seen)
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     settled_sync: float | None = None  # the running option's sync time when it was chosen (measured)
@@ -303,6 +300,7 @@ class MooPolicy:
         self.config = config or MooConfig()
         self.calibration = Calibration()
         self.budget = QualityBudget(self.config.budget_rate)
+        self.exploring = ExploreBudget()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
         self._reset_caches()
@@ -369,7 +367,6 @@ class MooPolicy:
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
         self._decision = None
-        s.steps_seen += 1
         if report.t_compute_s > 0:
             s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
         self._observe_gains(report)
@@ -387,8 +384,7 @@ class MooPolicy:
             rows = self.evaluate()
             if rows and all(r.gain is not None for r in rows):
                 self.budget.start(self._reference_step(rows))
-        if self._spent_exploring(label):
-            s.explore_steps += 1
+        self.exploring.observe(self._spent_exploring(label))
         if self._runs_current(report):
             s.phase_steps += 1
             if report.t_sync_s > 0:
@@ -555,6 +551,7 @@ class MooPolicy:
             "config": self.config.to_dict(),
             "calibration": self.calibration.state_dict(),
             "budget": self.budget.state_dict(),
+            "exploring": self.exploring.state_dict(),
             "state": asdict(self._s),
         }
 
@@ -574,11 +571,13 @@ class MooPolicy:
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
             self.budget = QualityBudget(self.config.budget_rate)
+            self.exploring = ExploreBudget()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
         self.budget = QualityBudget.from_state(state["budget"])
+        self.exploring = ExploreBudget.from_state(state["exploring"])
         self._s = _State(**state["state"])
 
     @property
@@ -597,7 +596,7 @@ class MooPolicy:
     @property
     def explore_steps(self) -> int:
         """Steps run on an option only to measure it."""
-        return self._s.explore_steps
+        return self.exploring.spent
 
     # --- internals: figures --------------------------------------------------
 
@@ -746,10 +745,9 @@ class MooPolicy:
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
-        self._learn_item_steps()
+        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = why
         s.plan = self._exploration_plan(with_lossless or self._link_got_faster())
-        s.spent_before = s.explore_steps
         s.plan_index = 0
         s.sync = {}
         self._rebase()  # what a move during the exploration is judged against
@@ -761,23 +759,11 @@ class MooPolicy:
         s.phase = EXPLORE
         self._run_plan_item()
 
-    def _learn_item_steps(self) -> None:
-        """What an explored item of the last plan cost in steps actually run: the
-        job adopts a decision at its agreements only, so a 2-step item ran 4-6
-        steps in the lab (agreements every 2 steps). The next plan is charged that."""
-        s = self._s
-        explored = sum(1 for _, exploring in s.plan if exploring)
-        if explored:
-            s.item_steps = (s.explore_steps - s.spent_before) / explored
+    def _explore_allowance(self) -> int:
+        return self.exploring.allowance(self.config.explore_share, self.config.explore_horizon)
 
     def _item_cost(self) -> float:
-        return max(float(self.config.explore_steps), self._s.item_steps)
-
-    def _explore_allowance(self) -> int:
-        """Exploring steps still allowed: explore_share of the steps seen so far
-        (of explore_horizon while fewer have run) less those already spent."""
-        cfg, s = self.config, self._s
-        return math.floor(cfg.explore_share * max(s.steps_seen, cfg.explore_horizon)) - s.explore_steps
+        return self.exploring.item_cost(self.config.explore_steps)
 
     def _exploration_plan(self, with_lossless: bool) -> list[list]:
         """What to measure, as [label, exploring] pairs: the option the model ranks

@@ -165,7 +165,7 @@ def test_with_the_budget_spent_the_policy_stays_put() -> None:
     policy = moo(explore_share=0.02, explore_horizon=0)
     job = Job(policy)
     settle(policy, job, *SLOW, steps=100)
-    policy._s.explore_steps = policy._explore_allowance() + policy._s.explore_steps  # nothing left
+    policy.exploring.spent += policy._explore_allowance()  # nothing left
     chosen, before = policy.decide().label, policy.explorations
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert policy.explorations == before and policy.phase == EXPLOIT
