@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -86,11 +86,14 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 5
+STATE_FORMAT = 6
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
 RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
+PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
+PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
+PROBE_UP_EVERY = 100  # steps between two probes up
 SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
 MAX_CANDIDATE_CRS = MAX_PROBES
 
@@ -285,6 +288,7 @@ class _State:
     settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
     running_level: list[float] = field(default_factory=list)  # the same per second of their compute
+    probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
 
 
 class MooPolicy:
@@ -363,6 +367,58 @@ class MooPolicy:
             # runs on this one it describes neither (the lab once chose an option
             # measured half at 100 and half at 20 Mbit/s). Plan again from here.
             self._start_exploration(f"{self._network_change_reason(net)} while exploring")
+        elif self._s.phase == EXPLOIT and self._worth_probing_up(net):
+            self._probe_up(net)
+
+    def _worth_probing_up(self, net: NetworkObservation) -> bool:
+        """The bandwidth is only known to be at least this (or was last confirmed
+        long ago), a lossy option runs, and on a link PROBE_UP_FACTOR times as
+        fast the model would run a lossless one: only running one shows which.
+        Once per PROBE_UP_EVERY steps, and only inside the exploring budget."""
+        s = self._s
+        if not (net.lower_bound or net.age_s >= PROBE_UP_AGE_S):
+            return False
+        if s.current is None or s.current["family"] not in (POWERSGD, TOPK):
+            return False
+        if s.probed_up_at is not None and self.exploring.steps_seen - s.probed_up_at < PROBE_UP_EVERY:
+            return False
+        if self._explore_allowance() < self._item_cost():
+            return False
+        return self._faster_choice(net) is not None
+
+    def _faster_choice(self, net: NetworkObservation) -> Choice | None:
+        """The best lossless option if the model, on a link PROBE_UP_FACTOR times
+        as fast, would choose it over the running option."""
+        s = self._s
+        faster = replace(net, beta_s_per_byte=net.beta_s_per_byte / PROBE_UP_FACTOR)
+        saved = s.net
+        s.net = faster.to_dict()
+        try:
+            rows = self.evaluate(predicted=True)
+        finally:
+            s.net = saved
+        if not rows:
+            return None
+        best = self.choose(rows)
+        return best.option if best.option.lossless else None
+
+    def _probe_up(self, net: NetworkObservation) -> None:
+        """Run the best lossless option for one item, as an exploration of one."""
+        s = self._s
+        choice = self._faster_choice(net)
+        assert choice is not None
+        s.probed_up_at = self.exploring.steps_seen
+        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
+        s.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
+                 f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
+                 f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
+        running = self._current_label()
+        s.plan = [[choice.label, True], [running, False]]
+        s.plan_index = 0
+        s.sync = {}
+        s.explorations += 1
+        s.phase = EXPLORE
+        self._run_plan_item()
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
@@ -377,7 +433,9 @@ class MooPolicy:
         if candidate and report.family != DENSE:
             name = report.compression.name
             s.t_comp[name] = _ewma(s.t_comp.get(name), report.t_comp_s, cfg.smoothing)
-        if report.t_sync_s > 0 and candidate:
+        # A step that overlapped a bandwidth test says nothing of its option's sync.
+        timed = report.t_sync_s > 0 and not report.disturbed
+        if timed and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
         if self.budget.lam is None and self.config.objective == "budget":
@@ -387,7 +445,7 @@ class MooPolicy:
         self.exploring.observe(self._spent_exploring(label))
         if self._runs_current(report):
             s.phase_steps += 1
-            if report.t_sync_s > 0:
+            if timed:
                 s.running_sync = [*s.running_sync, report.t_sync_s][-RUNNING_SAMPLES:]
                 # Per second of compute: a busy host slows compute and sync alike; a link moves the ratio.
                 unit = report.t_compute_s or self.t_compute or 1.0

@@ -499,3 +499,38 @@ def test_layout_and_gradient_bytes_agree() -> None:
     assert GradientLayout.of_shapes([(8, 3, 3, 3), (8,), (10, 8)], 2).to_dict() == {
         "matrices": [[8, 27], [10, 8]], "vector_values": 8, "value_bytes": 2}
     assert moo().grad_bytes == M
+
+
+def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None:
+    policy = moo()
+    job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
+    settle(policy, job, *SLOW, steps=150)
+    assert policy.decide().compression.lossy
+    before = policy.explorations
+    # The same bandwidth, but only known to be at least that: on a link 4x as
+    # fast would the model run lossless? At 20 Mbit/s no: nothing to probe.
+    policy.observe_network(NetworkObservation(SLOW[0], 8 / SLOW[1], 4, lower_bound=True))
+    assert policy.explorations == before
+    # At 2.5 Gbit/s known only as a lower bound, 10 Gbit/s would favour a lossless option.
+    policy._s.current["family"], policy._s.current["param"], policy._s.current["collective"] = "topk", 0.001, "ag_topk"
+    bound = NetworkObservation(50e-6, 8 / 2.5e9, 4, lower_bound=True)
+    policy._rebase()
+    policy._s.baseline = {"alpha_s": bound.alpha_s, "beta_s_per_byte": bound.beta_s_per_byte}
+    policy.observe_network(bound)
+    assert policy.explorations == before + 1 and "probing up" in policy._s.why
+    assert policy.decide().compression.family in ("dense", "bf16") and policy.decide().exploring
+    # Again at once: not before PROBE_UP_EVERY steps.
+    policy._s.phase = EXPLOIT
+    policy.observe_network(NetworkObservation(50e-6, 8 / 2.6e9, 4, lower_bound=True))
+    assert policy.explorations == before + 1
+
+
+def test_a_step_disturbed_by_a_bandwidth_test_keeps_out_of_the_sync_figures() -> None:
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    d = policy.decide()
+    before = (dict(policy._s.sync), policy.calibration.state_dict(), list(policy._s.running_sync))
+    policy.observe_step(StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
+                                   t_comp_s=0.01, t_sync_s=99.0, gain=0.5, t_compute_s=0.02, disturbed=True))
+    assert (dict(policy._s.sync), policy.calibration.state_dict(), list(policy._s.running_sync)) == before
