@@ -86,7 +86,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 6
+STATE_FORMAT = 7
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
@@ -268,10 +268,10 @@ class Evaluation:
 class _State:
     phase: str = WARMUP
     phase_steps: int = 0
-    plan: list[list] = field(default_factory=list)  # [[option label, exploring], ...] to measure
+    plan: list[tuple[str, bool]] = field(default_factory=list)  # (option label, exploring) to measure
     plan_index: int = 0
-    net: dict[str, Any] | None = None  # the network as the policy takes it now
-    observed: dict[str, Any] | None = None  # the last one observe_network was given
+    net: NetworkObservation | None = None  # the network as the policy takes it now
+    observed: NetworkObservation | None = None  # the last one observe_network was given
     baseline: dict[str, float] | None = None  # the network the last choice was made on
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
     t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
@@ -279,7 +279,7 @@ class _State:
     delivered: dict[str, float] = field(default_factory=dict)  # choice label -> gain its steps applied
     gain_steps: dict[str, int] = field(default_factory=dict)  # gains' and delivered's key -> step last seen
     sync: dict[str, float] = field(default_factory=dict)  # option label -> s, since the last change
-    current: dict[str, Any] | None = None
+    current: Decision | None = None
     version: int = 0
     explorations: int = 0
     why: str = ""  # what started the current exploration
@@ -289,6 +289,22 @@ class _State:
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
     running_level: list[float] = field(default_factory=list)  # the same per second of their compute
     probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the decision and the networks by their own to_dict."""
+        d = asdict(self)
+        d["current"] = self.current.to_dict() if self.current else None
+        d["plan"] = [[label, exploring] for label, exploring in self.plan]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> _State:
+        d = dict(d)
+        d["current"] = Decision.from_dict(d["current"]) if d.get("current") else None
+        d["plan"] = [(str(label), bool(exploring)) for label, exploring in d.get("plan") or ()]
+        for key in ("net", "observed"):
+            d[key] = NetworkObservation(**d[key]) if d.get(key) else None
+        return cls(**d)
 
 
 class MooPolicy:
@@ -316,7 +332,6 @@ class MooPolicy:
         """Figures derived from the layout and config alone, computed once each."""
         self._term_cache: dict[tuple[Choice, int], tuple[float, float]] = {}
         self._comp_models: dict[str, tuple[Compression, float]] = {}
-        self._net_parsed: tuple[dict[str, Any], NetworkObservation] | None = None
 
     @property
     def grad_bytes(self) -> int:
@@ -353,12 +368,12 @@ class MooPolicy:
     def observe_network(self, net: NetworkObservation) -> None:
         """The network as probed (or estimated by the agent). The same observation
         again is no news: it must not undo what the step reports have shown since."""
-        if net.to_dict() == self._s.observed:
+        if net == self._s.observed:
             return
         self._decision = None
-        self._s.observed = self._s.net = net.to_dict()
+        self._s.observed = self._s.net = net
         if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
-            self._set_current(self._warmup_option(), self._s.current["reason"])
+            self._set_current(self._warmup_option(), self._s.current.reason)
         if self._s.phase == EXPLOIT and self._network_moved(net):
             self._s.sync = {}  # measured on the old network
             self._reconsider(self._network_change_reason(net))
@@ -378,7 +393,7 @@ class MooPolicy:
         s = self._s
         if not (net.lower_bound or net.age_s >= PROBE_UP_AGE_S):
             return False
-        if s.current is None or s.current["family"] not in (POWERSGD, TOPK):
+        if s.current is None or not s.current.compression.lossy:
             return False
         if s.probed_up_at is not None and self.exploring.steps_seen - s.probed_up_at < PROBE_UP_EVERY:
             return False
@@ -392,7 +407,7 @@ class MooPolicy:
         s = self._s
         faster = replace(net, beta_s_per_byte=net.beta_s_per_byte / PROBE_UP_FACTOR)
         saved = s.net
-        s.net = faster.to_dict()
+        s.net = faster
         try:
             rows = self.evaluate(predicted=True)
         finally:
@@ -413,7 +428,7 @@ class MooPolicy:
                  f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
                  f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
         running = self._current_label()
-        s.plan = [[choice.label, True], [running, False]]
+        s.plan = [(choice.label, True), (running, False)]
         s.plan_index = 0
         s.sync = {}
         s.explorations += 1
@@ -509,7 +524,7 @@ class MooPolicy:
         if self._decision is None:
             if self._s.phase == EXPLOIT:
                 self._choose()
-            self._decision = Decision.from_dict(self._s.current)
+            self._decision = self._s.current
         return self._decision
 
     def evaluate(self, *, predicted: bool = False) -> list[Evaluation]:
@@ -610,7 +625,7 @@ class MooPolicy:
             "calibration": self.calibration.state_dict(),
             "budget": self.budget.state_dict(),
             "exploring": self.exploring.state_dict(),
-            "state": asdict(self._s),
+            "state": self._s.to_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -636,7 +651,7 @@ class MooPolicy:
         self.calibration = Calibration.from_state(state["calibration"])
         self.budget = QualityBudget.from_state(state["budget"])
         self.exploring = ExploreBudget.from_state(state["exploring"])
-        self._s = _State(**state["state"])
+        self._s = _State.from_dict(state["state"])
 
     @property
     def phase(self) -> str:
@@ -659,18 +674,11 @@ class MooPolicy:
     # --- internals: figures --------------------------------------------------
 
     def _net(self) -> NetworkObservation | None:
-        if not self._s.net:
-            return None
-        parsed = self._net_parsed
-        if parsed is None or parsed[0] is not self._s.net:
-            parsed = self._net_parsed = (self._s.net, NetworkObservation(**self._s.net))
-        return parsed[1]
+        return self._s.net
 
     def _current_label(self) -> str | None:
         cur = self._s.current
-        if cur is None:
-            return None
-        return Choice.of(cur["family"], cur["param"], cur["collective"]).label
+        return None if cur is None else cur.label
 
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
@@ -715,7 +723,7 @@ class MooPolicy:
         runs on after the policy moved on; those steps are spent all the same)."""
         s = self._s
         if s.current is not None and label == self._current_label():
-            return bool(s.current.get("exploring"))
+            return s.current.exploring
         return any(item == label and exploring for item, exploring in s.plan or ())
 
     def _runs_current(self, report: StepReport) -> bool:
@@ -761,7 +769,7 @@ class MooPolicy:
         Network moves themselves reach the policy only through observe_network."""
         s = self._s
         cur = s.current
-        if cur is None or cur["family"] not in (POWERSGD, TOPK) or len(s.running_level) < RUNNING_SAMPLES:
+        if cur is None or not cur.compression.lossy or len(s.running_level) < RUNNING_SAMPLES:
             return 0.0
         level = statistics.median(s.running_level)
         if s.settled_level is None:  # its first steps set where it runs
@@ -789,7 +797,7 @@ class MooPolicy:
         margin = self._margin(current, best)
         if best.label == current.label or self._close(current, best, rows, margin):
             self._keep_running()
-            s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
+            s.current = replace(s.current, reason=f"{why}; keeping {current.label}: still the best by the model")
             return
         self._start_exploration(f"{why}; the model now prefers {best.label}")
 
@@ -811,7 +819,7 @@ class MooPolicy:
         self._rebase()  # what a move during the exploration is judged against
         if not s.plan:  # nothing to predict with and no exploring left: stay
             s.phase = EXPLOIT
-            s.current["reason"] = f"{why}; exploring budget spent: staying"
+            s.current = replace(s.current, reason=f"{why}; exploring budget spent: staying")
             return
         s.explorations += 1
         s.phase = EXPLORE
@@ -823,8 +831,8 @@ class MooPolicy:
     def _item_cost(self) -> float:
         return self.exploring.item_cost(self.config.explore_steps)
 
-    def _exploration_plan(self, with_lossless: bool) -> list[list]:
-        """What to measure, as [label, exploring] pairs: the option the model ranks
+    def _exploration_plan(self, with_lossless: bool) -> list[tuple[str, bool]]:
+        """What to measure, as (label, exploring) pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
         the next ones, within explore_prune of the fastest predicted step, as many
         as explore_max and the exploring share allow. Nothing with the budget
@@ -845,12 +853,12 @@ class MooPolicy:
         budget, cost = self._explore_allowance(), self._item_cost()
         if budget < cost:
             return []  # budget spent: predict and stay put, measure nothing
-        plan: list[list] = []
+        plan: list[tuple[str, bool]] = []
         for r in rows:
             exploring = r.label not in free
             if exploring and budget < cost:
                 continue
-            plan.append([r.label, exploring])
+            plan.append((r.label, exploring))
             budget -= cost * exploring
             if len(plan) >= cfg.explore_max:
                 break
@@ -894,8 +902,7 @@ class MooPolicy:
         rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
             cur = self._s.current
-            option = (Choice(Compression(cur["family"], cur["param"]), cur["collective"]) if cur
-                      else self._warmup_option())
+            option = cur.choice if cur else self._warmup_option()
             if cur is None:
                 self._set_current(option, "nothing measured and no network known")
             return Evaluation(option, 0, 0, 0, None, False)
@@ -948,8 +955,7 @@ class MooPolicy:
                      exploring: bool = False) -> None:
         s = self._s
         if s.current and self._current_label() == option.label:
-            s.current["reason"] = reason
-            s.current["exploring"] = exploring
+            s.current = replace(s.current, reason=reason, exploring=exploring)
             return
         s.version += 1
         s.phase_steps = 0
@@ -963,7 +969,7 @@ class MooPolicy:
             predicted_sync_s=row.t_sync_s if row else 0.0,
             predicted_comp_s=row.t_comp_s if row else 0.0,
             reason=reason, probes=self.probes, model_forms=self.forms.describe(), exploring=exploring,
-        ).to_dict()
+        )
 
     def explain(self, best: Evaluation, rows: list[Evaluation]) -> str:
         """Why `best`: its figures (measured or predicted), and the runner-up of

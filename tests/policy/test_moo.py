@@ -196,7 +196,7 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     assert policy.phase == EXPLORE and len(policy._s.plan) == 3
     ranked = [r.label for r in policy.ranking(policy.evaluate(predicted=True))]
     # the model's first choice is measured as the job would run it; the next two explore
-    assert policy._s.plan == [[ranked[0], ranked[0] == "bf16@dense_ring"], [ranked[1], True], [ranked[2], True]]
+    assert policy._s.plan == [(ranked[0], ranked[0] == "bf16@dense_ring"), (ranked[1], True), (ranked[2], True)]
 
 
 def test_no_network_explores_one_option_per_family() -> None:
@@ -512,7 +512,7 @@ def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None
     policy.observe_network(NetworkObservation(SLOW[0], 8 / SLOW[1], 4, lower_bound=True))
     assert policy.explorations == before
     # At 2.5 Gbit/s known only as a lower bound, 10 Gbit/s would favour a lossless option.
-    policy._s.current["family"], policy._s.current["param"], policy._s.current["collective"] = "topk", 0.001, "ag_topk"
+    policy._s.current = replace(policy._s.current, family="topk", param=0.001, collective="ag_topk")
     bound = NetworkObservation(50e-6, 8 / 2.5e9, 4, lower_bound=True)
     policy._rebase()
     policy._s.baseline = {"alpha_s": bound.alpha_s, "beta_s_per_byte": bound.beta_s_per_byte}
