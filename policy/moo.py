@@ -1004,10 +1004,13 @@ class MooPolicy:
         ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
         ref = (f"reference {self.reference.name}" +
                (f" (error {1 - ref_gain:.2f})" if ref_gain is not None else ""))
-        spent = (f", run spent {self.budget.spent / self.budget.allowed:.0%} of the reference's error"
-                 if self.budget.allowed > 0 else "")
+        if self.budget.steps > 1 and self.budget.allowed > 0:
+            price = (f"the price the run's spending set: {self.budget.spent / self.budget.allowed:.0%} "
+                     f"of the reference's error spent over {self.budget.steps} steps")
+        else:
+            price = "the price the reference's step time sets before the run has spent any"
         return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
-                f"error budget: {ref}{spent}")
+                f"error budget: {ref}, {price}")
 
     def _network_moved(self, net: NetworkObservation) -> bool:
         base = self._s.baseline
