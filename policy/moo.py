@@ -142,7 +142,7 @@ class MooConfig:
     hysteresis: float = 0.05
     warmup_steps: int = 1
     explore_steps: int = 2
-    explore_share: float = 0.10
+    explore_share: float = 0.05
     explore_horizon: int = 100
     explore_max: int = 4
     explore_prune: float = 3.0
@@ -377,10 +377,12 @@ class MooPolicy:
         if self._s.phase == EXPLOIT and self._network_moved(net):
             self._s.sync = {}  # measured on the old network
             self._reconsider(self._network_change_reason(net))
-        elif self._s.phase == EXPLORE and self._network_moved(net):
+        elif self._s.phase == EXPLORE and self._network_moved(net) and self._s.baseline["beta_s_per_byte"] > 0:
             # What was measured so far ran on the old network: averaged with what
             # runs on this one it describes neither (the lab once chose an option
             # measured half at 100 and half at 20 Mbit/s). Plan again from here.
+            # An exploration that ran blind measured this same network: it goes on
+            # (restarted, the lab's first exploration ran three times).
             self._start_exploration(f"{self._network_change_reason(net)} while exploring")
         elif self._s.phase == EXPLOIT and self._worth_probing_up(net):
             self._probe_up(net)
@@ -835,8 +837,8 @@ class MooPolicy:
         """What to measure, as (label, exploring) pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
         the next ones, within explore_prune of the fastest predicted step, as many
-        as explore_max and the exploring share allow. Nothing with the budget
-        spent: moving onto an option nobody measured is a bet the budget pays for."""
+        as explore_max and the exploring share allow. With the budget spent, only
+        the free ones: the policy runs what the model predicts best and stays."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
         if not rows:  # no network to predict with: one option per family
@@ -851,8 +853,6 @@ class MooPolicy:
                 rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
         budget, cost = self._explore_allowance(), self._item_cost()
-        if budget < cost:
-            return []  # budget spent: predict and stay put, measure nothing
         plan: list[tuple[str, bool]] = []
         for r in rows:
             exploring = r.label not in free

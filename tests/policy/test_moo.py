@@ -134,7 +134,7 @@ def test_exploring_never_exceeds_its_share(control_interval: int) -> None:
     links = [FAST, SLOW, (1e-3, 1e9), (200e-6, 300e6)]
     for i in range(50):
         job.run(30, *links[i % len(links)])
-        assert sum(job.exploring) <= 0.10 * max(job.step, 100) + control_interval
+        assert sum(job.exploring) <= policy.config.explore_share * max(job.step, 100) + control_interval
     assert sum(job.exploring) == pytest.approx(policy.explore_steps, abs=control_interval)
     assert policy.explorations >= 5
 
@@ -161,15 +161,26 @@ def test_an_explored_item_is_charged_the_steps_the_job_ran_it() -> None:
     assert policy._item_cost() >= 4
 
 
-def test_with_the_budget_spent_the_policy_stays_put() -> None:
+def test_with_the_budget_spent_the_policy_runs_what_the_model_predicts_and_measures_nothing_else() -> None:
     policy = moo(explore_share=0.02, explore_horizon=0)
     job = Job(policy)
     settle(policy, job, *SLOW, steps=100)
     policy.exploring.spent += policy._explore_allowance()  # nothing left
-    chosen, before = policy.decide().label, policy.explorations
+    spent = policy.explore_steps
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert policy.explorations == before and policy.phase == EXPLOIT
-    assert policy.decide().label == chosen and "budget spent: staying" in policy.decide().reason
+    assert all(not exploring for _, exploring in policy._s.plan), policy._s.plan
+    job.run(20, *FAST, observe=False)
+    assert policy.explore_steps == spent and policy.phase == EXPLOIT
+    assert policy.decide().label == policy.ranking(policy.evaluate(predicted=True))[0].label or policy._s.sync
+
+
+def test_a_first_network_seen_while_exploring_blind_does_not_restart_it() -> None:
+    policy = moo(warmup_steps=0)  # no network: one option per family, blind
+    job = Job(policy)
+    job.run(2, *SLOW, observe=False)
+    before, plan = policy.explorations, list(policy._s.plan)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    assert policy.explorations == before and policy._s.plan == plan
 
 
 def test_the_switching_margin_comes_from_the_two_fits_compared() -> None:
@@ -200,7 +211,7 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
 
 
 def test_no_network_explores_one_option_per_family() -> None:
-    policy = moo(warmup_steps=0)
+    policy = moo(warmup_steps=0, explore_share=0.1)
     assert [label.split("@")[0].split(":")[0] for label, _ in policy._s.plan] == ["dense", "bf16", "powersgd", "topk"]
     assert [exploring for _, exploring in policy._s.plan] == [False, True, True, True]  # dense is running
 
@@ -430,7 +441,7 @@ def test_a_slower_link_seen_only_in_step_reports_is_not_a_move_of_its_own() -> N
 
 
 def test_a_lossy_option_whose_sync_falls_measures_the_best_lossless_option() -> None:
-    policy = moo()
+    policy = moo(explore_share=0.1)
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
     assert policy.decide().compression.lossy
@@ -479,7 +490,7 @@ def test_after_a_recovery_a_lossless_option_is_measured_whatever_the_slow_fit_sa
     # The dense fit learned on the slow link carries a large overhead (as gloo's
     # first steps taught it in the lab): on the fast link it predicts lossless
     # steps far slower than they run, beyond the exploration's prune.
-    policy = moo()
+    policy = moo(explore_share=0.1)
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
     assert policy.decide().compression.lossy
