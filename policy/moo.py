@@ -56,6 +56,7 @@ from flexcomm.policy.costmodel import (
     powersgd_split,
 )
 from flexcomm.policy.exploring import ExploreBudget
+from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -86,11 +87,10 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 7
+STATE_FORMAT = 8
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
-RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
@@ -272,7 +272,6 @@ class _State:
     plan_index: int = 0
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
-    baseline: dict[str, float] | None = None  # the network the last choice was made on
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
     t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
     gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain its probes read
@@ -284,10 +283,6 @@ class _State:
     explorations: int = 0
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
-    settled_sync: float | None = None  # the running option's sync time when it was chosen (measured)
-    settled_level: float | None = None  # its first steps' sync per second of compute
-    running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
-    running_level: list[float] = field(default_factory=list)  # the same per second of their compute
     probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
 
     def to_dict(self) -> dict[str, Any]:
@@ -321,6 +316,7 @@ class MooPolicy:
         self.calibration = Calibration()
         self.budget = QualityBudget(self.config.budget_rate)
         self.exploring = ExploreBudget()
+        self.watch = Reconsideration()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
         self._reset_caches()
@@ -374,16 +370,17 @@ class MooPolicy:
         self._s.observed = self._s.net = net
         if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
             self._set_current(self._warmup_option(), self._s.current.reason)
-        if self._s.phase == EXPLOIT and self._network_moved(net):
+        moved = self.watch.moved(net, self.config.change_threshold, self.config.alpha_floor_s)
+        if self._s.phase == EXPLOIT and moved:
             self._s.sync = {}  # measured on the old network
-            self._reconsider(self._network_change_reason(net))
-        elif self._s.phase == EXPLORE and self._network_moved(net) and self._s.baseline["beta_s_per_byte"] > 0:
+            self._reconsider(self.watch.change_reason(net))
+        elif self._s.phase == EXPLORE and moved and not self.watch.blind:
             # What was measured so far ran on the old network: averaged with what
             # runs on this one it describes neither (the lab once chose an option
             # measured half at 100 and half at 20 Mbit/s). Plan again from here.
             # An exploration that ran blind measured this same network: it goes on
             # (restarted, the lab's first exploration ran three times).
-            self._start_exploration(f"{self._network_change_reason(net)} while exploring")
+            self._start_exploration(f"{self.watch.change_reason(net)} while exploring")
         elif self._s.phase == EXPLOIT and self._worth_probing_up(net):
             self._probe_up(net)
 
@@ -463,10 +460,7 @@ class MooPolicy:
         if self._runs_current(report):
             s.phase_steps += 1
             if timed:
-                s.running_sync = [*s.running_sync, report.t_sync_s][-RUNNING_SAMPLES:]
-                # Per second of compute: a busy host slows compute and sync alike; a link moves the ratio.
-                unit = report.t_compute_s or self.t_compute or 1.0
-                s.running_level = [*s.running_level, report.t_sync_s / unit][-RUNNING_SAMPLES:]
+                self.watch.ran(report.t_sync_s, report.t_sync_s / (report.t_compute_s or self.t_compute or 1.0))
             self._advance()
 
     def _calibrate(self, report: StepReport) -> None:
@@ -542,9 +536,9 @@ class MooPolicy:
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
-            if measured and option.label == running and s.phase == EXPLOIT and self._running_sync() is not None:
+            if measured and option.label == running and s.phase == EXPLOIT and self.watch.sync() is not None:
                 # The median of its latest steps: one slow step must not switch the job.
-                t_sync = self._running_sync()
+                t_sync = self.watch.sync()
             elif measured and option.label in s.sync:
                 t_sync = s.sync[option.label]
             elif raw is not None:
@@ -627,6 +621,7 @@ class MooPolicy:
             "calibration": self.calibration.state_dict(),
             "budget": self.budget.state_dict(),
             "exploring": self.exploring.state_dict(),
+            "reconsideration": self.watch.state_dict(),
             "state": self._s.to_dict(),
         }
 
@@ -647,12 +642,14 @@ class MooPolicy:
             self.calibration = Calibration()
             self.budget = QualityBudget(self.config.budget_rate)
             self.exploring = ExploreBudget()
+            self.watch = Reconsideration()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
         self.budget = QualityBudget.from_state(state["budget"])
         self.exploring = ExploreBudget.from_state(state["exploring"])
+        self.watch = Reconsideration.from_state(state["reconsideration"])
         self._s = _State.from_dict(state["state"])
 
     @property
@@ -756,28 +753,14 @@ class MooPolicy:
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
 
-    def _running_sync(self) -> float | None:
-        """The running option's sync time: the median of its latest steps, or the
-        figure it was chosen on until RUNNING_SAMPLES of them ran."""
-        s = self._s
-        if len(s.running_sync) >= RUNNING_SAMPLES:
-            return statistics.median(s.running_sync)
-        return s.settled_sync
-
     def _lossy_sync_fell(self) -> float:
-        """How far the running lossy option's sync time fell below the figure it
-        was chosen on (0 while it has not fallen past the margin): the link got
-        faster, and a lossless option, cheap on a fast link, is worth measuring.
-        Network moves themselves reach the policy only through observe_network."""
-        s = self._s
-        cur = s.current
-        if cur is None or not cur.compression.lossy or len(s.running_level) < RUNNING_SAMPLES:
+        """How far the running lossy option's sync fell (per second of compute)
+        below where it settled, when past the margin, else 0: the link got
+        faster, and a lossless option, cheap on a fast link, is worth measuring."""
+        cur = self._s.current
+        if cur is None or not cur.compression.lossy:
             return 0.0
-        level = statistics.median(s.running_level)
-        if s.settled_level is None:  # its first steps set where it runs
-            s.settled_level = level
-            return 0.0
-        fell = 1.0 - level / s.settled_level
+        fell = self.watch.fell()
         return fell if fell > max(self.config.hysteresis, SYNC_FELL) else 0.0
 
     def _reconsider(self, why: str) -> None:
@@ -790,7 +773,7 @@ class MooPolicy:
         if not rows or current is None:
             self._start_exploration(why)
             return
-        if not current.option.lossless and self._link_got_faster():
+        if not current.option.lossless and self.watch.got_faster(self._net()):
             self._start_exploration(f"{why}; measuring lossless options on the faster link")
             return
         best = self.choose(rows)
@@ -808,14 +791,14 @@ class MooPolicy:
         measures on the network as it now is."""
         s = self._s
         s.sync = {}
-        s.settled_sync, s.settled_level, s.running_sync, s.running_level = None, None, [], []
+        self.watch.chose(None)
         self._rebase()
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
         self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = why
-        s.plan = self._exploration_plan(with_lossless or self._link_got_faster())
+        s.plan = self._exploration_plan(with_lossless or self.watch.got_faster(self._net()))
         s.plan_index = 0
         s.sync = {}
         self._rebase()  # what a move during the exploration is judged against
@@ -864,14 +847,6 @@ class MooPolicy:
                 break
         return plan
 
-    def _link_got_faster(self) -> bool:
-        """The bandwidth at least doubled since the choice was last settled. The
-        calibration then still holds what the slow link taught it (on the lm lab,
-        a 30 Mbit/s fit put bf16 at 0.60 s a step on 1 Gbit/s, where it ran at
-        0.17-0.2 s), so the prune alone would never measure a lossless option."""
-        net, base = self._net(), (self._s.baseline or {}).get("beta_s_per_byte", -1.0)
-        return net is not None and base > 0 and net.beta_s_per_byte * 2 <= base
-
     def _run_plan_item(self) -> None:
         s = self._s
         if s.plan_index >= len(s.plan):
@@ -890,8 +865,7 @@ class MooPolicy:
 
     def _rebase(self) -> None:
         net = self._net()
-        self._s.baseline = {"alpha_s": net.alpha_s if net else -1.0,
-                            "beta_s_per_byte": net.beta_s_per_byte if net else -1.0}
+        self.watch.settle_on(net)
 
     def _choose(self) -> Evaluation:
         # Predictions plan what to explore; choices are made among what was
@@ -961,9 +935,7 @@ class MooPolicy:
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        s.settled_sync = row.t_sync_s if row is not None and row.measured else None
-        s.settled_level = None
-        s.running_sync, s.running_level = [], []
+        self.watch.chose(row.t_sync_s if row is not None and row.measured else None)
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
@@ -1011,25 +983,6 @@ class MooPolicy:
             price = "the price the reference's step time sets before the run has spent any"
         return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
                 f"error budget: {ref}, {price}")
-
-    def _network_moved(self, net: NetworkObservation) -> bool:
-        base = self._s.baseline
-        if base is None:
-            return False
-        if base["beta_s_per_byte"] <= 0:
-            return True  # the last exploration ran blind: the first network seen is news
-        th = self.config.change_threshold
-        beta_moved = abs(net.beta_s_per_byte - base["beta_s_per_byte"]) >= th * base["beta_s_per_byte"]
-        d_alpha = abs(net.alpha_s - base["alpha_s"])
-        alpha_moved = d_alpha >= th * base["alpha_s"] and d_alpha >= self.config.alpha_floor_s
-        return beta_moved or alpha_moved
-
-    def _network_change_reason(self, net: NetworkObservation) -> str:
-        base = self._s.baseline or {}
-        old_bw = 8 / base["beta_s_per_byte"] if base.get("beta_s_per_byte", 0) > 0 else float("nan")
-        seen = f" ({net.evidence})" if net.evidence else ""
-        return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
-                f"latency {base.get('alpha_s', float('nan')) * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

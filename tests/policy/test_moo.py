@@ -116,12 +116,17 @@ def test_the_exploration_names_the_evidence_the_network_moved_on() -> None:
 def test_small_moves_are_no_change() -> None:
     policy = moo()
     settle(policy, Job(policy), 20e-6, 100e6)
-    base = dict(policy._s.baseline)
-    assert not policy._network_moved(NetworkObservation.from_link(20e-6, 100e6 / 1.05, 4))
-    assert not policy._network_moved(NetworkObservation.from_link(40e-6, 100e6, 4))  # +100%, but 20 us
-    assert policy._network_moved(NetworkObservation.from_link(2e-3, 100e6, 4))
-    assert policy._network_moved(NetworkObservation.from_link(20e-6, 100e6 / 1.1, 4))
-    assert policy._s.baseline == base
+    watch, cfg = policy.watch, policy.config
+    base = watch.state_dict()
+
+    def moved(net: NetworkObservation) -> bool:
+        return watch.moved(net, cfg.change_threshold, cfg.alpha_floor_s)
+
+    assert not moved(NetworkObservation.from_link(20e-6, 100e6 / 1.05, 4))
+    assert not moved(NetworkObservation.from_link(40e-6, 100e6, 4))  # +100%, but 20 us
+    assert moved(NetworkObservation.from_link(2e-3, 100e6, 4))
+    assert moved(NetworkObservation.from_link(20e-6, 100e6 / 1.1, 4))
+    assert watch.state_dict() == base
 
 
 @pytest.mark.parametrize("control_interval", [1, 2, 5])
@@ -525,8 +530,7 @@ def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None
     # At 2.5 Gbit/s known only as a lower bound, 10 Gbit/s would favour a lossless option.
     policy._s.current = replace(policy._s.current, family="topk", param=0.001, collective="ag_topk")
     bound = NetworkObservation(50e-6, 8 / 2.5e9, 4, lower_bound=True)
-    policy._rebase()
-    policy._s.baseline = {"alpha_s": bound.alpha_s, "beta_s_per_byte": bound.beta_s_per_byte}
+    policy.watch.settle_on(bound)
     policy.observe_network(bound)
     assert policy.explorations == before + 1 and "probing up" in policy._s.why
     assert policy.decide().compression.family in ("dense", "bf16") and policy.decide().exploring
@@ -541,7 +545,7 @@ def test_a_step_disturbed_by_a_bandwidth_test_keeps_out_of_the_sync_figures() ->
     job = Job(policy)
     settle(policy, job, *SLOW)
     d = policy.decide()
-    before = (dict(policy._s.sync), policy.calibration.state_dict(), list(policy._s.running_sync))
+    before = (dict(policy._s.sync), policy.calibration.state_dict(), list(policy.watch.running_sync))
     policy.observe_step(StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
                                    t_comp_s=0.01, t_sync_s=99.0, gain=0.5, t_compute_s=0.02, disturbed=True))
-    assert (dict(policy._s.sync), policy.calibration.state_dict(), list(policy._s.running_sync)) == before
+    assert (dict(policy._s.sync), policy.calibration.state_dict(), list(policy.watch.running_sync)) == before
