@@ -749,7 +749,9 @@ class MooPolicy:
             self._run_plan_item()
         elif s.phase == EXPLOIT:
             fell = self._lossy_sync_fell()
-            if fell:
+            # Only with the budget for the lossless item: without it the plan is the
+            # free items alone, and the lab re-planned them ten times in 12 s.
+            if fell and self._explore_allowance() >= self._item_cost():
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
 
