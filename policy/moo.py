@@ -1,35 +1,42 @@
 """The multi-objective policy (after Tyagi & Swany 2023), over every compressor family.
 
-Candidates are options, a compression over a collective: dense and bf16 over the
-dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of the geometric
-grid c_high..c_low over each Top-k collective. Each option has two objectives,
-both minimised: the step time t_step = t_compute + t_comp + t_sync and 1 / gain.
-The Pareto front over them is computed exactly and the choice on it is made by
-an achievement scalarising function (weights time/gain, default 0.6/0.4) or by
-"progress per second", gain / t_step.
+Candidates are options, a compression over a collective (a `Choice`): dense and
+bf16 over the dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of
+the geometric grid c_high..c_low over each Top-k collective. Each option has a
+step time t_step = t_compute + t_comp + t_sync and a compression error 1 - gain.
+By default (objective "budget", policy.budget) the choice is the least
+t_step + lam * error, one price lam for the whole run that keeps the run's error
+within what `quality_reference` would have spent; "asf" (an achievement
+scalarising function on the Pareto front, weights time/gain 0.6/0.4) and
+"progress" (gain / t_step) stay selectable.
 
 Where each figure comes from:
-- t_sync: measured for the options run since the network last changed;
-  otherwise the calibrated alpha-beta model (policy.costmodel) of the job's
-  gradient layout.
+- t_sync: measured for the options run since the network last changed (the
+  running one: the median of its latest steps); otherwise the calibrated
+  alpha-beta model (policy.costmodel) of the job's gradient layout.
 - t_comp: measured per compression once it ran, else the model scaled by what
   the compressions of that family measured say about this machine.
 - t_compute: what the client reports (a step's wall time less its t_comp and
   t_sync), the median of recent steps.
-- gain: 1 for dense and bf16; Top-k's and PowerSGD's are read by the client for
-  every candidate off one gradient each probe interval, and smoothed.
+- gain: 1 for dense and bf16; for a lossy choice what its steps delivered, else
+  what the client's probes read for its compression; smoothed per step elapsed.
+
+Its parts, each with its own state: the quality budget (policy.budget), the
+exploring budget (policy.exploring), the reconsideration rule
+(policy.reconsider) and the calibration (policy.costmodel).
 
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
-never more than `explore_share` of all steps), exploiting. A change, the network
-observed moving (alpha or beta by >= change_threshold; the policy sees the
-network only through observe_network, the agent's estimator being the one
-detector of a move), is judged by what it would change:
-every option is predicted again under the network as it now is, and only when
-another option would beat the running one by more than the margin does the
-policy explore again; otherwise it keeps its choice and re-bases. A switch
-needs the new choice to beat the current one by more than the hysteresis margin
-(at least the model's current relative error), so near-equal options do not flap.
+never more than `explore_share` of all steps, charged as the job ran them),
+exploiting. A change, the network observed moving (alpha or beta by >=
+change_threshold; the policy sees the network only through observe_network, the
+agent's estimator being the one detector of a move), is judged by what it would
+change: every option is predicted again under the network as it now is, and only
+when another option would beat the running one by more than the margin does the
+policy explore again; otherwise it keeps its choice and re-bases. A switch needs
+the new choice to beat the current one by more than the margin (the hysteresis,
+or the error of the fits behind the compared predictions), so near-equal options
+do not flap.
 
 Pure and deterministic: same calls, same decisions.
 """
