@@ -96,13 +96,13 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     count, whys, versions = explorations(out / "agents" / "node0.db")
     tests, tested_s = probing(out / "agents" / "node0.db", start, start + wall)
     log = (out / "agents" / "node0.log").read_text(errors="replace")
-    steps = summary[policy]["steps"]
+    steps = summary.policies[policy].steps
     return {"bench": "decision_churn", "steps": steps, "explorations": count,
             "explorations_per_1000_steps": round(1000 * count / max(steps, 1), 2),
             "triggers": dict(Counter(trigger(w) for w in whys)), "decision_versions": versions,
             "estimate_moves": log.count("network estimate moved"), "bandwidth_tests": tests,
             "bandwidth_test_share_of_wall": round(tested_s / wall, 4), "wall_s": round(wall, 1),
-            "shaped": summary["lab"]["shaped"], "rate": args.rate, "nodes": args.nodes,
+            "shaped": summary.settings.shaped, "rate": args.rate, "nodes": args.nodes,
             "competitors": args.competitors, "moo_options": args.moo_options or None,
             "first_whys": whys[:5]}
 

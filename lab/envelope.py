@@ -99,19 +99,12 @@ def modelled_time(schedule: Schedule, choices: dict[str, tuple[int, dict[float, 
     return None
 
 
-def headroom(schedule: Schedule, fixed: dict[str, dict[str, Any]], target: str
+def headroom(schedule: Schedule, choices: dict[str, tuple[int, dict[float, float]]]
              ) -> dict[str, Any]:
-    """The headroom to `target` (a key of time_to_targets_s) from one repeat's
-    fixed runs: label -> that run's summary (its phases and steps to targets)."""
+    """The headroom to one target from one repeat's fixed runs that reached it:
+    label -> (steps to the target, {link rate: mean step time})."""
     if schedule.by_epoch:
         return {"ratio": None, "why": "the schedule is keyed by epoch"}
-    choices = {}
-    for label, s in fixed.items():
-        steps = s["steps_to_targets"].get(target)
-        if steps:
-            times = {ph["rate_bps"]: ph["mean_step_s"] for ph in s["phases"]
-                     if ph["rate_bps"] is not None}
-            choices[label] = (steps, times)
     if not choices:
         return {"ratio": None, "why": "no fixed choice reached the target"}
     alone = {label: modelled_time(schedule, choices, label) for label in choices}

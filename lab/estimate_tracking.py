@@ -134,14 +134,11 @@ def summary_of(per_policy: dict[str, list[dict[str, Any]]], share: float | None)
             "bandwidth_probe_share_of_wall": share}
 
 
-def table_lines(summary: dict[str, Any]) -> list[str]:
-    """summary.txt's lines: per policy, each phase's estimate against goodput."""
-    lines = []
-    for label, s in summary.items():
-        phases = s.get("estimate_tracking") if isinstance(s, dict) and label != "lab" else None
-        if phases:
-            lines.append(f"  {label}: " + " | ".join(_phase_text(e) for e in phases))
-    track = summary.get("lab", {}).get("estimate_tracking")
+def table_lines(per_policy: dict[str, list[dict[str, Any]]], track: dict[str, Any]) -> list[str]:
+    """summary.txt's lines: per policy, each phase's estimate against goodput
+    (`per_policy`: label -> its summarize entries), then `track` (summary_of's)."""
+    lines = [f"  {label}: " + " | ".join(_phase_text(e) for e in phases)
+             for label, phases in per_policy.items() if phases]
     if track and track["phases"]:
         share = track["bandwidth_probe_share_of_wall"]
         lines.append(f"  within 10% in time: {track['reached']} of {track['phases']} phases; bandwidth "

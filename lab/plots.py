@@ -20,6 +20,7 @@ from typing import Any
 
 from flexcomm.lab import estimate_tracking
 from flexcomm.lab.envelope import envelope
+from flexcomm.lab.summary import Settings
 
 COLLECTIVE_COLOURS = {
     "dense_ring": "tab:red", "dense_tree": "tab:pink", "ag_topk": "tab:blue",
@@ -29,14 +30,14 @@ COLLECTIVE_COLOURS = {
 SMOOTH_STEPS = 9
 
 
-def write_plots(out: Path, runs: list[Any], summary: dict[str, Any]) -> list[Path]:
+def write_plots(out: Path, runs: list[Any], settings: Settings) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     first = [run for run in runs if run.repeat == 0]
-    paths = [_network(out, first, plt), _quality(out, runs, summary, plt),
+    paths = [_network(out, first, plt), _quality(out, runs, settings, plt),
              _step_time(out, first, plt)]
     plt.close("all")
     return paths
@@ -80,10 +81,9 @@ def _rate_at(run: Any, step: dict[str, Any]) -> float | None:
     return run.links[index]["rate_bps"] if index >= 0 else None
 
 
-def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> Path:
+def _quality(out: Path, runs: list[Any], settings: Settings, plt: Any) -> Path:
     """The target's figure against training time: percent accuracy, or loss in nats."""
-    lab = summary["lab"]
-    metric = lab["target_metric"]
+    metric = settings.target_metric
     scale = 1.0 if metric == "loss" else 100.0
     fig, ax = plt.subplots(figsize=(8, 4.5))
     colours: dict[str, Any] = {}
@@ -96,7 +96,7 @@ def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> P
     if env:
         ax.step([t for t, _ in env], [scale * v for _, v in env], where="post", color="black",
                 linewidth=2.4, alpha=0.5, label="envelope of the fixed choices")
-    for name, value in lab.get("targets", {"target": lab["target"]}).items():
+    for name, value in (settings.targets or {"target": settings.target}).items():
         ax.axhline(scale * value, color="0.4", linestyle="--", linewidth=1)
         ax.annotate(f"target {name}", (0, scale * value), xycoords=("axes fraction", "data"),
                     xytext=(3, 2), textcoords="offset points", fontsize=7, color="0.4")
@@ -107,10 +107,10 @@ def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> P
     ax.set_xlabel("training time (s)")
     if metric == "loss":
         ax.set_ylabel("validation loss (nats)")
-        ax.set_ylim(top=2 * lab["target"])
+        ax.set_ylim(top=2 * settings.target)
     else:
         ax.set_ylabel("test accuracy (%)")
-        ax.set_ylim(bottom=max(0, 100 * lab["target"] - 40))
+        ax.set_ylim(bottom=max(0, 100 * settings.target - 40))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

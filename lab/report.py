@@ -1,39 +1,47 @@
 """The lab's report, read back from a run directory alone (so it can be rebuilt).
 
-`summary.json` holds, under each policy's name: time_to_target_s (training
-seconds until the held-out figure first reached the target: a test accuracy, or
-for lm a validation loss; null if never), steps_to_target, final_accuracy (for
-lm next-byte accuracy), final_loss (held-out, nats), bytes_sent (payload rank 0
-contributed, summed over steps), wall_s (training seconds in all), steps,
-explore_steps (steps run under a decision that was exploring) and compute_s (the
-median compute time of a step, measured without communication). With repeats
-each figure is the median over the repeats; `per_repeat` lists every repeat's
-and `spread` its [min, max] (a time that never reached the target counts as
-slower than any; a median or bound that is such a time is null). `phases` is
-the first repeat's, per phase of the schedule: the steps, seconds, mean step
-time, the CR and collective run most, and the mean predicted vs measured sync
-time.
+`build_summary` gives a `LabSummary` (flexcomm.lab.summary), which
+`write_report` writes to summary.json. Its keys:
 
-Per policy also: time_to_targets_s (target -> training seconds, or null; one
-entry per target of the run: a number given, or the tight target's value),
-steps_to_targets, and at_equal_time (held-out loss and accuracy of the last
-evaluation by the equal time, lab.equal_time_s: the budget, or the
-pacesetter's time, or for an equal-steps run dense's median), each with
-per_repeat and spread like the figures above.
-
-At the top level also: headroom (per target, the modelled time of the best
-fixed choice over that of the best choice per phase, with its spread over
-repeats and the choice per phase; see flexcomm.lab.envelope) and
-envelope_distance (MOO's distance from the envelope of the fixed choices,
-worst and median after the first 10% of its run, per repeat and as medians).
-
-At the top level: workload, schedule, hindsight_best_fixed_s (for each phase the
-fixed choice, among the fixed policies run, that was fastest there, added up;
-the median over repeats; null in an equal-time run, where the headroom says
-it), compute_only_s (dense's steps to the target times the
-median compute time of a step: the time to the target if communication were
-free, which no policy can beat), and under "lab" the run's settings, the
-comparisons of MOO with every other policy, and the verdict lines.
+- `workload`, `schedule`, and `settings`: the target and its metric, every
+  target of the run by name (a number given, or the tight target's value),
+  equal_time and equal_time_s (the seconds every policy is read at: the budget,
+  or the pacesetter's time, or for an equal-steps run dense's median),
+  budget_s, pacesetter, nodes, steps, repeats, shaped and reason_unshaped,
+  decisions.
+- `policies`: policy name -> its figures: time_to_target_s (training seconds
+  until the held-out figure first reached the workload's target: a test
+  accuracy, or for lm a validation loss; null if never), steps_to_target,
+  time_to_targets_s (target -> seconds or null), at_equal_time (held-out loss
+  and accuracy of the last evaluation by the equal time), final_accuracy (for
+  lm next-byte accuracy), final_loss (held-out, nats), bytes_sent (payload rank
+  0 contributed), wall_s (training seconds in all), steps, explore_steps (steps
+  run under a decision that was exploring), compute_s (the median compute time
+  of a step, measured without communication), fixed, warnings. Each figure is
+  the median over the repeats; `per_repeat` lists every repeat's and `spread`
+  its [min, max] (a time that never reached the target counts as slower than
+  any; a median or bound that is such a time is null). `phases` is the first
+  repeat's, per phase of the schedule: the steps, seconds, mean step time, the
+  CR and collective run most, and the mean predicted vs measured sync time;
+  `estimate_tracking` the agent's estimate per phase (lab.estimate_tracking).
+- `headroom`: per target, the modelled time of the best fixed choice over that
+  of the best choice per phase, with its spread over repeats and the choice per
+  phase (see flexcomm.lab.envelope); `envelope_distance`: MOO's distance from
+  the envelope of the fixed choices, worst and median after the first 10% of
+  its run, per repeat and as medians.
+- `hindsight_best_fixed_s`: for each phase the fixed choice, among the fixed
+  policies run, that was fastest there, added up (the median over repeats, each
+  in `hindsight_per_repeat`, the choices of the first in `hindsight_choices`;
+  null in an equal-time run, where the headroom says it);
+  `moo_over_hindsight_best_fixed`: MOO's wall time over it.
+- `compute_only_s`: dense's steps to the target times the median compute time
+  of a step: the time to the target if communication were free, which no
+  policy can beat.
+- `comparisons`: per rival of MOO, its time to target over MOO's, and MOO's
+  final accuracy (points) and loss (nats) minus its; `verdicts`: one line per
+  rival and target; `estimate_tracking`: how many phases' estimates came
+  within 10% in time, and the share of wall time spent probing; `failed`: run
+  name -> why.
 
 Times are rank 0's training clock (evaluation and waits for the schedule
 excluded), so runs compare step for step. `summary.txt` is the table printed
@@ -57,6 +65,17 @@ from typing import Any
 from flexcomm.emulation.schedule import parse_schedule
 from flexcomm.lab import envelope, estimate_tracking
 from flexcomm.lab.plan import FAILED, TIGHT, TIGHT_MARGIN, parse_policy, policy_dir
+from flexcomm.lab.summary import (
+    Comparison,
+    EnvelopeDistance,
+    Headroom,
+    LabSummary,
+    Phase,
+    PolicySummary,
+    Repeat,
+    Settings,
+    to_json,
+)
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
@@ -133,7 +152,7 @@ def phase_key(run: PolicyRun, index: int) -> tuple[int, int] | None:
     return (link["step_index"], link["round"])
 
 
-def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
+def phases(run: PolicyRun) -> list[Phase]:
     grouped: dict[Any, list[dict[str, Any]]] = {}
     rates: dict[Any, float | None] = {}
     for step in run.steps:
@@ -141,23 +160,17 @@ def phases(run: PolicyRun) -> dict[Any, dict[str, Any]]:
         key = phase_key(run, index)
         grouped.setdefault(key, []).append(step)
         rates[key] = run.links[index]["rate_bps"] if key is not None else None
-    out = {}
+    out = []
     for key, steps in grouped.items():
         seconds = sum(s["step_s"] for s in steps)
         choice = Counter((s.get("compression"), s.get("collective")) for s in steps).most_common(1)[0][0]
         predicted = [s["predicted_sync_s"] for s in steps if s.get("predicted_sync_s")]
         measured = [s["t_sync_s"] for s in steps if "t_sync_s" in s]
-        out[key] = {
-            "phase": None if key is None else list(key),
-            "rate_bps": rates[key],
-            "steps": len(steps),
-            "seconds": seconds,
-            "mean_step_s": seconds / len(steps),
-            "compression": choice[0],
-            "collective": choice[1],
-            "predicted_sync_s": statistics.fmean(predicted) if predicted else None,
-            "measured_sync_s": statistics.fmean(measured) if measured else None,
-        }
+        out.append(Phase(
+            phase=key, rate_bps=rates[key], steps=len(steps), seconds=seconds,
+            mean_step_s=seconds / len(steps), compression=choice[0], collective=choice[1],
+            predicted_sync_s=statistics.fmean(predicted) if predicted else None,
+            measured_sync_s=statistics.fmean(measured) if measured else None))
     return out
 
 
@@ -194,30 +207,30 @@ def at_time(run: PolicyRun, seconds: float | None) -> dict[str, float | None]:
 
 def summarize_run(run: PolicyRun, target: float, metric: str = "accuracy",
                   targets: dict[str, float] | None = None,
-                  equal_time_s: float | None = None) -> dict[str, Any]:
+                  equal_time_s: float | None = None) -> Repeat:
     """One run's figures: to `target` (the workload's), to each of `targets`
     (by name), and the quality at `equal_time_s`."""
-    hit = next((e for e in run.evals if reached(e[metric], target, metric)), None)
+    hit = first_hit(run, target, metric)
     last = run.evals[-1] if run.evals else {}
-    return {
-        "time_to_target_s": hit["t"] if hit else None,
-        "time_to_targets_s": {name: first_hit(run, value, metric).get("t")
-                              for name, value in (targets or {}).items()},
-        "steps_to_targets": {name: first_hit(run, value, metric).get("step")
-                             for name, value in (targets or {}).items()},
-        "at_equal_time": at_time(run, equal_time_s),
-        "steps_to_target": hit["step"] if hit else None,
-        "final_accuracy": last.get("accuracy"),
-        "final_loss": last.get("loss"),
-        "bytes_sent": int(sum(s.get("bytes_sent", 0) for s in run.steps)),
-        "wall_s": run.steps[-1]["t"] if run.steps else None,
-        "steps": len(run.steps),
-        "explore_steps": sum(is_exploring(s) for s in run.steps),
-        "compute_s": run.start.get("compute_s"),
-        "fixed": run.fixed,
-        "phases": list(phases(run).values()),
-        "warnings": check_run(run),
-    }
+    return Repeat(
+        time_to_target_s=hit.get("t"),
+        steps_to_target=hit.get("step"),
+        time_to_targets_s={name: first_hit(run, value, metric).get("t")
+                           for name, value in (targets or {}).items()},
+        steps_to_targets={name: first_hit(run, value, metric).get("step")
+                          for name, value in (targets or {}).items()},
+        at_equal_time=at_time(run, equal_time_s),
+        final_accuracy=last.get("accuracy"),
+        final_loss=last.get("loss"),
+        bytes_sent=int(sum(s.get("bytes_sent", 0) for s in run.steps)),
+        wall_s=run.steps[-1]["t"] if run.steps else None,
+        steps=len(run.steps),
+        explore_steps=sum(is_exploring(s) for s in run.steps),
+        compute_s=run.start.get("compute_s"),
+        fixed=run.fixed,
+        phases=tuple(phases(run)),
+        warnings=tuple(check_run(run)),
+    )
 
 
 def median_and_spread(values: list[Any], slower_when_missing: bool
@@ -235,49 +248,53 @@ def median_and_spread(values: list[Any], slower_when_missing: bool
     return finite[0], finite[1:]
 
 
-def summarize_policy(repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """One policy's figures over its repeats (each a summarize_run dict)."""
-    summary: dict[str, Any] = {"per_repeat": {}, "spread": {}}
+def summarize_policy(repeats: list[Repeat], estimates: list[dict[str, Any]] | None = None
+                     ) -> PolicySummary:
+    """One policy's figures over its repeats; `estimates`: its first repeat's
+    estimate tracking."""
+    medians: dict[str, Any] = {}
+    spread: dict[str, Any] = {}
+    per_repeat: dict[str, Any] = {}
     for name in FIGURES:
-        values = [r[name] for r in repeats]
-        summary[name], summary["spread"][name] = median_and_spread(
-            values, name in SLOWER_WHEN_MISSING)
-        summary["per_repeat"][name] = values
+        values = [getattr(r, name) for r in repeats]
+        medians[name], spread[name] = median_and_spread(values, name in SLOWER_WHEN_MISSING)
+        per_repeat[name] = values
     for name in ("time_to_targets_s", "at_equal_time"):
-        summary[name], summary["spread"][name], summary["per_repeat"][name] = {}, {}, {}
-        for key in repeats[0][name]:
-            values = [r[name][key] for r in repeats]
-            summary[name][key], summary["spread"][name][key] = median_and_spread(
+        medians[name], spread[name], per_repeat[name] = {}, {}, {}
+        for key in getattr(repeats[0], name):
+            values = [getattr(r, name)[key] for r in repeats]
+            medians[name][key], spread[name][key] = median_and_spread(
                 values, name == "time_to_targets_s")
-            summary["per_repeat"][name][key] = values
-    summary["fixed"] = repeats[0]["fixed"]
-    summary["phases"] = repeats[0]["phases"]
+            per_repeat[name][key] = values
     many = len(repeats) > 1
-    summary["warnings"] = [f"repeat {i}: {w}" if many else w
-                           for i, r in enumerate(repeats) for w in r["warnings"]]
-    return summary
+    return PolicySummary(
+        **medians, spread=spread, per_repeat=per_repeat, fixed=repeats[0].fixed,
+        phases=repeats[0].phases,
+        warnings=tuple(f"repeat {i}: {w}" if many else w
+                       for i, r in enumerate(repeats) for w in r.warnings),
+        estimate_tracking=tuple(estimates or ()))
 
 
-def hindsight(runs: list[PolicyRun], per_run: dict[str, dict[str, Any]]
+def hindsight(runs: list[PolicyRun], per_run: dict[str, Repeat]
               ) -> tuple[float | None, list[dict[str, Any]]]:
     """Per phase, the fixed policy with the lowest mean step time there, times the
     phase's steps (the median over all runs: the same for epoch-keyed schedules);
     added up over the phases. `runs` are one repeat's, `per_run` their summaries
     by label."""
-    fixed = [r.label for r in runs if r.fixed and per_run[r.label]["steps"] and not r.failed]
+    fixed = [r.label for r in runs if r.fixed and per_run[r.label].steps and not r.failed]
     if not fixed:
         return None, []
     keys: dict[Any, list[int]] = {}
     for run in runs:
-        for ph in per_run[run.label]["phases"]:
-            keys.setdefault(_key(ph), []).append(ph["steps"])
+        for ph in per_run[run.label].phases:
+            keys.setdefault(ph.phase, []).append(ph.steps)
     total, choices = 0.0, []
     for key, counts in keys.items():
         options = []
         for label in fixed:
-            ph = next((p for p in per_run[label]["phases"] if _key(p) == key), None)
+            ph = next((p for p in per_run[label].phases if p.phase == key), None)
             if ph is not None:
-                options.append((ph["mean_step_s"], label))
+                options.append((ph.mean_step_s, label))
         if not options:
             return None, []
         best_s, best = min(options)
@@ -288,39 +305,28 @@ def hindsight(runs: list[PolicyRun], per_run: dict[str, dict[str, Any]]
     return total, choices
 
 
-def _key(phase: dict[str, Any]) -> tuple[int, int] | None:
-    return None if phase["phase"] is None else tuple(phase["phase"])
-
-
-def compute_only(per_policy: dict[str, dict[str, Any]]) -> float | None:
+def compute_only(per_policy: dict[str, PolicySummary]) -> float | None:
     """Dense's steps to the target times the median compute time of a step over
     every run: the time to the target with free communication."""
     dense = per_policy.get("dense")
-    times = [t for s in per_policy.values() for t in s["per_repeat"]["compute_s"] if t is not None]
-    if not dense or dense["steps_to_target"] is None or not times:
+    times = [t for s in per_policy.values() for t in s.per_repeat["compute_s"] if t is not None]
+    if not dense or dense.steps_to_target is None or not times:
         return None
-    return dense["steps_to_target"] * statistics.median(times)
+    return dense.steps_to_target * statistics.median(times)
 
 
-def comparisons(summary: dict[str, dict[str, Any]], best_fixed_s: float | None) -> dict[str, Any]:
-    """MOO against every other policy (time to target as rival over MOO; final
-    accuracy in points and final loss in nats as MOO minus rival), and MOO's
-    wall time over the hindsight best fixed choice. Medians over repeats."""
-    out: dict[str, Any] = {}
-    moo = summary.get(ADAPTIVE)
+def comparisons(per_policy: dict[str, PolicySummary]) -> dict[str, Comparison]:
+    """MOO against every other policy: time to target as rival over MOO; final
+    accuracy in points and final loss in nats as MOO minus rival."""
+    moo = per_policy.get(ADAPTIVE)
     if not moo:
-        return out
-    for label, rival in summary.items():
-        if label == ADAPTIVE:
-            continue
-        out[f"{label}_over_moo_time_to_target"] = _ratio(rival["time_to_target_s"],
-                                                         moo["time_to_target_s"])
-        out[f"moo_minus_{label}_final_accuracy_points"] = _diff(
-            moo["final_accuracy"], rival["final_accuracy"], 100.0)
-        out[f"moo_minus_{label}_final_loss"] = _diff(moo["final_loss"], rival["final_loss"])
-    if best_fixed_s:
-        out["moo_over_hindsight_best_fixed"] = _ratio(moo["wall_s"], best_fixed_s)
-    return out
+        return {}
+    return {label: Comparison(
+        rival_over_moo_time_to_target=_ratio(rival.time_to_target_s, moo.time_to_target_s),
+        moo_minus_rival_final_accuracy_points=_diff(moo.final_accuracy, rival.final_accuracy,
+                                                    100.0),
+        moo_minus_rival_final_loss=_diff(moo.final_loss, rival.final_loss))
+        for label, rival in per_policy.items() if label != ADAPTIVE}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -340,18 +346,18 @@ def overlap(a: list[Any], b: list[Any]) -> bool:
     return lo_a <= hi_b and lo_b <= hi_a
 
 
-def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
+def verdicts(per_policy: dict[str, PolicySummary], repeats: int) -> list[str]:
     """One line per rival and target: MOO's time to the target against it,
     "within noise" where the spreads over the repeats overlap."""
-    moo = summary.get(ADAPTIVE)
+    moo = per_policy.get(ADAPTIVE)
     if not moo:
         return []
     lines = []
-    for label, rival in summary.items():
+    for label, rival in per_policy.items():
         if label == ADAPTIVE:
             continue
-        for target in moo["time_to_targets_s"]:
-            mine, theirs = moo["time_to_targets_s"][target], rival["time_to_targets_s"][target]
+        for target in moo.time_to_targets_s:
+            mine, theirs = moo.time_to_targets_s[target], rival.time_to_targets_s[target]
             ratio = _ratio(theirs, mine)
             if ratio is None:
                 figure = ("neither reached it" if mine is None and theirs is None
@@ -360,8 +366,8 @@ def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
             else:
                 figure = f"{ratio:.2f}x ({'moo sooner' if ratio > 1 else 'moo later'})"
             noise = ""
-            if repeats > 1 and overlap(moo["spread"]["time_to_targets_s"][target],
-                                       rival["spread"]["time_to_targets_s"][target]):
+            if repeats > 1 and overlap(moo.spread["time_to_targets_s"][target],
+                                       rival.spread["time_to_targets_s"][target]):
                 noise = ": within noise"
             lines.append(f"moo vs {label}: time to target {target}: {figure}{noise} "
                          f"(moo {_target_time(moo, target, repeats)}, "
@@ -369,24 +375,16 @@ def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
     return lines
 
 
-def _target_time(s: dict[str, Any], target: str, repeats: int) -> str:
-    text = _seconds(s["time_to_targets_s"][target])
+def _target_time(s: PolicySummary, target: str, repeats: int) -> str:
+    text = _seconds(s.time_to_targets_s[target])
     if repeats > 1:
-        lo, hi = s["spread"]["time_to_targets_s"][target]
+        lo, hi = s.spread["time_to_targets_s"][target]
         text += f" [{_seconds(lo).removesuffix(' s')}-{_seconds(hi)}]"
     return text
 
 
 def _seconds(value: float | None) -> str:
     return "never" if value is None else f"{value:.1f} s"
-
-
-def _with_spread(s: dict[str, Any], name: str, repeats: int) -> str:
-    text = _seconds(s[name])
-    if repeats > 1:
-        lo, hi = s["spread"][name]
-        text += f" [{_seconds(lo).removesuffix(' s')}-{_seconds(hi)}]"
-    return text
 
 
 def resolve_targets(config: dict[str, Any], runs: list[PolicyRun]) -> dict[str, float]:
@@ -419,7 +417,7 @@ def equal_time(config: dict[str, Any], runs: list[PolicyRun]) -> float | None:
     return times[0] if config.get("pacesetter") else statistics.median(times)
 
 
-def build_summary(out: Path) -> dict[str, Any]:
+def build_summary(out: Path) -> LabSummary:
     config = json.loads((out / "config.json").read_text())
     cluster = json.loads((out / "cluster.json").read_text()) if (out / "cluster.json").exists() else {}
     runs = load_runs(out)
@@ -429,8 +427,10 @@ def build_summary(out: Path) -> dict[str, Any]:
     targets = resolve_targets(config, runs)
     equal_s = equal_time(config, runs)
     per_run = [summarize_run(run, target, metric, targets, equal_s) for run in runs]
+    tracked = {run.label: estimate_tracking.summarize(out, run)  # as the plots: the first repeat
+               for run in runs if run.repeat == 0}
     per_policy = {label: summarize_policy([s for run, s in zip(runs, per_run, strict=True)
-                                           if run.label == label])
+                                           if run.label == label], tracked.get(label))
                   for label in config["policies"]}
     totals, choices, rooms, gaps = [], [], [], []
     schedule = parse_schedule(config["schedule_text"], config["schedule_name"])
@@ -440,49 +440,51 @@ def build_summary(out: Path) -> dict[str, Any]:
         totals.append(total)
         choices = choices or chosen
         fixed = {r.label: s for r, s in these if r.fixed and not r.failed}
-        rooms.append({t: envelope.headroom(schedule, fixed, t) for t in targets})
+        rooms.append({t: envelope.headroom(schedule, _progress_rates(fixed, t)) for t in targets})
         gaps.append(_moo_gap([r for r, _ in these], metric))
     best_fixed_s, _ = median_and_spread(totals, slower_when_missing=False)
     if config.get("equal_time"):  # a sum of step times over the same steps: the headroom instead
         best_fixed_s = None
-    for run in runs:
-        if run.repeat == 0:  # as the plots: the estimate of each policy's first repeat
-            per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)
-    summary: dict[str, Any] = dict(per_policy)
-    summary["workload"] = config["workload"]["name"]
-    summary["schedule"] = config["schedule_name"]
-    summary["hindsight_best_fixed_s"] = best_fixed_s
-    summary["compute_only_s"] = compute_only(per_policy)
-    summary["headroom"] = _headroom(rooms, targets)
-    summary["envelope_distance"] = {
-        "unit": "nats" if metric == "loss" else "accuracy points",
-        "per_repeat": gaps,
-        "worst": median_and_spread([g["worst"] for g in gaps], False)[0],
-        "median": median_and_spread([g["median"] for g in gaps], False)[0]}
-    summary["lab"] = {
-        "target": target,
-        "target_metric": metric,
-        "targets": targets,
-        "equal_time": config.get("equal_time", False),
-        "equal_time_s": equal_s,
-        "budget_s": config.get("budget_s"),
-        "pacesetter": config.get("pacesetter"),
-        "nodes": config["nodes"],
-        "steps": config["steps"],
-        "repeats": repeats,
-        "shaped": cluster.get("shaped"),
-        "reason_unshaped": cluster.get("reason_unshaped", ""),
-        "decisions": config["decisions"],
-        "hindsight_per_repeat": totals,
-        "hindsight_choices": choices,
-        "failed": {_run_name(run, repeats): run.failed for run in runs if run.failed},
-        "comparisons": comparisons(per_policy, best_fixed_s),
-        "estimate_tracking": estimate_tracking.summary_of(
-            {label: s["estimate_tracking"] for label, s in per_policy.items()},
+    moo = per_policy.get(ADAPTIVE)
+    return LabSummary(
+        workload=config["workload"]["name"],
+        schedule=config["schedule_name"],
+        settings=Settings(
+            target=target, target_metric=metric, targets=targets,
+            equal_time=config.get("equal_time", False), equal_time_s=equal_s,
+            budget_s=config.get("budget_s"), pacesetter=config.get("pacesetter"),
+            nodes=config["nodes"], steps=config["steps"], repeats=repeats,
+            shaped=cluster.get("shaped"), reason_unshaped=cluster.get("reason_unshaped", ""),
+            decisions=config["decisions"]),
+        policies=per_policy,
+        headroom=_headroom(rooms, targets),
+        envelope_distance=EnvelopeDistance(
+            unit="nats" if metric == "loss" else "accuracy points",
+            per_repeat=tuple(gaps),
+            worst=median_and_spread([g["worst"] for g in gaps], False)[0],
+            median=median_and_spread([g["median"] for g in gaps], False)[0]),
+        hindsight_best_fixed_s=best_fixed_s,
+        hindsight_per_repeat=tuple(totals),
+        hindsight_choices=tuple(choices),
+        compute_only_s=compute_only(per_policy),
+        comparisons=comparisons(per_policy),
+        moo_over_hindsight_best_fixed=(_ratio(moo.wall_s, best_fixed_s)
+                                       if moo and best_fixed_s else None),
+        estimate_tracking=estimate_tracking.summary_of(
+            {label: list(s.estimate_tracking) for label, s in per_policy.items()},
             estimate_tracking.probe_share(out, runs)),
-        "verdicts": verdicts(per_policy, repeats),
-    }
-    return summary
+        verdicts=tuple(verdicts(per_policy, repeats)),
+        failed={_run_name(run, repeats): run.failed for run in runs if run.failed},
+    )
+
+
+def _progress_rates(fixed: dict[str, Repeat], target: str
+                    ) -> dict[str, tuple[int, dict[float, float]]]:
+    """What the headroom's walk needs of each fixed run that reached `target`:
+    its steps to it and its mean step time at each link rate."""
+    return {label: (s.steps_to_targets[target],
+                    {ph.rate_bps: ph.mean_step_s for ph in s.phases if ph.rate_bps is not None})
+            for label, s in fixed.items() if s.steps_to_targets.get(target)}
 
 
 def _moo_gap(runs: list[PolicyRun], metric: str) -> dict[str, float | None]:
@@ -493,31 +495,39 @@ def _moo_gap(runs: list[PolicyRun], metric: str) -> dict[str, float | None]:
 
 
 def _headroom(rooms: list[dict[str, dict[str, Any]]], targets: dict[str, float]
-              ) -> dict[str, Any]:
+              ) -> dict[str, Headroom]:
     """Per target: the median headroom ratio over repeats, its [min, max], and
     the first repeat's details."""
     out = {}
     for t in targets:
         ratio, spread = median_and_spread([r[t]["ratio"] for r in rooms], False)
-        out[t] = {**rooms[0][t], "ratio": ratio, "spread": spread}
+        first = rooms[0][t]
+        out[t] = Headroom(ratio=ratio, spread=(spread[0], spread[1]),
+                          best_fixed=first.get("best_fixed"),
+                          best_fixed_s=first.get("best_fixed_s"),
+                          hindsight_per_phase_s=first.get("hindsight_per_phase_s"),
+                          per_phase=tuple(first.get("per_phase", ())),
+                          why=first.get("why", ""))
     return out
 
 
-def headroom_line(summary: dict[str, Any]) -> str:
+def headroom_line(summary: LabSummary) -> str:
     """The summary's first line: what adapting per phase could win here."""
     parts = []
-    for target, room in summary.get("headroom", {}).items():
-        if room["ratio"] is None:
-            parts.append(f"to {target}: n/a ({room.get('why', 'no ratio')})")
+    for target, room in summary.headroom.items():
+        if room.ratio is None:
+            parts.append(f"to {target}: n/a ({room.why or 'no ratio'})")
+        elif room.best_fixed_s is None or room.hindsight_per_phase_s is None:
+            parts.append(f"to {target}: {room.ratio:.2f}x")
         else:
-            parts.append(f"to {target}: {room['ratio']:.2f}x (best fixed {room['best_fixed']} "
-                         f"{room['best_fixed_s']:.1f} s, best per phase "
-                         f"{room['hindsight_per_phase_s']:.1f} s)")
+            parts.append(f"to {target}: {room.ratio:.2f}x (best fixed {room.best_fixed} "
+                         f"{room.best_fixed_s:.1f} s, best per phase "
+                         f"{room.hindsight_per_phase_s:.1f} s)")
     words = "; ".join(parts) or "n/a"
-    small = [t for t, r in summary.get("headroom", {}).items()
-             if r["ratio"] is not None and r["ratio"] < HEADROOM_WORTH]
+    small = [t for t, r in summary.headroom.items()
+             if r.ratio is not None and r.ratio < HEADROOM_WORTH]
     note = (" -- little for adaptation to win here" if small
-            and len(small) == len(summary["headroom"]) else "")
+            and len(small) == len(summary.headroom) else "")
     return f"headroom (best fixed choice / best choice per phase, modelled): {words}{note}"
 
 
@@ -525,73 +535,69 @@ def _run_name(run: PolicyRun, repeats: int) -> str:
     return run.label if repeats == 1 else f"{run.label}@{run.repeat}"
 
 
-TOP_LEVEL = ("lab", "workload", "schedule", "hindsight_best_fixed_s", "compute_only_s",
-             "headroom", "envelope_distance")
 HEADROOM_WORTH = 1.1  # below this on every target, the first line says there is little to win
 
 
-def policies(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [(k, v) for k, v in summary.items() if k not in TOP_LEVEL]
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    lab = summary["lab"]
-    repeats = lab.get("repeats", 1)
-    dense = summary.get("dense")
-    targets = list(lab.get("targets", {}))
-    equal_s = lab.get("equal_time_s")
-    metric = lab.get("target_metric", "accuracy")
+def format_table(summary: LabSummary) -> str:
+    settings = summary.settings
+    repeats = settings.repeats
+    dense = summary.policies.get("dense")
+    targets = list(settings.targets)
+    equal_s = settings.equal_time_s
+    metric = settings.target_metric
     rows = [("policy", *(f"to {t}" for t in targets),
              "at " + ("-" if equal_s is None else f"{equal_s:.0f} s"), "final loss", "vs dense",
              "final acc", "sent", "train time", "steps", "exploring", "vs best fixed")]
-    best = summary.get("hindsight_best_fixed_s")
-    for label, s in policies(summary):
+    best = summary.hindsight_best_fixed_s
+    for label, s in summary.policies.items():
         rows.append((
             label,
             *(_target_time(s, t, repeats) for t in targets),
-            _figure(s.get("at_equal_time", {}).get(metric), metric),
-            "-" if s["final_loss"] is None else f"{s['final_loss']:.3f}",
-            "-" if not dense or dense["final_loss"] is None or s["final_loss"] is None
-            else f"{s['final_loss'] - dense['final_loss']:+.3f}",
-            "-" if s["final_accuracy"] is None else f"{100 * s['final_accuracy']:.1f}%",
-            format_bytes(s["bytes_sent"]),
-            "-" if s["wall_s"] is None else f"{s['wall_s']:.1f} s",
-            str(s["steps"]),
-            f"{s['explore_steps']}/{s['steps']}" if s["steps"] else "-",
-            "-" if not best or s["wall_s"] is None else f"{s['wall_s'] / best:.2f}x",
+            _figure(s.at_equal_time.get(metric), metric),
+            "-" if s.final_loss is None else f"{s.final_loss:.3f}",
+            "-" if not dense or dense.final_loss is None or s.final_loss is None
+            else f"{s.final_loss - dense.final_loss:+.3f}",
+            "-" if s.final_accuracy is None else f"{100 * s.final_accuracy:.1f}%",
+            format_bytes(s.bytes_sent or 0),
+            "-" if s.wall_s is None else f"{s.wall_s:.1f} s",
+            f"{s.steps:g}",
+            f"{s.explore_steps:g}/{s.steps:g}" if s.steps else "-",
+            "-" if not best or s.wall_s is None else f"{s.wall_s / best:.2f}x",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     head = [headroom_line(summary)]
-    gap = summary.get("envelope_distance", {})
-    if gap.get("worst") is not None:
+    gap = summary.envelope_distance
+    if gap.worst is not None and gap.median is not None:
         head.append(f"moo's distance from the envelope of the fixed choices (after the first "
-                    f"10%): worst {gap['worst']:+.3f}, median {gap['median']:+.3f} "
-                    f"{gap['unit']} (positive: worse)")
+                    f"10%): worst {gap.worst:+.3f}, median {gap.median:+.3f} "
+                    f"{gap.unit} (positive: worse)")
     lines = [*head, "", *lines]
     lines.append("")
-    lines.append(f"{summary.get('workload', '')} under schedule {summary.get('schedule', '')}; "
-                 f"{_target_text(lab)}; "
+    lines.append(f"{summary.workload} under schedule {summary.schedule}; "
+                 f"{_target_text(settings)}; "
                  + (f"medians of {repeats} repeats [min-max]; " if repeats > 1 else "")
                  + "best fixed choice per phase in hindsight: "
                  + (f"{best:.1f} s" if best else "n/a")
                  + "; dense's steps to the target with free communication: "
-                 + ("n/a" if summary.get("compute_only_s") is None
-                    else f"{summary['compute_only_s']:.1f} s"))
+                 + ("n/a" if summary.compute_only_s is None
+                    else f"{summary.compute_only_s:.1f} s"))
     lines.extend(_phase_lines(summary))
-    lines.extend(estimate_tracking.table_lines(summary))
+    lines.extend(estimate_tracking.table_lines(
+        {label: list(s.estimate_tracking) for label, s in summary.policies.items()},
+        summary.estimate_tracking))
     lines.append("")
-    lines.extend(lab.get("verdicts", []))
-    hindsight_ratio = lab["comparisons"].get("moo_over_hindsight_best_fixed")
-    if hindsight_ratio is not None:
-        lines.append(f"moo's train time over the best fixed choice per phase: {hindsight_ratio:.2f}x")
-    for label, s in policies(summary):
-        lines.extend(f"WARNING: {label}: {w}" for w in s["warnings"])
-    for label, why in lab.get("failed", {}).items():
+    lines.extend(summary.verdicts)
+    if summary.moo_over_hindsight_best_fixed is not None:
+        lines.append("moo's train time over the best fixed choice per phase: "
+                     f"{summary.moo_over_hindsight_best_fixed:.2f}x")
+    for label, s in summary.policies.items():
+        lines.extend(f"WARNING: {label}: {w}" for w in s.warnings)
+    for label, why in summary.failed.items():
         lines.append(f"FAILED: {label}: {why.strip().splitlines()[0]}")
-    if not lab.get("shaped"):
-        lines.append(f"NOTE: links were not shaped ({lab.get('reason_unshaped') or 'loopback'})")
+    if not settings.shaped:
+        lines.append(f"NOTE: links were not shaped ({settings.reason_unshaped or 'loopback'})")
     return "\n".join(lines)
 
 
@@ -601,46 +607,47 @@ def _figure(value: float | None, metric: str) -> str:
     return f"{value:.3f}" if metric == "loss" else f"{100 * value:.1f}%"
 
 
-def _target_text(lab: dict[str, Any]) -> str:
-    names = ", ".join(lab.get("targets") or [f"{lab['target']:g}"])
-    time = ("equal time: " + ("-" if lab.get("equal_time_s") is None
-                              else f"{lab['equal_time_s']:.1f} s")
-            + (" (the budget)" if lab.get("budget_s") else
-               f" ({lab.get('pacesetter')}'s time for {lab['steps']} steps)")
-            if lab.get("equal_time") else f"equal steps ({lab['steps']})")
-    if lab["target_metric"] == "loss":
-        return f"target validation loss {lab['target']:g} nats (targets {names}); {time}"
-    return f"target accuracy {100 * lab['target']:.0f}% (targets {names}); {time}"
+def _target_text(settings: Settings) -> str:
+    names = ", ".join(settings.targets or [f"{settings.target:g}"])
+    time = ("equal time: " + ("-" if settings.equal_time_s is None
+                              else f"{settings.equal_time_s:.1f} s")
+            + (" (the budget)" if settings.budget_s else
+               f" ({settings.pacesetter}'s time for {settings.steps} steps)")
+            if settings.equal_time else f"equal steps ({settings.steps})")
+    if settings.target_metric == "loss":
+        return f"target validation loss {settings.target:g} nats (targets {names}); {time}"
+    return f"target accuracy {100 * settings.target:.0f}% (targets {names}); {time}"
 
 
-def _phase_lines(summary: dict[str, Any]) -> list[str]:
+def _phase_lines(summary: LabSummary) -> list[str]:
     lines = ["", "per phase: steps, mean step time, CR @ collective run most, "
                  "predicted/measured sync"]
-    for label, s in policies(summary):
+    for label, s in summary.policies.items():
         parts = []
-        for ph in s["phases"]:
-            rate = "unshaped" if ph["rate_bps"] is None else format_rate(ph["rate_bps"])
+        for ph in s.phases:
+            rate = "unshaped" if ph.rate_bps is None else format_rate(ph.rate_bps)
             sync = ""
-            if ph["predicted_sync_s"] and ph["measured_sync_s"] is not None:
-                sync = f" {1000 * ph['predicted_sync_s']:.0f}/{1000 * ph['measured_sync_s']:.0f} ms"
-            parts.append(f"{rate}: {ph['steps']}x{1000 * ph['mean_step_s']:.0f} ms "
+            if ph.predicted_sync_s and ph.measured_sync_s is not None:
+                sync = f" {1000 * ph.predicted_sync_s:.0f}/{1000 * ph.measured_sync_s:.0f} ms"
+            parts.append(f"{rate}: {ph.steps}x{1000 * ph.mean_step_s:.0f} ms "
                          f"{_choice(ph)}{sync}")
         lines.append(f"  {label}: " + " | ".join(parts))
     return lines
 
 
-def _choice(phase: dict[str, Any]) -> str:
-    compression, collective = phase["compression"], phase["collective"]
-    return str(collective) if compression is None else f"{compression}@{collective}"
+def _choice(phase: Phase) -> str:
+    if phase.compression is None:
+        return str(phase.collective)
+    return f"{phase.compression}@{phase.collective}"
 
 
-def write_report(out: Path) -> dict[str, Any]:
+def write_report(out: Path) -> LabSummary:
     """Write summary.json, summary.txt and the plots; return the summary."""
     out = Path(out)
     summary = build_summary(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(to_json(summary))
     (out / "summary.txt").write_text(format_table(summary) + "\n")
     from flexcomm.lab.plots import write_plots
 
-    write_plots(out, load_runs(out), summary)
+    write_plots(out, load_runs(out), summary.settings)
     return summary

@@ -2,7 +2,7 @@
 training job (one rank per node) under the network schedule; then the report.
 
     cfg = LabConfig(out=Path("lab-run"), policies=parse_policies("dense moo"))
-    run_lab(cfg, progress=print)       # -> the report's summary dict
+    run_lab(cfg, progress=print)       # -> the report's LabSummary
 
 The run directory holds: config.json, schedule.toml, lab.db (the store: jobs and
 every applied link step), agents/ (each agent's store and log), and per policy
@@ -66,6 +66,7 @@ from flexcomm.lab.plan import (
     parse_targets,
     policy_dir,
 )
+from flexcomm.lab.summary import LabSummary
 from flexcomm.lab.trainer import OPTIMIZERS, TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset, target_metric
 from flexcomm.store import EmulationStep, Store
@@ -170,9 +171,9 @@ class LabConfig:
         return d
 
 
-def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str, Any]:
+def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> LabSummary:
     """Run every policy, write the report, return the summary. A policy whose run
-    fails is reported as failed (summary["lab"]["failed"]) and the others go on
+    fails is reported as failed (summary.failed) and the others go on
     (when the pacesetter failed, with `steps` each: there is no time to give them)."""
     from flexcomm.lab.report import write_report
 

@@ -175,9 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_table(summary))
     print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, quality.png, "
           f"step_time.png ({time.monotonic() - start:.0f} s in all)")
-    for label, why in summary["lab"]["failed"].items():
+    for label, why in summary.failed.items():
         print(f"flexcomm lab: {label} failed: {why}", file=sys.stderr)
-    return 1 if summary["lab"]["failed"] else 0
+    return 1 if summary.failed else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

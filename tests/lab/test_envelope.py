@@ -41,32 +41,22 @@ def test_the_adaptive_distance_leaves_out_the_first_tenth() -> None:
     assert acc_gap["worst"] == pytest.approx(5.0)  # accuracy points, worse is positive
 
 
-def fixed(steps_to: int | None, slow_s: float, fast_s: float) -> dict:
-    return {"steps_to_targets": {"t": steps_to},
-            "phases": [{"rate_bps": SLOW, "mean_step_s": slow_s},
-                       {"rate_bps": FAST, "mean_step_s": fast_s}]}
-
-
 def test_headroom_walks_the_phases_with_each_choices_progress_rate() -> None:
     # dense: 100 steps to the target, 1 s a step slow, 0.1 s fast.
     # topk: 200 steps, 0.1 s slow, 0.1 s fast (twice dense's steps, as fast when fast).
-    runs = {"dense": fixed(100, 1.0, 0.1), "topk": fixed(200, 0.1, 0.1)}
-    choices = {k: (v["steps_to_targets"]["t"], {SLOW: v["phases"][0]["mean_step_s"],
-                                                FAST: v["phases"][1]["mean_step_s"]})
-               for k, v in runs.items()}
+    choices = {"dense": (100, {SLOW: 1.0, FAST: 0.1}), "topk": (200, {SLOW: 0.1, FAST: 0.1})}
     # dense alone: 10 s slow = 10% of the way, then 90 steps at 0.1 s: 19 s.
     assert modelled_time(TWO_PHASES, choices, "dense") == pytest.approx(19.0)
     # topk alone: 100 steps in the slow 10 s (half), 100 more fast: 20 s.
     assert modelled_time(TWO_PHASES, choices, "topk") == pytest.approx(20.0)
     # per phase: topk slow (half), dense fast (50 steps, 5 s): 15 s.
     assert modelled_time(TWO_PHASES, choices, None) == pytest.approx(15.0)
-    room = headroom(TWO_PHASES, runs, "t")
+    room = headroom(TWO_PHASES, choices)
     assert room["ratio"] == pytest.approx(19.0 / 15.0) and room["best_fixed"] == "dense"
     assert [p["policy"] for p in room["per_phase"]] == ["topk", "dense"]
 
 
 def test_headroom_says_why_it_has_no_figure() -> None:
-    assert headroom(TWO_PHASES, {"dense": fixed(None, 1, 1)}, "t")["why"] == (
-        "no fixed choice reached the target")
+    assert headroom(TWO_PHASES, {})["why"] == "no fixed choice reached the target"
     by_epoch = parse_schedule('[[step]]\nepoch = 0\nrate = "1Gbit"\n')
-    assert headroom(by_epoch, {"dense": fixed(10, 1, 1)}, "t")["ratio"] is None
+    assert headroom(by_epoch, {"dense": (10, {1e9: 1.0})})["ratio"] is None

@@ -4,7 +4,9 @@ on loopback, as it runs without root."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from flexcomm.lab.plan import (
 )
 from flexcomm.lab.report import build_summary, format_table, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
+from flexcomm.lab.summary import LabSummary, from_json, to_json
 from flexcomm.lab.workload import WorkloadSpec
 from support.waiting import scaled, wait_for
 
@@ -196,29 +199,29 @@ def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     write_run(out, "powersgd", (0.2, 0.3), (0.05, 0.05), [0.5, 0.7, 0.8, 0.85])
 
     summary = build_summary(out)
-    dense, moo, psgd = summary["dense"], summary["moo"], summary["powersgd"]
-    assert dense["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 2.0)
-    assert moo["time_to_target_s"] == pytest.approx(0.12 + 0.12 + 0.25)
-    assert psgd["time_to_target_s"] is None
-    assert moo["final_accuracy"] == 0.945
-    assert moo["bytes_sent"] == 4000
-    assert moo["wall_s"] == pytest.approx(2 * 0.12 + 2 * 0.25)
-    fast, slow = moo["phases"]
-    assert (fast["rate_bps"], fast["steps"], fast["compression"]) == (1e9, 2, "dense")
-    assert (slow["rate_bps"], slow["steps"], slow["compression"]) == (1e7, 2, "topk:0.01")
-    assert slow["predicted_sync_s"] == pytest.approx(0.0625)
-    assert slow["measured_sync_s"] == pytest.approx(0.125)
+    dense, moo, psgd = (summary.policies[p] for p in ("dense", "moo", "powersgd"))
+    assert dense.time_to_target_s == pytest.approx(0.1 + 0.1 + 2.0)
+    assert moo.time_to_target_s == pytest.approx(0.12 + 0.12 + 0.25)
+    assert psgd.time_to_target_s is None
+    assert moo.final_accuracy == 0.945
+    assert moo.bytes_sent == 4000
+    assert moo.wall_s == pytest.approx(2 * 0.12 + 2 * 0.25)
+    fast, slow = moo.phases
+    assert (fast.rate_bps, fast.steps, fast.compression) == (1e9, 2, "dense")
+    assert (slow.rate_bps, slow.steps, slow.compression) == (1e7, 2, "topk:0.01")
+    assert slow.predicted_sync_s == pytest.approx(0.0625)
+    assert slow.measured_sync_s == pytest.approx(0.125)
     # Best fixed per phase: dense when fast (0.1 s/step), Top-k when slow (0.2 s/step);
     # moo and powersgd adapt or are not a fixed flexcomm choice, so they do not count.
-    assert summary["hindsight_best_fixed_s"] == pytest.approx(2 * 0.1 + 2 * 0.2)
-    assert [c["policy"] for c in summary["lab"]["hindsight_choices"]] == ["dense", "topk-0.01"]
-    comparisons = summary["lab"]["comparisons"]
-    assert comparisons["dense_over_moo_time_to_target"] == pytest.approx(2.2 / 0.49)
-    assert comparisons["moo_minus_dense_final_accuracy_points"] == pytest.approx(-0.5)
-    assert comparisons["moo_over_hindsight_best_fixed"] == pytest.approx(0.74 / 0.6)
-    assert comparisons["powersgd_over_moo_time_to_target"] is None
+    assert summary.hindsight_best_fixed_s == pytest.approx(2 * 0.1 + 2 * 0.2)
+    assert [c["policy"] for c in summary.hindsight_choices] == ["dense", "topk-0.01"]
+    comparisons = summary.comparisons
+    assert comparisons["dense"].rival_over_moo_time_to_target == pytest.approx(2.2 / 0.49)
+    assert comparisons["dense"].moo_minus_rival_final_accuracy_points == pytest.approx(-0.5)
+    assert summary.moo_over_hindsight_best_fixed == pytest.approx(0.74 / 0.6)
+    assert comparisons["powersgd"].rival_over_moo_time_to_target is None
 
-    assert all(summary[p]["warnings"] == [] for p in policies)
+    assert all(summary.policies[p].warnings == () for p in policies)
     table = format_table(summary)
     assert "never" in table  # powersgd did not reach the target
     assert "1 Gbit/s: 2x120 ms dense@dense_ring" in table and "10 Mbit/s: 2x250 ms topk:0.01@ag_topk" in table
@@ -234,13 +237,13 @@ def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
     (policy_dir(tmp_path, "moo") / "estimates.jsonl").write_text("".join(
         json.dumps({"wall": w, "bandwidth_bps": b, "evidence": e}) + "\n" for w, b, e in estimates))
     summary = build_summary(tmp_path)
-    fast, slow = summary["moo"]["estimate_tracking"]
+    fast, slow = summary.policies["moo"].estimate_tracking
     assert (fast["shaped_bps"], fast["estimated_bps"], fast["seconds_to_within_10pct"]) == (1e9, 0.93e9, 0.5)
     assert (slow["shaped_bps"], slow["seconds_to_within_10pct"], slow["deadline_s"]) == (1e7, 13.0, 10.0)
     assert slow["estimated_bps"] == pytest.approx(1.275 * goodput) and not slow["reached"]
     assert slow["evidence"] == ["passive", "passive+probe", "probe"]
-    assert summary["lab"]["estimate_tracking"] == {"phases": 2, "reached": 1,
-                                                   "bandwidth_probe_share_of_wall": None}
+    assert summary.estimate_tracking == {"phases": 2, "reached": 1,
+                                         "bandwidth_probe_share_of_wall": None}
     assert "10 Mbit/s: 12.19/9.564, 13.0 s" in format_table(summary)
 
 
@@ -259,15 +262,15 @@ def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
     write_run(tmp_path, "moo", (0.1, 0.3), (1.0, 0.01), [0.2] * 4, losses=[3.0, 2.6, 2.45, 2.42],
               exploring=[False, True, True, False], compute_s=0.06)
     summary = build_summary(tmp_path)
-    assert (summary["workload"], summary["lab"]["target_metric"]) == ("lm", "loss")
-    dense, topk, moo = summary["dense"], summary["topk-0.01"], summary["moo"]
-    assert dense["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 2.0)  # loss 2.5 <= 2.5
-    assert dense["steps_to_target"] == 3 and topk["time_to_target_s"] is None
-    assert moo["time_to_target_s"] == pytest.approx(0.1 + 0.1 + 0.3)
-    assert (moo["final_loss"], moo["explore_steps"], dense["explore_steps"]) == (2.42, 2, 0)
+    assert (summary.workload, summary.settings.target_metric) == ("lm", "loss")
+    dense, topk, moo = (summary.policies[p] for p in ("dense", "topk-0.01", "moo"))
+    assert dense.time_to_target_s == pytest.approx(0.1 + 0.1 + 2.0)  # loss 2.5 <= 2.5
+    assert dense.steps_to_target == 3 and topk.time_to_target_s is None
+    assert moo.time_to_target_s == pytest.approx(0.1 + 0.1 + 0.3)
+    assert (moo.final_loss, moo.explore_steps, dense.explore_steps) == (2.42, 2, 0)
     # dense's 3 steps to the target at the median compute time of a step (0.06 s)
-    assert summary["compute_only_s"] == pytest.approx(3 * 0.06)
-    assert summary["lab"]["comparisons"]["moo_minus_topk-0.01_final_loss"] == pytest.approx(-0.18)
+    assert summary.compute_only_s == pytest.approx(3 * 0.06)
+    assert summary.comparisons["topk-0.01"].moo_minus_rival_final_loss == pytest.approx(-0.18)
     table = format_table(summary)
     assert "target validation loss 2.5 nats" in table
     # to 2.5, to the tight target (dense's 2.4 + 0.05), at equal time, final loss, vs dense
@@ -292,21 +295,21 @@ def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> No
         reached = [0.4, 0.7, 0.91, 0.92] if repeat == 0 else [0.4, 0.7, 0.85, 0.88]
         write_run(tmp_path, "topk-0.01", (0.1, 0.2), (0.01, 0.01), reached, repeat=repeat)
     summary = build_summary(tmp_path)
-    dense, moo, topk = summary["dense"], summary["moo"], summary["topk-0.01"]
-    assert dense["per_repeat"]["time_to_target_s"] == pytest.approx([2.2, 2.6, 1.2])
-    assert dense["time_to_target_s"] == pytest.approx(2.2)
-    assert dense["spread"]["time_to_target_s"] == pytest.approx([1.2, 2.6])
-    assert moo["time_to_target_s"] == pytest.approx(0.45)
+    dense, moo, topk = (summary.policies[p] for p in ("dense", "moo", "topk-0.01"))
+    assert dense.per_repeat["time_to_target_s"] == pytest.approx([2.2, 2.6, 1.2])
+    assert dense.time_to_target_s == pytest.approx(2.2)
+    assert dense.spread["time_to_target_s"] == pytest.approx([1.2, 2.6])
+    assert moo.time_to_target_s == pytest.approx(0.45)
     # Reached once in three: the median and the upper bound are "never".
-    assert topk["per_repeat"]["time_to_target_s"] == pytest.approx([0.4, None, None])
-    assert topk["time_to_target_s"] is None and topk["spread"]["time_to_target_s"] == [
+    assert topk.per_repeat["time_to_target_s"] == pytest.approx([0.4, None, None])
+    assert topk.time_to_target_s is None and topk.spread["time_to_target_s"] == [
         pytest.approx(0.4), None]
-    assert len(summary["lab"]["hindsight_per_repeat"]) == 3
+    assert len(summary.hindsight_per_repeat) == 3
     # The tight target: dense's median final accuracy (0.95) - 0.3 points.
-    assert summary["lab"]["targets"] == {"0.9": 0.9, "0.947": pytest.approx(0.947)}
-    assert dense["time_to_targets_s"]["0.947"] == pytest.approx(0.2 + 2 * 2.0)  # median of 3
-    assert moo["time_to_targets_s"]["0.947"] is None
-    verdicts = summary["lab"]["verdicts"]
+    assert summary.settings.targets == {"0.9": 0.9, "0.947": pytest.approx(0.947)}
+    assert dense.time_to_targets_s["0.947"] == pytest.approx(0.2 + 2 * 2.0)  # median of 3
+    assert moo.time_to_targets_s["0.947"] is None
+    verdicts = summary.verdicts
     assert [v.split(":")[0] + v.split(":")[1] for v in verdicts] == [
         "moo vs dense time to target 0.9", "moo vs dense time to target 0.947",
         "moo vs topk-0.01 time to target 0.9", "moo vs topk-0.01 time to target 0.947"]
@@ -319,12 +322,37 @@ def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> No
     assert "medians of 3 repeats" in format_table(summary)
 
 
+def test_the_summary_round_trips_through_json_and_keeps_policies_apart(tmp_path: Path) -> None:
+    write_config(tmp_path, "dense topk-0.01 moo", target=0.9, repeats=2, schedule_text=(
+        '[[step]]\nduration = "10s"\nrate = "1Gbit"\n\n[[step]]\nduration = "10s"\n'
+        'rate = "10Mbit"\n'))  # the rates of LINKS, keyed by time: a headroom to model
+    for repeat in range(2):
+        write_run(tmp_path, "dense", (0.1, 2.0), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95], repeat=repeat)
+        write_run(tmp_path, "topk-0.01", (0.3, 0.2), (0.01, 0.01), [0.4, 0.7, 0.85, 0.91],
+                  repeat=repeat)
+        write_run(tmp_path, "moo", (0.12, 0.25), (1.0, 0.01), [0.5, 0.8, 0.91, 0.945],
+                  repeat=repeat)
+    summary = build_summary(tmp_path)
+    assert summary.headroom["0.9"].ratio is not None and summary.headroom["0.9"].per_phase
+    assert from_json(to_json(summary)) == summary
+    # A policy named like every field of the lab stays under "policies" and
+    # shadows none of them.
+    lab_fields = [f.name for f in dataclasses.fields(LabSummary)]
+    named_like_fields = {name: summary.policies["moo"] for name in lab_fields}
+    clashing = dataclasses.replace(summary, policies=named_like_fields, compute_only_s=math.inf)
+    data = json.loads(to_json(clashing))
+    assert list(data) == lab_fields and list(data["policies"]) == lab_fields
+    assert (data["workload"], data["verdicts"]) == (summary.workload, list(summary.verdicts))
+    assert data["compute_only_s"] is None  # strict JSON: no Infinity
+    assert from_json(to_json(clashing)).policies == named_like_fields
+
+
 def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:
     cfg = LabConfig(out=tmp_path, policies=parse_policies("moo"))
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     write_run(tmp_path, "moo", (0.1, 0.1), (1.0, 1.0), [0.5, 0.6, 0.7, 0.8], version=0)
     summary = build_summary(tmp_path)
-    assert "never adopted a decision" in summary["moo"]["warnings"][0]
+    assert "never adopted a decision" in summary.policies["moo"].warnings[0]
     assert "WARNING: moo: rank 0 never adopted" in format_table(summary)
 
 
@@ -342,7 +370,8 @@ def test_loopback_lab_says_unshaped_and_reports_at_equal_time(tmp_path: Path) ->
     assert "NOT shaped" in proc.stderr.splitlines()[0]  # said up front
     assert "every other policy trains" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    lab, dense, local = summary["lab"], summary["dense"], summary["localsgd"]
+    lab, dense, local = (summary["settings"], summary["policies"]["dense"],
+                         summary["policies"]["localsgd"])
     assert lab["shaped"] is False and lab["equal_time"] and lab["pacesetter"] == "dense"
     assert dense["steps"] == 12 and lab["equal_time_s"] == pytest.approx(dense["wall_s"])
     # localsgd stopped at the first step that ended past dense's time
@@ -399,8 +428,8 @@ def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Pa
             proc.kill()
     assert proc.returncode == 1, stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert "rank 1 exited with code" in summary["lab"]["failed"]["dense"]
+    assert "rank 1 exited with code" in summary["failed"]["dense"]
     # The next policy ran to the end; without the pacesetter's time, its steps
-    assert summary["topk-0.1"]["steps"] == 400
+    assert summary["policies"]["topk-0.1"]["steps"] == 400
     assert "FAILED: dense: rank 1 exited" in stdout
     assert "dense failed" in stderr

@@ -83,7 +83,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
                                  "--steps", "88", timeout=280)
     assert "links shaped" in stdout and "to target" in stdout
     for name in ("topk-0.1", "moo"):
-        s = summary[name]
+        s = summary["policies"][name]
         assert s["steps"] == 88
         assert 0.5 < s["final_accuracy"] <= 1.0
         assert s["bytes_sent"] > 0 and s["wall_s"] > 0
@@ -94,7 +94,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # The links really changed, and MOO's choice changed with them.
-    phases = {p["rate_bps"]: p for p in summary["moo"]["phases"]}
+    phases = {p["rate_bps"]: p for p in summary["policies"]["moo"]["phases"]}
     assert set(phases) == {FAST, SLOW}
     fast, slow = phases[FAST], phases[SLOW]
     assert fast["steps"] == 44 and slow["steps"] == 44
@@ -103,10 +103,10 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     # Fixed Top-k's steps got slower on the slow link: the shaping was real. CR 0.1
     # (about 150 KB a step), so the message outlasts the shaper's burst many times
     # over; at CR 0.01 (15 KB) it fits the 16 KB bucket and the difference is noise.
-    fixed = {p["rate_bps"]: p for p in summary["topk-0.1"]["phases"]}
+    fixed = {p["rate_bps"]: p for p in summary["policies"]["topk-0.1"]["phases"]}
     assert fixed[SLOW]["mean_step_s"] > fixed[FAST]["mean_step_s"]
     # The agent's estimate was recorded beside the shaped rate, and followed the drop.
-    tracked = {e["shaped_bps"]: e for e in summary["moo"]["estimate_tracking"]}
+    tracked = {e["shaped_bps"]: e for e in summary["policies"]["moo"]["estimate_tracking"]}
     assert set(tracked) == {FAST, SLOW}
     assert tracked[SLOW]["seconds_to_within_10pct"] is not None, tracked[SLOW]
 
@@ -121,9 +121,9 @@ def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path)
                                  "topk-0.01 moo", "--steps", "10", "--eval-every", "5", timeout=240)
     assert "target validation loss" in stdout and "quality.png" in stdout
     assert (summary["workload"], summary["schedule"]) == ("lm", "up-and-down")
-    assert summary["lab"]["target_metric"] == "loss"
+    assert summary["settings"]["target_metric"] == "loss"
     for name in ("topk-0.01", "moo"):
-        s = summary[name]
+        s = summary["policies"][name]
         assert s["steps"] == 10 and s["warnings"] == []
         assert 0.5 < s["final_loss"] < 5.0  # learned from ln(256) = 5.55 nats
         assert 0.0 < s["final_accuracy"] < 1.0
@@ -140,16 +140,16 @@ def test_a_few_cnn_steps_twice_per_policy_give_medians(privileged: None, tmp_pat
     stdout, summary = run_lab_ok(out, "--workload", "cnn", "--schedule", "random-walk", "--policies",
                                  "powersgd-1 moo", "--steps", "12", "--repeats", "2", timeout=280)
     assert "(repeat 2/2)" in stdout
-    assert (summary["workload"], summary["lab"]["repeats"]) == ("cnn", 2)
+    assert (summary["workload"], summary["settings"]["repeats"]) == ("cnn", 2)
     for name in ("powersgd-1", "moo"):
-        s = summary[name]
+        s = summary["policies"][name]
         assert s["per_repeat"]["steps"] == [12, 12] and s["steps"] == 12
         assert len(s["per_repeat"]["final_accuracy"]) == 2
         lo, hi = s["spread"]["final_accuracy"]
         assert lo <= s["final_accuracy"] <= hi
         assert (out / "policies" / f"{name}@1" / "records.jsonl").exists()
-    assert summary["powersgd-1"]["phases"][0]["rate_bps"] == 820e6  # the walk's first rate
-    assert summary["lab"]["verdicts"][0].startswith("moo vs powersgd-1: time to target")
+    assert summary["policies"]["powersgd-1"]["phases"][0]["rate_bps"] == 820e6  # the walk's first rate
+    assert summary["verdicts"][0].startswith("moo vs powersgd-1: time to target")
     assert_nothing_left(out)
 
 
