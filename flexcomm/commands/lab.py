@@ -146,8 +146,8 @@ def build_config(args: argparse.Namespace) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from flexcomm.emulation.revert import terminate_as_exception
     from flexcomm.lab.cluster import can_use_namespaces
-    from flexcomm.lab.report import format_table
     from flexcomm.lab.runner import LabError, run_lab
+    from flexcomm.lab.table import format_table
 
     cfg = build_config(args)
     usable, why = can_use_namespaces()
@@ -181,7 +181,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from flexcomm.lab.report import format_table, write_report
+    from flexcomm.lab.report import write_report
+    from flexcomm.lab.table import format_table
 
     out = Path(args.out)
     if not (out / "config.json").exists():

@@ -24,9 +24,10 @@ from flexcomm.lab.plan import (
     parse_policy,
     schedule_file,
 )
-from flexcomm.lab.report import build_summary, format_table, is_exploring
+from flexcomm.lab.report import build_summary, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
 from flexcomm.lab.summary import LabSummary, from_json, to_json
+from flexcomm.lab.table import format_table
 from flexcomm.lab.workload import WorkloadSpec
 from support.waiting import scaled, wait_for
 
