@@ -15,7 +15,7 @@
   time_to_targets_s (target -> seconds or null), at_equal_time (held-out loss
   and accuracy of the last evaluation by the equal time), final_accuracy (for
   lm next-byte accuracy), final_loss (held-out, nats), bytes_sent (payload rank
-  0 contributed), wall_s (training seconds in all), steps, explore_steps (steps
+  0 contributed, summed over steps), wall_s (training seconds in all), steps, explore_steps (steps
   run under a decision that was exploring), compute_s (the median compute time
   of a step, measured without communication), fixed, warnings. Each figure is
   the median over the repeats; `per_repeat` lists every repeat's and `spread`
