@@ -42,7 +42,15 @@ log = logging.getLogger("flexcomm.agent.service")
 
 
 class SpecConflict(ValueError):
-    """A job id registered again with a different spec (and no `replace`)."""
+    """A job id registered again with a different spec (and no `replace`), or by
+    another world while it runs."""
+
+
+# A client polls every 0.5 s by default: a job heard from this recently is running,
+# and another world (other nodes, another world size) may not take its id over.
+RUNNING_WITHIN_S = 5.0
+WORLD_FIELDS = ("world_size", "nodes")
+MAX_ENDED_LISTED = 100
 
 
 class StoreUnavailable(Exception):
@@ -207,6 +215,12 @@ class AgentService(pb_grpc.AgentServicer):
             return pb.RegisterJobResponse(job=existing.info(), decision=existing.decision_pb, resumed=True)
         differ = ([k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
                   if existing is not None else [])
+        # (a job registered before its node list came may add it)
+        other_world = [k for k in differ if k in WORLD_FIELDS and (k != "nodes" or existing.spec.nodes)]
+        if other_world and existing.idle_s(time.time()) < RUNNING_WITHIN_S:
+            raise SpecConflict(f"spec.job_id: job {spec.job_id!r} is running with another "
+                               f"{' and '.join(other_world)} (world_size {existing.spec.world_size}, nodes "
+                               f"{', '.join(existing.spec.nodes) or 'none'}); a second job cannot share its id")
         if differ and not request.replace:
             raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
                                f"{', '.join(differ)}; set replace to start it anew")
@@ -331,7 +345,10 @@ class AgentService(pb_grpc.AgentServicer):
 
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[job.info() for job in self.jobs])
+        jobs = [job.info() for job in self.jobs]
+        if request.include_ended:
+            jobs += [ended_info(*row) for row in await self.persister.ended_jobs(MAX_ENDED_LISTED)]
+        return pb.ListJobsResponse(jobs=jobs)
 
     @unary
     async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
@@ -351,6 +368,18 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def GetAgentInfo(self, request: pb.GetAgentInfoRequest, context: Any) -> pb.AgentInfo:
         return self.agent_info()
+
+
+def ended_info(record: Any, last: list, steps: list) -> pb.JobInfo:
+    """An ended job as the store keeps it: its spec, last decision and reports."""
+    info = pb.JobInfo(spec=JobSpec.from_dict(record.spec).to_proto(), registered_unix=record.created,
+                      ended_unix=record.ended or 0.0, end_reason=record.end_reason,
+                      reports=sum(s.count for s in steps),
+                      last_step=max((s.step_last for s in steps), default=0),
+                      last_epoch=max((s.epoch for s in steps), default=0))
+    if last:
+        info.decision.CopyFrom(decision_to_proto(last[0].decision, record.job_id, last[0].ts or 0.0))
+    return info
 
 
 def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:
