@@ -16,8 +16,8 @@ test: bootstrap
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
-# The quick part, for while you work: no test marked slow (lab runs, multi-process
-# training jobs). CI runs everything (`make test`).
+# The quick part, for while you work: no test marked slow (lab runs, real gloo
+# ranks). CI runs everything (`make test`).
 test-quick: bootstrap
 	$(PY) -m pytest -ra -m "not slow" $(PYTEST_ARGS)
 

@@ -11,13 +11,14 @@ from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
 from flexcomm.probe.iperf import IperfServer
 from flexcomm.store import LATEST_VERSION, Measurement, Store
+from support.names import run_prefix
 
 
 @pytest.mark.privileged
 def test_probe_peer_prints_figures_records_them_and_history_reads_them(
         privileged, iperf3_binary, tmp_path, capsys):
     db = str(tmp_path / "p.db")
-    with netns_pair("fcpc", "10.201.0.128/26") as (a, b):
+    with netns_pair(run_prefix("fcpc"), "10.201.0.128/26") as (a, b):
         Shaper(a.ifname, netns=a.ns).apply(LinkState(100e6))
         with IperfServer(5201, netns=b.ns):
             code = main(["probe", b.address, "--netns", a.ns, "--time", "1s", "--db", db, "--json"])

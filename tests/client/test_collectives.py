@@ -241,6 +241,7 @@ def results(request):
     return request.param, run_ranks(request.param, "client/test_collectives.py:battery", timeout=150)
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_sparse_collectives_equal_the_hand_reference(results):
     _, per_rank = results
@@ -249,6 +250,7 @@ def test_sparse_collectives_equal_the_hand_reference(results):
             assert row["max_err"] <= 1e-6 * max(1.0, row["scale"]), (rank, row)
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_error_feedback_invariant_every_step(results):
     _, per_rank = results
@@ -260,6 +262,7 @@ def test_error_feedback_invariant_every_step(results):
             assert gain == pytest.approx(expected, rel=1e-4), (rank, row["case"])
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_ar_topk_roots_star_round_robin_and_var_largest_variance(results):
     world, per_rank = results
@@ -274,6 +277,7 @@ def test_ar_topk_roots_star_round_robin_and_var_largest_variance(results):
     assert len(seen_var_roots) >= min(world, 3)
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_dense_and_bf16_average_over_ring_and_tree(results):
     _, per_rank = results
@@ -283,6 +287,7 @@ def test_dense_and_bf16_average_over_ring_and_tree(results):
             assert bytes_sent == 5_000 * (2 if option.startswith("bf16") else 4), option
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_powersgd_computes_what_pytorchs_hook_does(results):
     _, per_rank = results
@@ -290,6 +295,7 @@ def test_powersgd_computes_what_pytorchs_hook_does(results):
         assert max(res["powersgd"]) < 1e-4, res["powersgd"]
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_switching_families_loses_no_residual_mass(results):
     world, per_rank = results
@@ -303,6 +309,7 @@ def test_switching_families_loses_no_residual_mass(results):
     assert min(norms[:-1]) > 0 and norms[-1] == 0
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_values_go_at_the_buckets_width_and_indices_at_four_bytes(results):
     from flexcomm.client.selection import k_for

@@ -413,6 +413,7 @@ def results(request):
     return request.param, run_ranks(request.param, "client/test_hook.py:battery", timeout=200)
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 @pytest.mark.parametrize("compression", ["dense", "bf16"])
 def test_lossless_families_are_bitwise_pytorchs_hooks(results, compression):
@@ -428,6 +429,7 @@ def test_lossless_families_are_bitwise_pytorchs_hooks(results, compression):
         assert d["bytes"] == value_bytes * sum(p.numel() for p in mlp(0).parameters())
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 def test_topk_through_ddp_equals_hand_reference(results):
     world, per_rank = results
@@ -440,6 +442,7 @@ def test_topk_through_ddp_equals_hand_reference(results):
         assert s["global_roots"] == [[], [], [2 % world], [3 % world], [4 % world]]
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 def test_gradient_sync_equals_hand_reference_and_restores(results):
     _, per_rank = results
@@ -474,6 +477,7 @@ def expected_sequence(world: int) -> list[tuple]:
     return seq
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 def test_switching_follows_rank_0_on_every_rank(results):
     world, per_rank = results
@@ -504,6 +508,7 @@ def test_switching_follows_rank_0_on_every_rank(results):
     assert len(per_rank[0]["switching"]["rank_stats"]) == world
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 def test_step_times_agree_with_a_clock_outside_the_client(results):
     _, per_rank = results
@@ -522,6 +527,7 @@ def test_step_times_agree_with_a_clock_outside_the_client(results):
     assert t["reported"][-1][0] == 0.0  # the last step: no next one yet, compute unknown
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
 def test_a_checkpoint_keeps_powersgds_factors_and_the_policy(results):
     _, per_rank = results
@@ -555,6 +561,7 @@ def test_bad_input_fails_at_construction(kwargs, field):
         FlexcommState(**kwargs)
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(90)
 def test_a_group_of_one_rank_is_refused():
     (res,) = run_ranks(1, "client/test_hook.py:group_of_one", timeout=60)

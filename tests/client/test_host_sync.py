@@ -50,6 +50,7 @@ def steps_without_host_reads(rank: int, world: int) -> dict:
     return {"ran": ran, "gains": gains}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_no_family_or_collective_reads_the_device_in_a_step():
     per_rank = run_ranks(2, "client/test_host_sync.py:steps_without_host_reads", timeout=100)

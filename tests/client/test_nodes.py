@@ -56,6 +56,7 @@ def gather_through_the_hook(rank: int, world: int) -> dict:
     return {"handed": source.nodes if source else None, "gathered": job_nodes()}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_the_hook_gathers_the_nodes_on_every_rank_and_hands_them_to_rank_0(monkeypatch) -> None:
     monkeypatch.setenv("MASTER_ADDR", "localhost")  # as torchrun sets it

@@ -110,6 +110,7 @@ def one_line_without_agent(rank: int, world: int) -> dict:
             "source": type(state.controller.source).__name__}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(150)
 def test_without_an_agent_the_one_line_form_decides_in_process_and_says_so_once(tmp_path: Path,
                                                                                 monkeypatch) -> None:
@@ -160,6 +161,7 @@ def gradient_sync_without_agent(rank: int, world: int) -> dict:
             "weights": [p.detach().clone() for p in model.parameters()]}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_gradient_sync_takes_the_same_default(tmp_path: Path, monkeypatch) -> None:
     import torch
@@ -184,6 +186,7 @@ def one_line_with_agent(rank: int, world: int, master_port: str, steps: int) -> 
             "ended": getattr(source, "ended", None)}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_two_jobs_at_once_on_one_agent_never_share_a_policy(tmp_path: Path, monkeypatch) -> None:
     with running(tmp_path) as agent:
@@ -234,6 +237,7 @@ def state_before_the_group(rank: int, world: int, store: str) -> dict:
     return {"before": before, "after": state.decision.label, "steps": state.step, "ran": ran, "losses": losses}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_a_state_built_before_the_process_group_joins_it_at_its_first_step(tmp_path: Path) -> None:
     results = run_ranks(2, "client/test_one_line.py:state_before_the_group",
@@ -273,6 +277,7 @@ def every_rank_checkpoint(rank: int, world: int) -> dict:
             "step": fresh.step}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_every_ranks_residuals_go_into_the_checkpoint_and_each_rank_gets_its_own() -> None:
     results = run_ranks(2, "client/test_one_line.py:every_rank_checkpoint")
@@ -314,6 +319,7 @@ def torch_barrier() -> None:
     dist.barrier()
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_an_agent_client_on_another_rank_warns_once_and_does_not_end_the_job(tmp_path: Path) -> None:
     with running(tmp_path) as agent:
@@ -339,6 +345,7 @@ def scalars_to_tensorboard(rank: int, world: int, logdir: str) -> dict:
     return {"steps": state.step}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_the_hook_writes_its_scalars_to_a_tensorboard_summary_writer(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

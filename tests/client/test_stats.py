@@ -120,6 +120,7 @@ def steps_on_a_held_clock(rank: int, world: int) -> dict:
             "history": [(s.step, s.t_sync_s, s.gain) for s in sync.history]}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
 def test_statistics_wait_for_the_device_without_waiting_the_step():
     per_rank = run_ranks(2, "client/test_stats.py:steps_on_a_held_clock", timeout=100)

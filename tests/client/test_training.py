@@ -56,6 +56,7 @@ def dense_and_compressed(rank: int, world: int) -> dict:
             "bf16": train(rank, world, compression="bf16")}
 
 
+@pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(200)
 def test_compressed_training_reaches_dense_accuracy_on_digits():
     results = run_ranks(2, "client/test_training.py:dense_and_compressed", timeout=160)

@@ -49,6 +49,7 @@ class AgentProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "agent.log"
+        self._log_from = 0  # where this start's lines begin in the log
         self._channel: grpc.Channel | None = None
 
     def argv(self) -> list[str]:
@@ -57,7 +58,9 @@ class AgentProcess:
                 "--flush-interval", "200ms", *self.extra]
 
     def start(self, timeout_s: float = 30.0) -> AgentProcess:
-        """Start it and wait until it serves; a start that fails leaves no process."""
+        """Start it and wait until it has started (`wait_serving`); a start that
+        fails leaves no process."""
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env)
         try:
@@ -68,11 +71,14 @@ class AgentProcess:
         return self
 
     def wait_serving(self, timeout_s: float = 30.0) -> None:
+        """Until health says SERVING and the log says "agent ready": the agent
+        serves before its metrics, probing and emulation have started, and says
+        it is ready once they have."""
         deadline = time.monotonic() + scaled(timeout_s)
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            if self._serving():
+            if self._serving() and b'"msg": "agent ready"' in self.log.read_bytes()[self._log_from:]:
                 return
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"agent not serving after {scaled(timeout_s):.0f}s:\n{self.log.read_text()}")
