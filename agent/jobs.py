@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flexcomm.policy.linkestimate import LinkEstimate
 from flexcomm.policy.types import Decision, NetworkObservation, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import decision_to_proto
@@ -50,6 +51,10 @@ class Job:
         # The job's own estimate of its network: (alpha_s, bandwidth_bps).
         self.reported_network: tuple[float, float] | None = None
         self.network: NetworkObservation | None = None
+        # The network model's estimate of the job's path (held by the network feed),
+        # and, for a resumed job, the state it continues from.
+        self.estimate: LinkEstimate | None = None
+        self.estimate_state: dict[str, Any] | None = None
         self.pending_reports: list[StepReport] = []
         self.pending_decisions: list[tuple[Decision, float]] = []
         self.dirty = True
@@ -150,6 +155,7 @@ class Job:
             "last_seen_unix": self.last_seen_unix,
             "reported_network": list(self.reported_network) if self.reported_network else None,
             "network": self.network.to_dict() if self.network else None,
+            "estimate": self.estimate.state_dict() if self.estimate is not None else self.estimate_state,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -168,6 +174,7 @@ class Job:
         self.reported_network = (float(rn[0]), float(rn[1])) if rn else None
         net = state.get("network")
         self.network = NetworkObservation(**net) if net else None
+        self.estimate_state = state.get("estimate")
         decision = Decision.from_dict(state["decision"])
         self.version = decision.version - 1
         self._adopt(decision, now=float(state["decided_unix"]))

@@ -18,6 +18,7 @@ sends them again has them twice: at least once, never lost).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -28,9 +29,10 @@ import grpc
 
 from flexcomm.agent.jobs import Job, JobNotFound, Jobs
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network_feed import NetworkFeed
+from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
-from flexcomm.policy.types import Policy
+from flexcomm.policy.types import Policy, StepReport
+from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
@@ -39,6 +41,9 @@ from flexcomm.proto.validate import JobSpec
 from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")
+# Reports fed to a policy between two turns of the event loop (a 4,096-report
+# message would otherwise hold every other RPC).
+INGEST_SLICE = 512
 
 
 class SpecConflict(ValueError):
@@ -230,6 +235,7 @@ class AgentService(pb_grpc.AgentServicer):
         self.metrics.jobs.set(len(self.jobs))
         if self.on_jobs_changed is not None:
             await self.on_jobs_changed()
+        self.network.probe_if_wanted(job.job_id)  # the prober knows the job's peers now
         log.info("job replaced" if differ else "job registered", extra={"fields": {
             "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
             "nodes": list(spec.nodes), "changed": differ}})
@@ -277,15 +283,23 @@ class AgentService(pb_grpc.AgentServicer):
             reports = validate.reports(request)
             network = validate.network(request.network) if request.HasField("network") else None
             job.touch()
-            accepted += self._ingest(job, reports, network)
+            accepted += await self._ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
         await _durably(self.commit, f"{accepted} report(s)")
         return pb.ReportStepsResponse(accepted=accepted, decision=job.decision_pb)
 
-    def _ingest(self, job: Job, reports: list, network: tuple[float, float] | None) -> int:
-        epoch_before = job.last_epoch
-        n = job.ingest(reports, self._policy_error(job))
+    async def _ingest(self, job: Job, reports: list[StepReport], network: tuple[float, float] | None) -> int:
+        """One message's reports: to the policy (in slices, the loop serving others
+        between them), to the network model as one observation per option, then
+        one decision."""
+        epoch_before, received = job.last_epoch, time.time()
+        reports = self.network.disturbed(job, reports, received)
+        n = 0
+        for start in range(0, len(reports), INGEST_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            n += job.ingest(reports[start:start + INGEST_SLICE], self._policy_error(job))
         if n:
             counter = self._report_counters.get(job.job_id)
             if counter is None:
@@ -299,7 +313,9 @@ class AgentService(pb_grpc.AgentServicer):
         if news is not None:
             job.reported_network = news
             job.dirty = True
-        self.network.reported(job, reports, news)
+        if job.closed:
+            return n  # ended while its reports were ingested
+        self.network.reported(job, reports, news, received)
         self.refresh_network(job)
         if job.redecide():
             self.decision_changed(job)
@@ -326,8 +342,8 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def GetNetwork(self, request: pb.GetNetworkRequest, context: Any) -> pb.NetworkState:
         if not request.job_id:
-            return self.network.state(None)
-        return self.network.state(self.jobs.get(validate.job_id(request.job_id)))
+            return pb.NetworkState(peers=[peer_state(p) for p in self.network.peers()])
+        return network_state(self.network.job_network(self.jobs.get(validate.job_id(request.job_id))))
 
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
@@ -362,3 +378,30 @@ def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:
         elif r["kind"] == LATENCY and r["rtt_p50_s"] is not None:
             out.rtt_s.add(ts_unix=r["ts"], value=r["rtt_p50_s"])
     return out
+
+
+def network_state(net: JobNetwork) -> pb.NetworkState:
+    """A job's network as GetNetwork shows it: its nodes' paths, its estimate, its bottleneck."""
+    peers = [peer_state(p, source) for p, source in net.peers]
+    e = net.estimate
+    if e.beta_s_per_byte:
+        peers.append(pb.PeerState(address=f"job:{net.job_id}", bandwidth_bps=e.bandwidth_bps,
+                                  beta_s_per_byte=e.beta_s_per_byte, source=e.evidence,
+                                  updated_unix=e.moved_at or 0.0))
+    b = net.bottleneck
+    if b is None:
+        return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(nodes=net.nodes))
+    return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(
+        alpha_s=b.alpha_s, beta_s_per_byte=b.beta_s_per_byte, bandwidth_bps=b.bandwidth_bps, nodes=b.nodes,
+        known=True, peak_over_rate=b.bucket.peak_over_rate, burst_s=b.bucket.burst_s, evidence=b.evidence))
+
+
+def peer_state(p: PeerPath, source: str = "probe") -> pb.PeerState:
+    """A peer's figures as GetNetwork shows them; `source` "self" for this host's
+    own address (never probed)."""
+    measured = p.beta_s_per_byte is not None or p.alpha_s is not None
+    return pb.PeerState(address=p.address, bandwidth_bps=p.bandwidth_bps or 0.0, rtt_s=p.rtt_s or 0.0,
+                        rtt_p99_s=p.rtt_p99_s or 0.0, loss=p.loss or 0.0, alpha_s=p.alpha_s or 0.0,
+                        beta_s_per_byte=p.beta_s_per_byte or 0.0,
+                        source=source if measured or source == "self" else "none",
+                        updated_unix=p.updated or 0.0, probe_failures=p.failures)

@@ -431,7 +431,10 @@ class NetworkObservation:
     (1 / bandwidth in bytes/s) at the sustained rate. nodes: number of workers N.
     bucket: the links' allowance above that rate (plain unless configured);
     a mapping is taken as its fields (the `to_dict` form). evidence: what the
-    figures last moved on (e.g. "passive+probe"), for people.
+    figures last moved on (e.g. "sync", "probe"), for people. lower_bound: the
+    bandwidth is only known to be at least this (the syncs it came from spent
+    little of their time on their bytes). age_s: seconds since the bandwidth was
+    last confirmed (by a sync its bytes explain or a probe).
     """
 
     alpha_s: float
@@ -439,6 +442,8 @@ class NetworkObservation:
     nodes: int
     bucket: LinkBucket = PLAIN_LINK
     evidence: str = ""
+    lower_bound: bool = False
+    age_s: float = 0.0
 
     def __post_init__(self) -> None:
         _finite("alpha_s", self.alpha_s)
@@ -451,6 +456,9 @@ class NetworkObservation:
             raise ValueError(f"bucket: expected a LinkBucket, got {self.bucket!r}")
         if not isinstance(self.evidence, str):
             raise ValueError(f"evidence: expected a string, got {self.evidence!r}")
+        if not isinstance(self.lower_bound, bool):
+            raise ValueError(f"lower_bound: expected a bool, got {self.lower_bound!r}")
+        _finite("age_s", self.age_s)
 
     @property
     def bandwidth_bps(self) -> float:
@@ -491,7 +499,9 @@ class StepReport:
     compensated gradient's squared norm the step sent (1 for dense and bf16).
     gains maps a lossy compression's text form ("topk:0.01", "powersgd:2") to the
     gain it would have had on this step's gradient (read off one gradient).
-    t_compute_s is forward + backward time, when known (else 0).
+    t_compute_s is forward + backward time, when known (else 0). disturbed: the
+    step overlapped a bandwidth test of the job's paths (set by the agent, never
+    sent by a client): its times say nothing of the path or the option.
     """
 
     step: int
@@ -505,6 +515,7 @@ class StepReport:
     epoch: int = 0
     t_compute_s: float = 0.0
     gains: Mapping[str, float] = field(default_factory=dict)
+    disturbed: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:

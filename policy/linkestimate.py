@@ -1,0 +1,314 @@
+"""One job path's bandwidth, read off every sync of every option the job runs and
+the probes of its peers: the one detector of a moved network.
+
+A sync of option k takes t = o_k + B_k beta: B_k the bytes it moves per unit of
+beta (the cost model's `option_terms`), o_k the option's overhead per sync (its
+latency terms and the host's and gloo's own work per collective, which the model
+leaves out: in the lab 1.8 ms for AllGather Top-k, 5.3 ms for the AR tree, 17 ms
+for PowerSGD), beta the path's seconds per byte, one for every option. Both are
+fitted together, with forgetting:
+
+- An option's overhead is learned from its syncs while beta is confirmed
+  (o_k <- t - B_k beta), with the spread of those residuals; until then it is only
+  known to lie in [0, `overhead_cap_s`].
+- So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k. The
+  upper bound always holds (the path carried at least B_k bytes in t). When the
+  interval is narrow (the bytes explain most of the time) the sync reads the path
+  and moves the estimate, weighted by that share; when it is wide the sync is a
+  lower bound on the bandwidth, never ignored: an estimate slower than what
+  crossed is raised to it, flagged `lower_bound`.
+- A change is `persist` reports in a row outside the interval (by more than
+  `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
+  from the syncs alone only when their bytes would explain `alone_share` of their
+  time at the new figure (a loaded host slows the overhead, not the path); else a
+  probe must confirm it (`wants_probe`). Readings in the streak before a change
+  are not blended into the old figure.
+- A probe that reads faster, or agrees, confirms; one that reads slower while
+  the job's syncs say the path is as it was is the job sharing the link with the
+  test, and a slower probe alone must read it twice.
+
+Pure: no I/O and no clock (timestamps are whatever the caller passes).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flexcomm.policy.costmodel import ModelForms, option_terms
+from flexcomm.policy.types import GradientLayout, StepReport, option_label
+
+# A sync reported faster than this measured nothing (a clock's resolution).
+MIN_SYNC_S = 1e-6
+SYNC, SYNC_BOUND, PROBE, REPORT = "sync", "sync (lower bound)", "probe", "report"
+STATE_FORMAT = 1
+
+
+def ewma(old: float | None, new: float, weight: float) -> float:
+    """Exponentially weighted mean: `new` when there is no `old`."""
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def relative_change(old: float, new: float) -> float:
+    """|new - old| / old; infinite when old is 0 and new is not."""
+    if old == 0:
+        return 0.0 if new == 0 else math.inf
+    return abs(new - old) / abs(old)
+
+
+@dataclass(frozen=True)
+class LinkEstimateConfig:
+    """How syncs and probes are weighed (see the module docstring)."""
+
+    overhead_cap_s: float = 0.01
+    informative: float = 0.3
+    alone_share: float = 0.7
+    change: float = 0.25
+    noise: float = 0.05
+    sigmas: float = 3.0
+    persist: int = 3
+    beta_weight: float = 0.2
+    overhead_weight: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("overhead_cap_s", "informative", "alone_share", "change", "noise", "sigmas",
+                     "beta_weight", "overhead_weight"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+        for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.persist, int) or self.persist < 1:
+            raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
+
+
+@dataclass
+class OptionFit:
+    """One option's overhead per sync (s) and the mean deviation of its residuals,
+    learned against a confirmed beta; `weight` how many overhead-bound syncs
+    (each weighted by the share of its time its bytes do not explain) stand behind
+    them, capped by the forgetting."""
+
+    overhead_s: float = 0.0
+    spread_s: float = 0.0
+    weight: float = 0.0
+
+    @property
+    def known(self) -> bool:
+        return self.weight >= 1.0
+
+    def learn(self, residual: float, weight: float, memory: float) -> None:
+        if weight <= 0:
+            return
+        share = weight / (min(self.weight, memory) + weight)
+        self.spread_s = self.spread_s + share * (abs(residual - self.overhead_s) - self.spread_s) \
+            if self.weight else 0.0
+        self.overhead_s += share * (residual - self.overhead_s)
+        self.weight = min(self.weight, memory) + weight
+
+
+@dataclass
+class Streak:
+    """Reports in a row that disagree with the estimate the same way (+1 slower,
+    -1 faster): how many, since when, and the slowest beta each could be."""
+
+    direction: int
+    since: float
+    reports: int = 0
+    betas: list[float] = field(default_factory=list)
+    informative: bool = True  # every reading was narrow enough to stand for the path
+    alone: bool = True  # every reading's bytes would explain `alone_share` of its time
+    probe_asked: bool = False
+
+
+@dataclass
+class LinkEstimate:
+    """The estimate of one job's path (see the module docstring). The owner reads
+    `beta_s_per_byte`, `lower_bound`, `confirmed` (when the figure was last
+    confirmed) and `wants_probe` (cleared once it has asked)."""
+
+    config: LinkEstimateConfig = field(default_factory=LinkEstimateConfig)
+    beta_s_per_byte: float | None = None
+    lower_bound: bool = False
+    evidence: str = ""
+    moved_at: float | None = None
+    confirmed: float | None = None
+    wants_probe: bool = False
+    options: dict[str, OptionFit] = field(default_factory=dict)
+    streak: Streak | None = None
+    probe_pending: float | None = None  # a slower probe read once, to be read again
+    syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
+
+    @property
+    def bandwidth_bps(self) -> float | None:
+        return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    def age_s(self, now: float) -> float:
+        return max(0.0, now - self.confirmed) if self.confirmed is not None else 0.0
+
+    # -- syncs -------------------------------------------------------------------
+    def observe_sync(self, option: str, beta_bytes: float, seconds: float, ts: float,
+                     reports: int = 1) -> None:
+        """`reports` syncs of `option` that took `seconds` each (their median),
+        moving `beta_bytes` bytes per unit of beta."""
+        if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
+            return
+        fit = self.options.setdefault(option, OptionFit())
+        lo, hi = self._overhead_range(fit, seconds)
+        fastest, slowest = max(seconds - hi, 0.0) / beta_bytes, (seconds - lo) / beta_bytes
+        narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
+        beta = self.beta_s_per_byte
+        if beta is None:
+            self._set(slowest, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
+            self.wants_probe = not narrow
+            return
+        margin = self.config.change * beta * beta_bytes
+        if seconds < lo + beta * beta_bytes - margin:
+            self._disagree(-1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+        elif seconds > hi + beta * beta_bytes + margin and slowest > beta * (1 + self.config.change):
+            self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+        else:
+            self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+
+    def _overhead_range(self, fit: OptionFit, seconds: float) -> tuple[float, float]:
+        cap = self.config.overhead_cap_s
+        if not fit.known:
+            return 0.0, min(cap, seconds)
+        noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
+        return max(0.0, fit.overhead_s - noise), min(fit.overhead_s + noise, max(cap, 2 * fit.overhead_s))
+
+    def _agree(self, fit: OptionFit, fastest: float, slowest: float, narrow: bool, seconds: float,
+               beta_bytes: float, ts: float, reports: int) -> None:
+        beta = self.beta_s_per_byte
+        assert beta is not None
+        self.streak = None
+        weight = 1 - (1 - self.config.beta_weight) ** reports
+        if narrow:
+            reading = math.sqrt(max(fastest, 1e-300) * slowest)
+            share = min(1.0, reading * beta_bytes / seconds)
+            self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
+            self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
+        if self.lower_bound:
+            return  # an overhead against a beta only bounded would be only bounded too
+        # the overhead is read where it is most of the time: a wire-bound sync's
+        # residual is the wire's noise, not the host's
+        wire = beta_bytes * self.beta_s_per_byte
+        fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
+                  1 / self.config.overhead_weight)
+
+    def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
+                  beta_bytes: float, ts: float, reports: int) -> None:
+        streak = self.streak
+        if streak is None or streak.direction != direction:
+            streak = self.streak = Streak(direction, ts)
+        streak.reports += reports
+        # a reading that is not narrow says only what surely crossed: its bytes in its time
+        streak.betas.append(slowest if narrow else seconds / beta_bytes)
+        streak.informative = streak.informative and narrow
+        streak.alone = streak.alone and (seconds * self.config.alone_share <= fastest * beta_bytes)
+        self.syncs_agree = False
+        if streak.reports < self.config.persist:
+            return
+        figure = min(streak.betas[-self.config.persist:])  # the fastest the path surely was
+        if direction < 0:
+            self._set(figure, SYNC if streak.informative else SYNC_BOUND, ts,
+                      lower_bound=not streak.informative)
+            self.wants_probe = not streak.informative
+        elif streak.informative and streak.alone:
+            self._set(figure, SYNC, ts, lower_bound=False)
+        elif self.lower_bound:  # a bound of the path as it was: the syncs' bound now
+            self._set(figure, SYNC_BOUND, ts, lower_bound=True)
+            self.wants_probe = True
+        elif not streak.probe_asked:
+            streak.probe_asked = self.wants_probe = True
+
+    # -- active figures -----------------------------------------------------------
+    def observe_probe(self, beta: float, ts: float) -> None:
+        """A bandwidth test of the job's path (the slowest of its fresh peers)."""
+        old, change = self.beta_s_per_byte, self.config.change
+        if old is None or (self.lower_bound and beta < old):
+            self._set(beta, PROBE, ts)
+        elif self.streak is not None and self.streak.direction > 0 and beta >= old * (1 + change):
+            # the syncs' slower move, confirmed; the path carried at least what crossed it
+            self._set(min(beta, min(self.streak.betas)), f"{SYNC}+{PROBE}", ts)
+        elif beta <= old / (1 + change):
+            self._set(beta, PROBE, ts)  # faster than the estimate: it carried that much
+        elif beta < old * (1 + change):
+            self.beta_s_per_byte = ewma(old, beta, self.config.beta_weight)
+            self.lower_bound, self.confirmed, self.probe_pending = False, ts, None
+        elif self.syncs_agree:
+            self.probe_pending = None  # the job's own traffic shared the path with the test
+        elif self.probe_pending is not None and relative_change(self.probe_pending, beta) < change:
+            self._set(beta, PROBE, ts)
+        else:  # one slower probe alone: read it again before believing it
+            self.probe_pending, self.wants_probe = beta, True
+
+    def observe_report(self, beta: float, ts: float) -> None:
+        """The job's own figure for its network, taken as it is."""
+        self._set(beta, REPORT, ts)
+
+    def _set(self, beta: float, evidence: str, ts: float, lower_bound: bool = False) -> None:
+        moved = self.beta_s_per_byte is None or relative_change(self.beta_s_per_byte, beta) >= \
+            self.config.change / 2
+        self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
+        self.streak, self.probe_pending, self.syncs_agree = None, None, False
+        if not lower_bound:
+            self.confirmed = ts
+        if moved:
+            self.moved_at = ts
+
+    # -- persistence --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = asdict(self)
+        state.pop("config")
+        state["format"] = STATE_FORMAT
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume exactly from `state_dict()`; ValueError naming what is wrong."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
+        try:
+            options = {k: OptionFit(**v) for k, v in state["options"].items()}
+            streak = Streak(**state["streak"]) if state["streak"] else None
+            fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
+                                            "confirmed", "wants_probe", "probe_pending", "syncs_agree")}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"estimate: damaged state ({exc!r})") from None
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.options, self.streak = options, streak
+
+
+class SyncReader:
+    """Reads a job's step reports as syncs of its options: each report's bytes per
+    unit of beta from the cost model's formulas for what it ran (cached per option:
+    the agent ingests tens of thousands of reports a second), and a message's
+    reports as one observation per option (their median time). Reports that
+    overlapped a bandwidth test (`disturbed`) or measured no sync are left out."""
+
+    def __init__(self, layout: GradientLayout, nodes: int, forms: ModelForms | None = None) -> None:
+        self.layout, self.nodes, self.forms = layout, nodes, forms or ModelForms()
+        self._terms: dict[tuple[str, float, str], tuple[str, float]] = {}
+
+    def terms(self, report: StepReport) -> tuple[str, float]:
+        """(the option's label, the bytes its sync moves per unit of beta)."""
+        key = (report.family, report.param, report.collective)
+        terms = self._terms.get(key)
+        if terms is None:
+            compression = report.compression
+            _, beta_bytes = option_terms(compression, report.collective, self.layout, self.nodes, self.forms)
+            terms = self._terms[key] = (option_label(compression, report.collective), beta_bytes)
+        return terms
+
+    def observe(self, estimate: LinkEstimate, reports: Iterable[StepReport], ts: float) -> None:
+        by_option: dict[tuple[str, float], list[float]] = {}
+        for r in reports:
+            if not r.disturbed and r.t_sync_s >= MIN_SYNC_S:
+                by_option.setdefault(self.terms(r), []).append(r.t_sync_s)
+        for (label, beta_bytes), times in by_option.items():
+            estimate.observe_sync(label, beta_bytes, statistics.median(times), ts, len(times))
