@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.linkestimate import LinkEstimate
 from flexcomm.policy.types import Decision, NetworkObservation, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
-from flexcomm.proto.convert import decision_to_proto
-from flexcomm.proto.validate import JobSpec
+from flexcomm.proto.convert import decision_to_proto, spec_to_proto
 
 log = logging.getLogger("flexcomm.agent.jobs")
 STATE_FORMAT = 1
@@ -195,7 +195,7 @@ class Job:
         self.pending_decisions[:0] = decisions
 
     def info(self) -> pb.JobInfo:
-        return pb.JobInfo(spec=self.spec.to_proto(), decision=self.decision_pb, last_step=self.last_step,
+        return pb.JobInfo(spec=spec_to_proto(self.spec), decision=self.decision_pb, last_step=self.last_step,
                           last_epoch=self.last_epoch, reports=self.reports,
                           registered_unix=self.registered_unix, last_report_unix=self.last_report_unix)
 

@@ -109,16 +109,24 @@ class NetworkFeed:
         estimate = self.estimator.add_job(job.job_id, job_peers(job.spec.nodes, own), now)
         self._readers[job.job_id] = SyncReader(job_layout(job), job.spec.world_size, model_forms(job))
         job.estimate = estimate
-        if job.estimate_state is not None:
-            try:
-                estimate.load_state_dict(job.estimate_state)
-                return
-            except ValueError as exc:
-                log.error("cannot resume the job's network estimate: starting afresh",
-                          extra={"fields": {"job": job.job_id, "error": str(exc)}})
+        if job.estimate_state is not None and self._resume(estimate, job):
+            if job.reported_network is not None:
+                self.estimator.reported_alpha[job.job_id] = job.reported_network[0]
+            return
         if job.reported_network is not None:
             self.estimator.observe_reported_network(job.job_id, *job.reported_network, now)
         estimate.wants_probe = True  # the paths as they are now, before the job loads them
+
+    @staticmethod
+    def _resume(estimate: LinkEstimate, job: Job) -> bool:
+        """Continue from the estimate the job's policy was using; False if it is damaged."""
+        try:
+            estimate.load_state_dict(job.estimate_state or {})
+        except ValueError as exc:
+            log.error("cannot resume the job's network estimate: starting afresh",
+                      extra={"fields": {"job": job.job_id, "error": str(exc)}})
+            return False
+        return True
 
     async def forget(self, job: Job, existing: Job | None = None) -> None:
         """Stop following a job (it ended), or, after a registration the store

@@ -43,11 +43,11 @@ from flexcomm.agent.network_feed import NetworkFeed
 from flexcomm.agent.persist import Persister
 from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
-from flexcomm.probe.estimate import Estimator
+from flexcomm.policy.jobspec import policy_for
+from flexcomm.probe.estimate import EstimateConfig, Estimator
 from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
-from flexcomm.proto.validate import policy_for
 from flexcomm.sockets import tcp_listen_error, unix_socket_listening
 from flexcomm.store import EmulationStep
 
@@ -109,7 +109,8 @@ class Agent:
         self.jobs = Jobs(config.max_jobs)
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
-        self.network = NetworkFeed(Estimator(config.link_bucket()), self.metrics,
+        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s))
+        self.network = NetworkFeed(estimator, self.metrics,
                                    redecide=lambda job_id: self.service.refresh_job(job_id))
         self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
                                     policy_for, self.commits.commit, agent_info=self.info)

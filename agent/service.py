@@ -31,13 +31,13 @@ from flexcomm.agent.jobs import Job, JobNotFound, Jobs
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.types import Policy, StepReport
 from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
 from flexcomm.proto.convert import decision_to_proto
-from flexcomm.proto.validate import JobSpec
 from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")

@@ -32,6 +32,7 @@ Pure: no I/O and no clock (timestamps are whatever the caller passes).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterable
@@ -39,12 +40,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flexcomm.policy.costmodel import ModelForms, option_terms
-from flexcomm.policy.types import GradientLayout, StepReport, option_label
+from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport, option_label
 
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
 SYNC, SYNC_BOUND, PROBE, REPORT = "sync", "sync (lower bound)", "probe", "report"
 STATE_FORMAT = 1
+# A policy is shown the estimate's age in whole steps of this: an age that moved
+# by a fraction of a second is no news to decide on.
+AGE_STEP_S = 5.0
 
 
 def ewma(old: float | None, new: float, weight: float) -> float:
@@ -148,7 +152,16 @@ class LinkEstimate:
         return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
 
     def age_s(self, now: float) -> float:
-        return max(0.0, now - self.confirmed) if self.confirmed is not None else 0.0
+        """Seconds since the figure was last confirmed, in whole `AGE_STEP_S`."""
+        if self.confirmed is None:
+            return 0.0
+        return AGE_STEP_S * math.floor(max(0.0, now - self.confirmed) / AGE_STEP_S)
+
+    def observation(self, net: NetworkObservation, now: float) -> NetworkObservation:
+        """`net` (its alpha, nodes and bucket) with this estimate's bandwidth, as of `now`."""
+        assert self.beta_s_per_byte is not None
+        return dataclasses.replace(net, beta_s_per_byte=self.beta_s_per_byte, evidence=self.evidence,
+                                   lower_bound=self.lower_bound, age_s=self.age_s(now))
 
     # -- syncs -------------------------------------------------------------------
     def observe_sync(self, option: str, beta_bytes: float, seconds: float, ts: float,

@@ -33,9 +33,6 @@ from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, ch
 from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
 
 ALPHA_BURSTS = 5
-# A policy is shown the estimate's age in whole steps of this: an age that moved
-# by a fraction of a second is no news to decide on.
-AGE_STEP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -149,14 +146,12 @@ class Estimator:
         its paths. None while nothing is known."""
         job = self.jobs[job_id]
         alpha = self._alpha(job_id) or 0.0
-        if job.beta_s_per_byte:
-            return NetworkObservation(alpha, job.beta_s_per_byte, nodes, self.bucket, evidence=job.evidence,
-                                      lower_bound=job.lower_bound,
-                                      age_s=AGE_STEP_S * math.floor(job.age_s(ts) / AGE_STEP_S))
-        beta = self._probed_beta(self.job_peers[job_id], since=ts - self.config.max_probe_age_s)
+        beta = job.beta_s_per_byte or self._probed_beta(self.job_peers[job_id],
+                                                        since=ts - self.config.max_probe_age_s)
         if beta is None:
             return None
-        return NetworkObservation(alpha, beta, nodes, self.bucket, evidence=PROBE)
+        net = NetworkObservation(alpha, beta, nodes, self.bucket, evidence=PROBE)
+        return job.observation(net, ts) if job.beta_s_per_byte else net
 
     def _probed_beta(self, peers: Sequence[str], since: float) -> float | None:
         """The slowest of `peers` among those tested at or after `since`; None when none was."""

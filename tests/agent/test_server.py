@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -112,7 +113,9 @@ def test_a_reported_network_change_alone_starts_a_new_measurement(agent: AgentPr
     moved = pb.ReportStepsRequest(job_id="estimated", reports=[report],
                                   network=pb.NetworkEstimate(alpha_s=FAST[0], bandwidth_bps=FAST[1]))
     after = stub.ReportSteps(iter([moved]), timeout=5).decision
-    assert after.version > settled.version and "network moved (report): bandwidth 100 -> 1e+04 Mbit/s" in after.reason
+    # the syncs since the last report refined its 100 Mbit/s within noise
+    assert after.version > settled.version
+    assert re.search(r"network moved \(report\): bandwidth 10[01](\.\d+)? -> 1e\+04 Mbit/s", after.reason)
 
 
 def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from flexcomm.policy.linkestimate import AGE_STEP_S
 from flexcomm.policy.types import LinkBucket
-from flexcomm.probe.estimate import AGE_STEP_S, EstimateConfig, Estimator, PeerPath
+from flexcomm.probe.estimate import EstimateConfig, Estimator, PeerPath
 from flexcomm.store import Measurement
 
 NODES = 4
