@@ -67,7 +67,7 @@ def mark_disturbed(reports: Sequence[StepReport], received: float,
     out, end = [], received
     for r in reversed(reports):
         start = end - max(r.t_compute_s, r.t_comp_s) - r.t_sync_s
-        hit = any(s <= end and start <= e for s, e in spans)
+        hit = any(s < end and start < e for s, e in spans)
         out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
         end = start
     out.reverse()

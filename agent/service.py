@@ -1,4 +1,6 @@
-"""The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio.
+"""The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio: it
+translates requests into the job lifecycle's calls (agent/lifecycle.py) and their
+results into responses, and answers the read-only calls.
 
 Every handler validates its whole request before changing anything (a
 ReportSteps stream: each message as a whole, ingested as it arrives, so the
@@ -18,7 +20,6 @@ sends them again has them twice: at least once, never lost).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -27,12 +28,11 @@ from typing import Any
 
 import grpc
 
-from flexcomm.agent.jobs import Job, JobNotFound, Jobs
+from flexcomm.agent.jobs import JobNotFound, Jobs
+from flexcomm.agent.lifecycle import JobLifecycle, SpecConflict, StoreUnavailable
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
-from flexcomm.policy.jobspec import JobSpec
-from flexcomm.policy.types import Policy, StepReport
 from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
@@ -41,17 +41,6 @@ from flexcomm.proto.convert import decision_to_proto
 from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")
-# Reports fed to a policy between two turns of the event loop (a 4,096-report
-# message would otherwise hold every other RPC).
-INGEST_SLICE = 512
-
-
-class SpecConflict(ValueError):
-    """A job id registered again with a different spec (and no `replace`)."""
-
-
-class StoreUnavailable(Exception):
-    """The store could not be written: what the request carried is not acknowledged."""
 
 
 def _status(exc: Exception) -> grpc.StatusCode:
@@ -145,126 +134,30 @@ def server_stream(fn: Callable) -> Callable:
 
 
 class AgentService(pb_grpc.AgentServicer):
-    """`on_epoch(epoch)` is told each new highest epoch a job reports;
-    `on_jobs_changed()` runs after each registration and end (e.g. to probe the
-    jobs' nodes as they are now)."""
+    """The Agent API over `lifecycle` (registration, ingest, end) and what the
+    read-only calls read: the jobs, the network feed, the persister's history."""
 
-    def __init__(self, jobs: Jobs, network: NetworkFeed, persister: Persister, metrics: Metrics,
-                 create_policy: Callable[[JobSpec], Policy],
-                 commit: Callable[[], Awaitable[None]],
-                 on_epoch: Callable[[int], None] | None = None,
-                 on_jobs_changed: Callable[[], Awaitable[None]] | None = None,
+    def __init__(self, lifecycle: JobLifecycle, jobs: Jobs, network: NetworkFeed, persister: Persister,
+                 metrics: Metrics, commit: Callable[[], Awaitable[None]],
                  agent_info: Callable[[], pb.AgentInfo] = pb.AgentInfo) -> None:
+        self.lifecycle = lifecycle
         self.jobs = jobs
         # Awaited before a report stream is acknowledged: what it carried is on disk.
         self.commit = commit
         self.network = network
         self.persister = persister
-        self.metrics = metrics
         self.instrumented = _Instrumented(metrics)
-        self.create_policy = create_policy
-        self.on_epoch = on_epoch
-        self.on_jobs_changed = on_jobs_changed  # after a job is registered or ended
         self.agent_info = agent_info
-        self.on_decision: Callable[[], None] | None = None  # e.g. to write it out soon
-        self._report_counters: dict[str, Any] = {}
-
-    # -- helpers used by the server too ----------------------------------------
-    def publish(self, job: Job) -> None:
-        """The job's current decision into the metrics."""
-        self.metrics.decision_cr.labels(job.job_id).set(job.decision.compression.cr)
-        self.metrics.decision_version.labels(job.job_id).set(job.version)
-
-    def decision_changed(self, job: Job) -> None:
-        self.metrics.count_decision(job.job_id, job.decision.collective)
-        self.publish(job)
-        if self.on_decision is not None:
-            self.on_decision()
-
-    def refresh_network(self, job: Job) -> None:
-        """Give the job's policy the current bottleneck (if it changed)."""
-        net = self.network.bottleneck(job)
-        if net is not None and job.observe_network(net):
-            self.decision_changed(job)
-
-    def refresh_job(self, job_id: str) -> None:
-        job = self.jobs.find(job_id)
-        if job is not None:
-            self.refresh_network(job)
-
-    def _policy_error(self, job: Job) -> Callable[[str], None]:
-        def on_error(message: str) -> None:
-            self.metrics.policy_errors.labels(job.job_id).inc()
-            if job.policy_errors == 1:  # say it once per job, count the rest
-                log.warning("policy refused a report", extra={"fields": {"job": job.job_id,
-                                                                          "error": message}})
-        return on_error
 
     # -- RPCs -----------------------------------------------------------------
     @unary
     async def RegisterJob(self, request: pb.RegisterJobRequest, context: Any) -> pb.RegisterJobResponse:
         if not request.HasField("spec"):
             raise ValueError("spec: missing")
-        spec = validate.spec(request.spec)
-        existing = self.jobs.find(spec.job_id)
-        if existing is not None and existing.spec == spec:
-            existing.touch()
-            return pb.RegisterJobResponse(job=existing.info(), decision=existing.decision_pb, resumed=True)
-        differ = ([k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
-                  if existing is not None else [])
-        if differ and not request.replace:
-            raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
-                               f"{', '.join(differ)}; set replace to start it anew")
-        job = Job(spec, self.create_policy(spec))
-        self.jobs.check_room(spec.job_id)
-        await self.network.add_job(job)
-        net = self.network.bottleneck(job)
-        if net is not None:
-            job.observe_network(net)
-        # Written (job row and state in one transaction) before it is held: a job
-        # the store did not take is not registered.
-        try:
-            await self.persister.save_registration(job)
-        except Exception as exc:
-            await self.network.forget(job, existing)
-            raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
-        self.jobs.add(job)
-        if existing is not None:
-            self.metrics.forget_job(spec.job_id)
-        self.decision_changed(job)
-        self.metrics.jobs.set(len(self.jobs))
-        if self.on_jobs_changed is not None:
-            await self.on_jobs_changed()
-        self.network.probe_if_wanted(job.job_id)  # the prober knows the job's peers now
-        log.info("job replaced" if differ else "job registered", extra={"fields": {
-            "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
-            "nodes": list(spec.nodes), "changed": differ}})
-        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=False,
-                                      replaced=bool(differ), changed=differ)
-
-    async def end_job(self, job: Job, reason: str) -> None:
-        """Take the job out of the agent (listing, probing, metrics) and write its end:
-        `reason` is "ended" (its client said so) or "expired" (idle too long)."""
-        self.jobs.remove(job.job_id)
-        await self.network.forget(job)
-        self.metrics.forget_job(job.job_id)
-        self._report_counters.pop(job.job_id, None)
-        self.metrics.jobs.set(len(self.jobs))
-        await self.write_end(job, reason)
-        if self.on_jobs_changed is not None:
-            await self.on_jobs_changed()
-
-    async def write_end(self, job: Job, reason: str) -> None:
-        """Store that a job (no longer in the agent) ended, with what it had not written."""
-        self.metrics.jobs_ended.labels(reason).inc()
-        try:
-            await self.persister.save_end(job, reason, time.time())
-        except Exception as exc:  # the job is out either way; a restart expires it again
-            self.metrics.store_errors.inc()
-            log.error("store write failed", extra={"fields": {"job": job.job_id, "error": str(exc)}})
-        log.info(f"job {reason}", extra={"fields": {
-            "job": job.job_id, "last_step": job.last_step, "reports": job.reports,
-            "idle_s": round(job.idle_s(time.time()), 3), "version": job.version}})
+        done = await self.lifecycle.register(validate.spec(request.spec), request.replace)
+        job = done.job
+        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=done.resumed,
+                                      replaced=bool(done.changed), changed=done.changed)
 
     @unary
     async def GetDecision(self, request: pb.JobRef, context: Any) -> pb.Decision:
@@ -283,45 +176,11 @@ class AgentService(pb_grpc.AgentServicer):
             reports = validate.reports(request)
             network = validate.network(request.network) if request.HasField("network") else None
             job.touch()
-            accepted += await self._ingest(job, reports, network)
+            accepted += await self.lifecycle.ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
         await _durably(self.commit, f"{accepted} report(s)")
         return pb.ReportStepsResponse(accepted=accepted, decision=job.decision_pb)
-
-    async def _ingest(self, job: Job, reports: list[StepReport], network: tuple[float, float] | None) -> int:
-        """One message's reports: to the policy (in slices, the loop serving others
-        between them), to the network model as one observation per option, then
-        one decision."""
-        epoch_before, received = job.last_epoch, time.time()
-        reports = self.network.disturbed(job, reports, received)
-        n = 0
-        for start in range(0, len(reports), INGEST_SLICE):
-            if start:
-                await asyncio.sleep(0)
-            n += job.ingest(reports[start:start + INGEST_SLICE], self._policy_error(job))
-        if n:
-            counter = self._report_counters.get(job.job_id)
-            if counter is None:
-                counter = self._report_counters[job.job_id] = self.metrics.reports.labels(job.job_id)
-            counter.inc(n)
-            self.metrics.observe_steps(job.job_id, reports)
-            error = job.policy.model_error()
-            if error is not None:
-                self.metrics.model_error.labels(job.job_id).set(error)
-        news = network if network is not None and network != job.reported_network else None
-        if news is not None:
-            job.reported_network = news
-            job.dirty = True
-        if job.closed:
-            return n  # ended while its reports were ingested
-        self.network.reported(job, reports, news, received)
-        self.refresh_network(job)
-        if job.redecide():
-            self.decision_changed(job)
-        if job.last_epoch > epoch_before and self.on_epoch is not None:
-            self.on_epoch(job.last_epoch)
-        return n
 
     @server_stream
     async def WatchDecisions(self, request: pb.WatchDecisionsRequest,
@@ -352,7 +211,7 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
         job = self.jobs.get(validate.job_id(request.job_id))
-        await self.end_job(job, "ended")
+        await self.lifecycle.end(job, "ended")
         return pb.EndJobResponse(job=job.info())
 
     @unary
