@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap lab test lint proto bench gpu-check clean-lab
+.PHONY: bootstrap lab test test-quick lint proto bench gpu-check clean-lab
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -15,6 +15,11 @@ lab: bootstrap
 test: bootstrap
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# The quick part, for while you work: no test marked slow (lab runs, multi-process
+# training jobs). CI runs everything (`make test`).
+test-quick: bootstrap
+	$(PY) -m pytest -ra -m "not slow" $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .

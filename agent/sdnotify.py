@@ -11,15 +11,21 @@ import socket
 
 
 def notify(state: str, environ: dict[str, str] | None = None) -> bool:
-    """Send e.g. "READY=1" or "WATCHDOG=1"; True if a datagram was sent."""
+    """Send e.g. "READY=1" or "WATCHDOG=1"; True if a datagram was sent. Never
+    waits: when the receiver's queue is full (it holds net.unix.max_dgram_qlen
+    datagrams, 10 by default) the datagram is dropped, since the agent's event
+    loop sends these and must not stop serving for a reader that is slow."""
     address = (os.environ if environ is None else environ).get("NOTIFY_SOCKET", "")
     if not address:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.connect(address)
-        sock.sendall(state.encode())
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
+        try:
+            sock.connect(address)
+            sock.sendall(state.encode())
+        except BlockingIOError:
+            return False
     return True
 
 

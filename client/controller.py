@@ -10,8 +10,8 @@ A finished step's statistics are folded in once the device has done its work
 (`StepStats.resolve`, at once for CPU tensors; on a GPU a step or two later,
 never waiting): then it joins the history and the agreement's means. Rank 0
 reports it once the next step has started too: only then is its wall time
-known, and t_compute_s is that wall time less the step's compression, probe and
-synchronisation times (forward, backward, optimizer, data loading).
+known, and t_compute_s is that wall time less the time the step's compression,
+probe and synchronisation covered (forward, backward, optimizer, data loading).
 
 `resolve_source` and `check_group` hold the construction-time checks (a bad
 compression, an unknown or model-only collective, a group of one) so that bad
@@ -235,9 +235,8 @@ class Controller:
     def _report(self, stats: StepStats, epoch: int, next_began: float | None) -> None:
         """Report a resolved step; the next step's start gives its wall time (None:
         closing, its compute time unknown)."""
-        if next_began is not None and stats.began is not None:
-            busy = stats.t_comp_s + stats.t_sync_s + stats.t_probe_s
-            stats.t_compute_s = max(0.0, next_began - stats.began - busy)
+        if next_began is not None:
+            stats.t_compute_s = stats.compute_s(next_began)
         try:
             report = StepReport(
                 step=stats.step, family=stats.family, param=stats.param, collective=stats.collective,

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-from flexcomm.client.device import Later, clock_for
-from flexcomm.policy.types import Compression
+from flexcomm.client.device import HostClock, Later, clock_for
+from flexcomm.policy.types import Choice, Compression
 
 
 class Pending(Protocol):
@@ -49,7 +49,7 @@ class StepStats:
     probes' gains (rank 0, once per probe interval), not counted in t_comp_s;
     t_compute_s is the rest of the wall time from this step's start to the next
     one's (forward, backward, optimizer; known once the next step starts, on rank
-    0). bytes_sent is this rank's payload (values, indices or factors it
+    0; `compute_s`). bytes_sent is this rank's payload (values, indices or factors it
     contributes), the message size M of the cost model. The times, norms and
     probes are final once `resolve()` returned True.
     """
@@ -68,6 +68,8 @@ class StepStats:
     norm_c: float = 0.0
     probes: list[tuple[dict[str, float], float]] = field(default_factory=list)
     sync_intervals: list[tuple[float, float]] = field(default_factory=list, repr=False)
+    host_spans: list[tuple[float, float]] = field(default_factory=list, repr=False)  # every span, host clock
+    device_spans: list[tuple[float, float]] = field(default_factory=list, repr=False)  # device clock, from origin
     began: float | None = field(default=None, repr=False)  # host clock at the step's start
     _spans: list[tuple[str, Any, Any, Any]] = field(default_factory=list, repr=False)
     _norms: tuple[list[torch.Tensor], list[torch.Tensor]] = field(default_factory=lambda: ([], []), repr=False)
@@ -79,6 +81,10 @@ class StepStats:
     @property
     def compression(self) -> Compression:
         return Compression(self.family, self.param)
+
+    @property
+    def choice(self) -> Choice:
+        return Choice(self.compression, self.collective)
 
     @property
     def gain(self) -> float:
@@ -93,13 +99,22 @@ class StepStats:
         """The union of the intervals a collective of this step was in flight."""
         self.resolve()
         with self._lock:
-            intervals = sorted(self.sync_intervals)
-        total, reach = 0.0, float("-inf")
-        for start, end in intervals:
-            if end > reach:
-                total += end - max(start, reach)
-                reach = end
-        return total
+            intervals = list(self.sync_intervals)
+        return covered(intervals)
+
+    def compute_s(self, next_began: float) -> float:
+        """t_compute_s, once the next step began at `next_began` (host clock): the
+        part of the time between the two starts that no span of this step covers.
+        Overlapping spans count once (a bucket compressed while the one before is in
+        flight, a callback preempted by a busy host), and host spans only inside
+        that period (a completion stamped after the next step began), so on the
+        host it is always > 0: the step's first span starts after it began. A
+        device clock's spans cannot be placed on the host's timeline: there it is
+        the period less their union, 0 (unknown) when that is not positive."""
+        if self.began is None:
+            return 0.0
+        busy = covered(self.host_spans, self.began, next_began) + covered(self.device_spans)
+        return max(0.0, next_began - self.began - busy)
 
     # -- recording (hook thread and collective callbacks) ----------------------
     def span(self, field_name: str, clock: Any, start: Any, end: Any) -> None:
@@ -147,8 +162,13 @@ class StepStats:
             pending, self._pending = self._pending, []
         for field_name, clock, start, end in spans:
             clock.wait(end)
+            interval = (self._since_origin(clock, start), self._since_origin(clock, end))
+            if isinstance(clock, HostClock):
+                self.host_spans.append((start, end))
+            else:
+                self.device_spans.append(interval)
             if field_name == "t_sync_s":
-                self.sync_intervals.append((self._since_origin(clock, start), self._since_origin(clock, end)))
+                self.sync_intervals.append(interval)
             else:
                 setattr(self, field_name, getattr(self, field_name) + clock.seconds(start, end))
         for p in pending:
@@ -160,6 +180,17 @@ class StepStats:
         if self._origin is None:
             self._origin = (clock, mark)
         return clock.seconds(self._origin[1], mark)
+
+
+def covered(intervals: list[tuple[float, float]], low: float = float("-inf"), high: float = float("inf")) -> float:
+    """The length of the union of `intervals` (start, end) within [low, high]."""
+    total, reach = 0.0, low
+    for start, end in sorted(intervals):
+        end = min(end, high)
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 class _Norms:

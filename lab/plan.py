@@ -41,6 +41,8 @@ FAILED = "failed.txt"  # in a policy's directory: why its run failed
 
 # Per workload: the model's size (see flexcomm.lab.workload) and how a run trains it.
 # target is a test accuracy (a fraction) or, for lm, a validation loss in nats.
+OPTIMIZERS = ("sgd", "adam")  # built by lab/trainer.py; named here, where the CLI reads them without torch
+
 WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {"hidden": 400, "depth": 3, "steps": 250, "batch": 32, "optimizer": "sgd",
                "lr": 0.01, "eval_every": 5, "target": 0.95},

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from flexcomm.lab.plan import OPTIMIZERS
 from flexcomm.lab.sync import attach_sync
 from flexcomm.lab.workload import (
     ShardLoader,
@@ -51,7 +52,6 @@ from flexcomm.lab.workload import (
 )
 
 COMPUTE_PROBE_STEPS = 8  # the first is a warm-up and not counted
-OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass

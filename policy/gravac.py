@@ -24,6 +24,7 @@ from flexcomm.policy.types import (
     ROOT_STAR,
     SPARSE_COLLECTIVES,
     TOPK,
+    Choice,
     Compression,
     Decision,
     NetworkObservation,
@@ -97,7 +98,7 @@ class GravacPolicy:
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
-        if (report.compression, report.collective) != self._running():
+        if report.choice != self._running():
             return  # a step of an earlier decision
         s.steps += 1
         s.gain_sum += report.gain if s.index >= 0 else 1.0
@@ -146,15 +147,14 @@ class GravacPolicy:
             s.version += 1
         s.index, s.steps, s.gain_sum, s.time_sum, s.reason = index, 0, 0.0, 0.0, reason
 
-    def _running(self) -> tuple[Compression, str]:
+    def _running(self) -> Choice:
         s = self._s
         if s.index < 0:
-            return DENSE_DECISION.compression, DENSE_DECISION.collective
-        return Compression(TOPK, self.config.crs[s.index]), self.config.collective
+            return DENSE_DECISION.choice
+        return Choice(Compression(TOPK, self.config.crs[s.index]), self.config.collective)
 
     def decide(self) -> Decision:
-        compression, collective = self._running()
-        return Decision.of(compression, collective, root=self.config.root, version=self._s.version,
+        return Decision.of(self._running(), root=self.config.root, version=self._s.version,
                            reason=f"gravac {self._s.phase}: {self._s.reason}",
                            probes=tuple(Compression(TOPK, c).name for c in self.config.crs))
 

@@ -66,6 +66,7 @@ from flexcomm.policy.types import (
     POWERSGD,
     ROOT_STAR,
     TOPK,
+    Choice,
     Compression,
     Decision,
     GradientLayout,
@@ -77,7 +78,6 @@ from flexcomm.policy.types import (
     check_pairing,
     check_range,
     check_root,
-    option_label,
 )
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
@@ -113,22 +113,6 @@ def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ..
         if c > 0 and c not in out:
             out.append(c)
     return tuple(sorted(out, reverse=True))
-
-
-@dataclass(frozen=True, order=True)
-class Option:
-    """One candidate: a compression over a collective."""
-
-    compression: Compression
-    collective: str
-
-    @property
-    def label(self) -> str:
-        return option_label(self.compression, self.collective)
-
-    @property
-    def lossless(self) -> bool:
-        return not self.compression.lossy
 
 
 @dataclass(frozen=True)
@@ -214,17 +198,17 @@ class MooConfig:
         return candidate_crs(self.c_low, self.c_high, self.factor)
 
     @cached_property
-    def options(self) -> tuple[Option, ...]:
+    def options(self) -> tuple[Choice, ...]:
         """Every candidate, lossless ones first."""
-        out: list[Option] = []
+        out: list[Choice] = []
         for family in (DENSE, BF16):
             if family in self.families:
-                out += [Option(Compression(family), c) for c in self.dense_collectives
+                out += [Choice(Compression(family), c) for c in self.dense_collectives
                         if c in FAMILY_COLLECTIVES[family]]
         if POWERSGD in self.families:
-            out += [Option(Compression(POWERSGD, r), DENSE_RING) for r in sorted(set(self.ranks))]
+            out += [Choice(Compression(POWERSGD, r), DENSE_RING) for r in sorted(set(self.ranks))]
         if TOPK in self.families:
-            out += [Option(Compression(TOPK, cr), c) for cr in self.crs for c in self.collectives]
+            out += [Choice(Compression(TOPK, cr), c) for cr in self.crs for c in self.collectives]
         return tuple(out)
 
     def forms(self, layout: GradientLayout) -> ModelForms:
@@ -252,7 +236,7 @@ class MooConfig:
 class Evaluation:
     """One candidate as the policy sees it now."""
 
-    option: Option
+    option: Choice
     t_sync_s: float
     t_comp_s: float
     t_step_s: float
@@ -326,7 +310,7 @@ class MooPolicy:
         return self.config.forms(self.layout)
 
     @cached_property
-    def options(self) -> tuple[Option, ...]:
+    def options(self) -> tuple[Choice, ...]:
         """The config's options this gradient can use (PowerSGD only where its
         rule compresses some matrix at that rank)."""
         return tuple(o for o in self.config.options if o.compression.family != POWERSGD
@@ -365,7 +349,7 @@ class MooPolicy:
         self._observe_gains(report)
         # Only candidates' figures are kept: a report may name any option, and what
         # no candidate reads would grow the state without bound.
-        label = option_label(report.compression, report.collective)
+        label = report.choice.label
         candidate = label in self._labels
         if candidate and report.family != DENSE:
             name = report.compression.name
@@ -554,7 +538,7 @@ class MooPolicy:
         cur = self._s.current
         if cur is None:
             return None
-        return option_label(Compression(cur["family"], cur["param"]), cur["collective"])
+        return Choice.of(cur["family"], cur["param"], cur["collective"]).label
 
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
@@ -586,11 +570,11 @@ class MooPolicy:
         return any(item == label and exploring for item, exploring in s.plan or ())
 
     def _runs_current(self, report: StepReport) -> bool:
-        return option_label(report.compression, report.collective) == self._current_label()
+        return report.choice.label == self._current_label()
 
     # --- internals: phases ---------------------------------------------------
 
-    def _warmup_option(self) -> Option:
+    def _warmup_option(self) -> Choice:
         """The lossless option the model expects fastest (the first when it cannot
         tell), or the first option when the config has no lossless one."""
         lossless = [o for o in self.options if o.lossless] or list(self.options[:1])
@@ -806,7 +790,7 @@ class MooPolicy:
         rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
             cur = self._s.current
-            option = (Option(Compression(cur["family"], cur["param"]), cur["collective"]) if cur
+            option = (Choice(Compression(cur["family"], cur["param"]), cur["collective"]) if cur
                       else self._warmup_option())
             if cur is None:
                 self._set_current(option, "nothing measured and no network known")
@@ -838,7 +822,7 @@ class MooPolicy:
         label = self._current_label()
         return next((r for r in rows if r.label == label), None)
 
-    def _set_current(self, option: Option, reason: str, row: Evaluation | None = None, *,
+    def _set_current(self, option: Choice, reason: str, row: Evaluation | None = None, *,
                      exploring: bool = False) -> None:
         s = self._s
         if s.current and self._current_label() == option.label:
@@ -851,7 +835,7 @@ class MooPolicy:
         # slower than that means the network moved under it.
         self._rebase_detector(row.t_sync_s if row is not None and row.measured else None)
         s.current = Decision.of(
-            option.compression, option.collective, root=self.config.root, version=s.version,
+            option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
             predicted_comp_s=row.t_comp_s if row else 0.0,
             reason=reason, probes=self.probes, model_forms=self.forms.describe(), exploring=exploring,
@@ -926,4 +910,4 @@ def _ewma(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
-__all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "Option", "candidate_crs"]
+__all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "candidate_crs"]

@@ -15,6 +15,7 @@ from flexcomm.policy.types import (
     DENSE_RING,
     ROOT_STAR,
     TOPK,
+    Choice,
     Compression,
     Decision,
     NetworkObservation,
@@ -56,7 +57,7 @@ class StaticPolicy:
         c = compression if isinstance(compression, Compression) else Compression.parse(compression)
         collective = default_collective(c) if collective is None else collective
         # Decision validates the pairing and the root, naming the bad field.
-        self._decision = Decision.of(c, collective, root=root, version=1,
+        self._decision = Decision.of(Choice(c, collective), root=root, version=1,
                                      reason=f"static: {c.name} over {collective}")
 
     def observe_network(self, net: NetworkObservation) -> None:

@@ -16,7 +16,7 @@ What a step runs is a compression (a family and its parameter) over a collective
 value); `powersgd` sends rank-r factors P and Q of each matrix (and the rest
 dense) in all-reduces; `topk` sends the k largest values with their indices. The
 lossy families (powersgd, topk) share one error-feedback residual. A full choice
-reads `topk:0.01@ag_topk`.
+reads `topk:0.01@ag_topk` (a `Choice`).
 """
 
 from __future__ import annotations
@@ -178,9 +178,44 @@ class Compression:
 DENSE_FP32 = Compression(DENSE)
 
 
-def option_label(compression: Compression, collective: str) -> str:
-    """A full choice as text: topk:0.01@ag_topk."""
-    return f"{compression.name}@{collective}"
+@dataclass(frozen=True, order=True)
+class Choice:
+    """What a step runs: a compression over a collective that can carry it. The
+    text form is `topk:0.01@ag_topk`. Decisions, step reports and step statistics
+    name theirs by `.choice`; their flat family/param/collective fields are the
+    wire and store form."""
+
+    compression: Compression
+    collective: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.compression, Compression):
+            raise ValueError(f"compression: expected a Compression, got {self.compression!r}")
+        check_pairing(self.compression.family, self.collective)
+
+    @classmethod
+    def of(cls, family: str, param: float, collective: str) -> Choice:
+        return cls(Compression(family, param), collective)
+
+    @classmethod
+    def parse(cls, text: str, field_name: str = "choice") -> Choice:
+        """The choice a text form names ("topk:0.01@ag_topk", "bf16@dense_ring")."""
+        if not isinstance(text, str) or "@" not in text:
+            raise ValueError(f"{field_name}: expected compression@collective such as topk:0.01@ag_topk, "
+                             f"got {text!r}")
+        compression, _, collective = text.strip().rpartition("@")
+        c = Compression.parse(compression, field_name)
+        check_pairing(c.family, collective, field_name)
+        return cls(c, collective)
+
+    @property
+    def label(self) -> str:
+        """The text form: topk:0.01@ag_topk."""
+        return f"{self.compression.name}@{self.collective}"
+
+    @property
+    def lossless(self) -> bool:
+        return not self.compression.lossy
 
 
 MAX_LAYOUT_MATRICES = 1 << 16
@@ -539,6 +574,10 @@ class StepReport:
     def compression(self) -> Compression:
         return Compression(self.family, self.param)
 
+    @property
+    def choice(self) -> Choice:
+        return Choice(self.compression, self.collective)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gains"] = dict(self.gains)
@@ -596,23 +635,25 @@ class Decision:
             raise ValueError(f"exploring: must be true or false, got {self.exploring!r}")
 
     @classmethod
-    def of(cls, compression: Compression, collective: str, **kw: Any) -> Decision:
-        return cls(compression.family, compression.param, collective, **kw)
+    def of(cls, choice: Choice, **kw: Any) -> Decision:
+        return cls(choice.compression.family, choice.compression.param, choice.collective, **kw)
 
     @property
     def compression(self) -> Compression:
         return Compression(self.family, self.param)
 
     @property
+    def choice(self) -> Choice:
+        return Choice(self.compression, self.collective)
+
+    @property
     def label(self) -> str:
         """The choice as text: topk:0.01@ag_topk."""
-        return option_label(self.compression, self.collective)
+        return self.choice.label
 
     def same_choice(self, other: Decision | None) -> bool:
         """True when `other` runs exactly the same thing (ignores reason/predictions)."""
-        return other is not None and (self.family, self.param, self.collective, self.root) == (
-            other.family, other.param, other.collective, other.root
-        )
+        return other is not None and (self.choice, self.root) == (other.choice, other.root)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flexcomm.policy.types import Decision, StepReport
+from flexcomm.policy.types import Choice, Decision, StepReport
 
 BANDWIDTH = "bandwidth"
 LATENCY = "latency"
@@ -95,6 +95,10 @@ class StepAggregate:
     ts: float | None = None
     id: int | None = None
 
+    @property
+    def choice(self) -> Choice:
+        return Choice.of(self.family, self.param, self.collective)
+
 
 @dataclass(frozen=True)
 class EmulationStep:
@@ -139,15 +143,16 @@ class JobRecord:
 
 def aggregate_steps(job_id: str, reports: Iterable[StepReport]) -> list[StepAggregate]:
     """Group `reports` by (epoch, compression, collective), in order of first appearance."""
-    groups: dict[tuple[int, str, float, str], list[StepReport]] = {}
+    groups: dict[tuple[int, Choice], list[StepReport]] = {}
     for r in reports:
-        groups.setdefault((r.epoch, r.family, r.param, r.collective), []).append(r)
+        groups.setdefault((r.epoch, r.choice), []).append(r)
     out = []
-    for (epoch, family, param, collective), rs in groups.items():
+    for (epoch, choice), rs in groups.items():
         n = len(rs)
         out.append(StepAggregate(
             job_id=job_id, step_first=min(r.step for r in rs), step_last=max(r.step for r in rs),
-            epoch=epoch, family=family, param=param, collective=collective, count=n,
+            epoch=epoch, family=choice.compression.family, param=choice.compression.param,
+            collective=choice.collective, count=n,
             mean_t_comp_s=sum(r.t_comp_s for r in rs) / n,
             mean_t_sync_s=sum(r.t_sync_s for r in rs) / n,
             mean_gain=sum(r.gain for r in rs) / n,

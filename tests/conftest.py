@@ -3,16 +3,46 @@
 Tests that need root and network namespaces are marked `privileged` and use the
 `privileged` fixture: they skip (saying why) when not root, but under
 FLEXCOMM_REQUIRE_PRIVILEGED=1 (exported by .ci/run) such a skip is a failure.
+
+Every test ends the processes it started (`no_process_left_behind`), and every
+deadline, pytest-timeout's included, is scaled to the host's load
+(support/waiting.py): a busy machine makes the suite slower, not red.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import warnings
+from collections.abc import Iterator
 
 import pytest
 
 from support.privilege import skip_or_fail
+from support.processes import children, describe, end
+from support.waiting import scaled
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
+    """pytest-timeout's timer, with the test's timeout scaled to the host's load."""
+    from pytest_timeout import pytest_timeout_set_timer as set_timer
+
+    return set_timer(item, settings._replace(timeout=scaled(settings.timeout)))
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A child process started during the test (by it or its function-scoped
+    fixtures) and still running when it ends is killed, with its session, and
+    named in a warning: a test that fails half-way leaves nothing running."""
+    before = children()
+    yield
+    left = children() - before
+    for pid in left:
+        what = describe(pid)
+        end(pid)
+        warnings.warn(f"{request.node.nodeid} left process {pid} running ({what[:200]}); killed it", stacklevel=1)
 
 
 @pytest.fixture

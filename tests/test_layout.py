@@ -79,6 +79,7 @@ def test_daemon_side_imports_without_torch() -> None:
         "import importlib\n"
         f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
+        "importlib.import_module('flexcomm.cli').build_parser()\n"  # what every command, the agent's too, runs
         "print(json.dumps({'attempts': attempts, 'loaded': sorted(sys.modules)}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)

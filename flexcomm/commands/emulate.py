@@ -270,6 +270,9 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
     shaper = _shaper(args)
     revert = Revert(shaper)
+    if revert.path.is_dir():  # not flexcomm's to delete: it may hold someone's files
+        raise ValueError(f"state: {revert.path} is a directory, not a state file; nothing was changed"
+                         " (move it away, then clear again)")
     try:
         record = revert.read()
     except StateDamaged as exc:

@@ -37,9 +37,8 @@ def _per_workload(setting: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULT_WORKLOAD, named_schedules
-    from flexcomm.lab.trainer import OPTIMIZERS
-    from flexcomm.lab.workload import WORKLOADS
+    # Names only: the parser is built for every command (the agent's too), which must not wait for torch.
+    from flexcomm.lab.plan import DEFAULT_POLICIES, DEFAULT_WORKLOAD, OPTIMIZERS, WORKLOAD_DEFAULTS, named_schedules
 
     parser = subparsers.add_parser(
         "lab", help="emulated multi-node cluster: train under a network schedule, compare policies",
@@ -57,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--repeats", type=int, default=1,
                      help="runs of each policy, interleaved; the report gives medians and "
                      "spreads (default 1)")
-    run.add_argument("--workload", choices=WORKLOADS, default=DEFAULT_WORKLOAD,
+    run.add_argument("--workload", choices=tuple(WORKLOAD_DEFAULTS), default=DEFAULT_WORKLOAD,
                      help=f"what to train (default {DEFAULT_WORKLOAD}); see flexcomm.lab.workload")
     run.add_argument("--steps", type=int, default=None,
                      help=f"training steps per policy (default: {_per_workload('steps')})")

@@ -4,6 +4,7 @@ value named), sd_notify's datagrams, and the optional TCP listener with TLS."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import socket
 import subprocess
@@ -88,13 +89,25 @@ def test_sd_notify_datagrams(tmp_path: Path) -> None:
         assert sdnotify.notify("READY=1", {"NOTIFY_SOCKET": path})
         assert listener.recv(100) == b"READY=1"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
-        listener.bind("\0fca-notify-test")
-        assert sdnotify.notify("WATCHDOG=1", {"NOTIFY_SOCKET": "@fca-notify-test"})
+        listener.bind(f"\0fca-notify-test-{os.getpid()}")  # this run's own abstract name
+        assert sdnotify.notify("WATCHDOG=1", {"NOTIFY_SOCKET": f"@fca-notify-test-{os.getpid()}"})
         assert listener.recv(100) == b"WATCHDOG=1"
     assert not sdnotify.notify("READY=1", {})
     assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
     assert sdnotify.watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
     assert sdnotify.watchdog_interval_s({}) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_notify_socket_nobody_reads_never_blocks(tmp_path: Path) -> None:
+    """A full receive queue drops the ping instead of blocking the agent's loop
+    (a blocked one answered no health check: the agent looked hung)."""
+    path = str(tmp_path / "n.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(path)
+        sent = [sdnotify.notify("WATCHDOG=1", {"NOTIFY_SOCKET": path}) for _ in range(50)]
+        assert sent[0] and not sent[-1]
+        assert listener.recv(100) == b"WATCHDOG=1"
 
 
 def test_tcp_with_tls(tmp_path: Path) -> None:

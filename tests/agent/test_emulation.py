@@ -16,6 +16,7 @@ from flexcomm.lab.netns import netns_pair
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, spec, wait_for
+from support.names import run_prefix
 
 SCHEDULE = """
 name = "agent test"
@@ -65,7 +66,7 @@ def test_reported_epochs_drive_the_shaping(tmp_path: Path, privileged: None) -> 
     schedule = tmp_path / "epochs.toml"
     schedule.write_text(SCHEDULE)
     state_dir = tmp_path / "emulation"
-    with netns_pair("fca", "10.204.0.0/24") as (a, _b):
+    with netns_pair(run_prefix("fca"), "10.204.0.0/24") as (a, _b):
         shaper = Shaper(a.ifname, netns=a.ns)
         revert = Revert(shaper, state_dir)
         original = kernel_view(shaper.show())

@@ -13,6 +13,7 @@ from pathlib import Path
 from flexcomm.lab.netns import netns_pair
 from flexcomm.proto import agent_pb2 as pb
 from support.agent_process import AgentProcess, free_port, running, spec, wait_for
+from support.names import run_prefix
 
 
 def tcp_listeners(ns: str) -> set[str]:
@@ -41,7 +42,7 @@ class DefaultAgent(AgentProcess):
 
 def test_a_default_agent_listens_on_no_wildcard_and_lists_what_it_listens_on(privileged, iperf3_binary,
                                                                               tmp_path: Path) -> None:
-    with netns_pair("fcxp", "10.217.0.0/24") as (here, peer):
+    with netns_pair(run_prefix("fcxp"), "10.217.0.0/24") as (here, peer):
         agent = DefaultAgent(tmp_path, here.ns).start()
         try:
             ready = next(json.loads(line) for line in agent.log.read_text().splitlines() if "agent ready" in line)

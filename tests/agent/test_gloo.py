@@ -19,6 +19,7 @@ from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, free_port, wait_for
 from support.privilege import skip_or_fail
+from support.waiting import scaled
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "agent_gloo_worker.py"
 
@@ -83,7 +84,7 @@ def test_training_goes_on_through_an_agent_kill_and_restart(tmp_path: Path) -> N
         reconnected_at = time.time()
         (tmp_path / "stop").touch()
         for p in ranks:
-            assert p.wait(120) == 0, (tmp_path / "rank0.log").read_text()[-3000:]
+            assert p.wait(scaled(120)) == 0, (tmp_path / "rank0.log").read_text()[-3000:]
     finally:
         (tmp_path / "stop").touch()
         for p in ranks:

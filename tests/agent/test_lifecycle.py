@@ -11,7 +11,6 @@ import logging
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -21,6 +20,7 @@ from flexcomm.client.agent_client import AgentClient
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Measurement, Store
 from support.agent_process import AgentProcess, free_port, job_ids, metrics_text, running, spec, wait_for
+from support.waiting import scaled
 
 GRAD_BYTES = 4_000_000
 
@@ -77,10 +77,11 @@ def test_idle_jobs_expire_and_a_job_that_polls_does_not(tmp_path: Path) -> None:
     with running(tmp_path, "--job-idle-expiry", "1s") as agent:
         register(agent, "idle")
         register(agent, "alive")
-        deadline = time.monotonic() + 20
-        while "idle" in job_ids(agent) and time.monotonic() < deadline:
+        def idle_gone() -> bool:
             agent.stub.GetDecision(pb.JobRef(job_id="alive"), timeout=5)  # as AgentClient polls
-            time.sleep(0.1)
+            return "idle" not in job_ids(agent)
+
+        wait_for(idle_gone, 20, "the idle job's expiry", interval_s=0.1)
         assert job_ids(agent) == {"alive"}
         assert 'flexcomm_agent_jobs_ended_total{reason="expired"} 1.0' in metrics_text(agent)
         with Store(agent.db, create=False) as store:
@@ -168,8 +169,7 @@ c = AgentClient(sys.argv[1], job_id="exits", world_size=2, grad_bytes=4_000_000,
 for i in range(20):
     c.report(StepReport(step=i, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0, t_sync_s=0.01,
                         gain=1.0))
-deadline = time.monotonic() + 30
-while c.latest() is None and time.monotonic() < deadline:
+while c.latest() is None:  # the test's own timeout bounds this
     time.sleep(0.02)
 print("registered", flush=True)
 # no close(): the interpreter's exit ends the job
@@ -179,7 +179,7 @@ print("registered", flush=True)
 def test_a_process_that_exits_without_close_ends_its_job(tmp_path: Path) -> None:
     with running(tmp_path) as agent:
         proc = subprocess.run([sys.executable, "-c", EXITING_JOB, agent.socket], capture_output=True,
-                              text=True, timeout=60)
+                              text=True, timeout=scaled(60))
         assert proc.returncode == 0 and "registered" in proc.stdout, proc.stderr
         assert job_ids(agent) == set()  # ended before the process was gone
         with Store(agent.db, create=False) as store:
@@ -221,7 +221,7 @@ def test_short_jobs_in_a_row_leave_only_the_running_one_listed() -> None:
     """bench/job_lifecycle.py (100 jobs there), on a few."""
     bench = Path(__file__).resolve().parents[2] / "bench" / "job_lifecycle.py"
     proc = subprocess.run([sys.executable, str(bench), "--jobs", "4", "--steps", "5"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=scaled(120))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["goal_met"] and result["status_jobs"] == ["long"] and result["with_history"] == 4

@@ -8,7 +8,6 @@ agent goes on; a restarted agent knows the figures from its store."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from flexcomm.probe.iperf import IperfServer
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, free_port, in_namespace, metrics_text, spec
+from support.names import run_prefix
+from support.waiting import wait_for
 
 SUBNET = "10.207.0.0/24"
 DEAD = "10.207.0.99"  # in the pair's subnet, nobody there
@@ -34,7 +35,7 @@ def peers_of(agent: AgentProcess, job_id: str) -> dict[str, pb.PeerState]:
 def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, privileged: None,
                                                              iperf3_binary: str) -> None:
     port = free_port()
-    with netns_pair("fcap", SUBNET) as (here, there), IperfServer(port, bind=there.address, netns=there.ns):
+    with netns_pair(run_prefix("fcap"), SUBNET) as (here, there), IperfServer(port, bind=there.address, netns=there.ns):
         Shaper(here.ifname, netns=here.ns).apply(LinkState(RATE_BPS))
         agent = AgentProcess(tmp_path, "--probe-port", str(port), "--probe-interval", "300ms")
         agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1s"
@@ -47,12 +48,11 @@ def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, priv
             stub.RegisterJob(pb.RegisterJobRequest(spec=spec("probed", nodes=nodes)), timeout=5)
             stub.RegisterJob(pb.RegisterJobRequest(spec=spec("unlucky", nodes=[here.address, DEAD])),
                              timeout=5)
-            deadline = time.monotonic() + 45
-            while time.monotonic() < deadline:
+            def probed() -> tuple:
                 good, bad = peers_of(agent, "probed")[there.address], peers_of(agent, "unlucky")[DEAD]
-                if good.bandwidth_bps > 0 and good.rtt_s > 0 and bad.probe_failures > 0:
-                    break
-                time.sleep(0.2)
+                return (good, bad) if good.bandwidth_bps > 0 and good.rtt_s > 0 and bad.probe_failures > 0 else ()
+
+            good, bad = wait_for(probed, 45, "a bandwidth, an RTT and a failed probe", interval_s=0.2)
             assert good.rtt_s > 0 and good.rtt_p99_s >= good.rtt_s and good.source == "probe"
             assert 0.85 * RATE_BPS < good.bandwidth_bps < 1.05 * RATE_BPS
             assert bad.probe_failures > 0 and bad.bandwidth_bps == 0

@@ -5,6 +5,7 @@ metrics, sd_notify, socket permissions) and `flexcomm status`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -197,24 +198,35 @@ def test_kill_9_and_restart_resumes_every_job(tmp_path: Path) -> None:
         agent.stop()
 
 
+def read_datagrams(listener: socket.socket, into: list[str]) -> None:
+    """Append every datagram to `into` until the socket is closed. Read at once, as
+    systemd does: a notify socket's queue holds 10 datagrams (net.unix.max_dgram_qlen),
+    and a full one blocks the agent's watchdog ping, and with it the agent."""
+    with contextlib.suppress(OSError):
+        while data := listener.recv(4096):
+            into.append(data.decode())
+
+
 def test_sigterm_is_graceful_and_sd_notify_is_spoken(tmp_path: Path) -> None:
     notify_path = str(tmp_path / "notify.sock")
+    messages: list[str] = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(notify_path)
-        listener.settimeout(20)
+        reader = threading.Thread(target=read_datagrams, args=(listener, messages), daemon=True)
+        reader.start()
         env = {"NOTIFY_SOCKET": notify_path, "WATCHDOG_USEC": "400000"}
-        agent = AgentProcess(tmp_path, env=env).start()
+        agent = AgentProcess(tmp_path, env=env)
         try:
-            messages = [listener.recv(4096).decode()]
+            agent.start()
+            wait_for(lambda: any("WATCHDOG=1" in m for m in messages), what="a watchdog ping")
             assert messages[0].startswith("READY=1")
-            while not any("WATCHDOG=1" in m for m in messages):
-                messages.append(listener.recv(4096).decode())
             agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("graceful", policy="dense")), timeout=5)
             assert agent.terminate() == 0
-            while "STOPPING=1" not in messages[-1]:
-                messages.append(listener.recv(4096).decode())
+            wait_for(lambda: any("STOPPING=1" in m for m in messages), what="STOPPING=1")
         finally:
             agent.stop()
+            listener.shutdown(socket.SHUT_RDWR)
+    reader.join()
     assert not os.path.exists(agent.socket), "the socket file is removed on shutdown"
     events = [json.loads(line) for line in agent.log.read_text().splitlines() if line.startswith("{")]
     messages = [e["msg"] for e in events]

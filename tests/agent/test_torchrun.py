@@ -20,6 +20,8 @@ from flexcomm.lab.agents import start_agents
 from flexcomm.lab.cluster import LabCluster
 from flexcomm.store import Store
 from support.agent_process import job_ids, running, wait_for
+from support.names import run_prefix
+from support.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -43,7 +45,7 @@ def test_the_readme_torchrun_command_runs_with_the_agent(tmp_path: Path) -> None
     with running(tmp_path) as agent:
         env = dict(os.environ, FLEXCOMM_AGENT_SOCKET=agent.socket, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         proc = subprocess.run(readme_torchrun_with_agent(), cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=200)
+                              timeout=scaled(200))
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-3000:]
         assert "nodes: 127.0.0.1" in out  # gathered, not typed
@@ -61,7 +63,8 @@ def test_the_readme_torchrun_command_runs_with_the_agent(tmp_path: Path) -> None
 @pytest.mark.timeout(300)
 def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compressed(
         privileged, iperf3_binary, tmp_path: Path) -> None:
-    with LabCluster.open(prefix="fctr", n=2, subnet="10.216.0.0/24", run_dir=tmp_path, namespaces=True) as lab:
+    with LabCluster.open(prefix=run_prefix("fctr"), n=2, subnet="10.216.0.0/24", run_dir=tmp_path,
+                         namespaces=True) as lab:
         lab.links.apply(LinkState(20e6))
         lab.links.cap_segments(20e6)
         agents = start_agents(lab, tmp_path / "sockets", tmp_path / "agents")
@@ -76,7 +79,7 @@ def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compress
                    "OMP_NUM_THREADS": "1"}
             procs.append(lab.spawn(i, cmd, log=tmp_path / f"node{i}.log", env=env))
         for proc in procs:
-            assert proc.wait(200) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+            assert proc.wait(scaled(200)) == 0, (tmp_path / "node0.log").read_text()[-3000:]
         out = (tmp_path / "node0.log").read_text()
         addresses = [n.address for n in lab.nodes]
         assert f"nodes: {', '.join(addresses)}" in out

@@ -19,6 +19,7 @@ from flexcomm.emulation.schedule import parse_schedule
 from flexcomm.emulation.shaping import Shaper
 from support.cli import REPO, assert_one_line_error, flexcomm
 from support.emulation_fixtures import pair, show_json
+from support.waiting import scaled
 
 pytestmark = pytest.mark.privileged
 
@@ -80,7 +81,7 @@ def test_run_killed_by_sigkill_then_clear_leaves_the_interface_as_before(privile
         before = show_json(a, env)
         proc = _start_run(long_schedule, a, env)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
         assert show_json(a, env) != before  # a killed run cannot clean up...
         done = flexcomm(["emulate", "clear", *_dev(a)], env)
         assert done.returncode == 0, done.stderr
@@ -92,7 +93,7 @@ def test_next_start_after_a_crashed_run_restores_first(privileged, env, long_sch
         before = show_json(a, env)
         proc = _start_run(long_schedule, a, env)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
         done = flexcomm(["emulate", "apply", *_dev(a), "--rate", "30Mbit"], env)
         assert done.returncode == 0, done.stderr
         assert f"left shaped by a run (pid {proc.pid}) that died" in done.stdout
@@ -109,7 +110,7 @@ def test_a_signal_ends_a_run_with_the_interface_restored(privileged, env, long_s
         before = show_json(a, env)
         proc = _start_run(long_schedule, a, env)
         proc.send_signal(sig)
-        assert proc.wait(timeout=20) == status
+        assert proc.wait(timeout=scaled(20)) == status
         assert show_json(a, env) == before
         assert not list(Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json"))
 
@@ -150,8 +151,8 @@ def test_two_step_schedule_changes_the_rate_on_time(privileged, monkeypatch, tmp
             runner.join()
         print(f"rate seen in the kernel at: {seen}")
         assert list(seen) == [20e6, 40e6]
-        assert seen[20e6] < 0.5
-        assert abs(seen[40e6] - 1.0) <= 0.5
+        assert seen[20e6] < scaled(0.5)
+        assert abs(seen[40e6] - 1.0) <= scaled(0.5)
         assert shaper.show()["shaping"] is None  # the session restored it
 
 
@@ -238,6 +239,19 @@ def test_a_damaged_state_file_is_named_and_clear_still_restores(privileged, env,
         assert f"the state file {state} was damaged" in done.stdout
         assert "flexcomm's qdiscs removed, the kernel's default root is back" in done.stdout
         assert show_json(a, env) == before and not state.exists()
+
+
+def test_clear_on_a_state_path_that_is_a_directory_is_one_line_and_changes_nothing(privileged, env):
+    with pair("y") as (a, _):
+        assert flexcomm(["emulate", "apply", *_dev(a), "--rate", "20Mbit"], env).returncode == 0
+        shaped = show_json(a, env)
+        (state,) = Path(env["FLEXCOMM_STATE_DIR"]).glob("*.json")
+        state.unlink()
+        state.mkdir()
+        (state / "kept").write_text("someone's file")
+        done = flexcomm(["emulate", "clear", *_dev(a)], env)
+        assert_one_line_error(done, "emulate", f"state: {state} is a directory, not a state file")
+        assert show_json(a, env) == shaped and (state / "kept").read_text() == "someone's file"
 
 
 def test_clear_drops_the_record_of_an_interface_that_is_gone(privileged, env):

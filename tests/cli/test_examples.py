@@ -23,6 +23,8 @@ from flexcomm.lab.netns import netns_pair
 from flexcomm.probe.iperf import IperfServer
 from flexcomm.store import Measurement, Store
 from support.agent_process import running, wait_for
+from support.names import run_prefix
+from support.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEXCOMM = str(Path(sys.executable).with_name("flexcomm"))
@@ -94,7 +96,7 @@ def argv(example: str) -> list[str]:
 
 def run(example: str, cwd: Path, env: dict[str, str], prefix: list[str] | None = None) -> None:
     proc = subprocess.run([*(prefix or []), *argv(example)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=scaled(120))
     assert proc.returncode == 0, f"{example}: exit {proc.returncode}\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
 
 
@@ -106,7 +108,7 @@ def run_daemon(example: str, cwd: Path, env: dict[str, str]) -> None:
                  60, f"{example} serving")
         assert proc.poll() is None, (cwd / "daemon.log").read_text()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, (cwd / "daemon.log").read_text()
+        assert proc.wait(scaled(30)) == 0, (cwd / "daemon.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -125,7 +127,7 @@ def test_examples_run_as_a_user(scratch: Path, tmp_path_factory: pytest.TempPath
 @pytest.mark.privileged
 def test_examples_run_as_root(privileged, iperf3_binary, scratch: Path) -> None:
     env = dict(os.environ, FLEXCOMM_DB=str(scratch / "store.db"), FLEXCOMM_STATE_DIR=str(scratch / "state"))
-    with netns_pair("fcex", "10.0.0.0/24") as (here, peer), IperfServer(5201, netns=peer.ns):
+    with netns_pair(run_prefix("fcex"), "10.0.0.0/24") as (here, peer), IperfServer(5201, netns=peer.ns):
         assert (here.address, peer.address, here.ifname) == ("10.0.0.1", "10.0.0.2", "eth0")
         for example in AS_ROOT:
             inside = [] if example == "flexcomm lab clean" else ["ip", "netns", "exec", here.ns]

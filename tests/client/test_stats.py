@@ -24,6 +24,33 @@ def test_sync_time_is_the_union_of_the_intervals_in_flight():
     assert stats.t_comp_s == 0.25
 
 
+def test_compute_time_stays_positive_when_spans_overlap_or_are_stamped_late():
+    """What a CPU hog does to a DDP step: bucket 2 is compressed while bucket 1 is
+    in flight, and bucket 2's arrival is stamped after the next step began. Summed,
+    the busy time exceeds the period (compute used to come out 0); counted once and
+    inside the period, compute is what no span covered."""
+    stats = StepStats(0, "topk", 0.1, "ag_topk", 1, began=100.0)
+    for name, start, end in [("t_comp_s", 100.10, 100.30), ("t_sync_s", 100.30, 100.70),
+                             ("t_comp_s", 100.35, 100.65), ("t_sync_s", 100.65, 101.05)]:
+        stats.span(name, HOST_CLOCK, start, end)
+    next_began = 101.0
+    assert stats.resolve()
+    assert stats.t_comp_s + stats.t_sync_s > next_began - stats.began
+    assert stats.compute_s(next_began) == pytest.approx(0.10)  # [100.0, 100.1] alone
+    assert stats.t_sync_s == pytest.approx(0.75)  # the sync figure itself is unchanged
+
+
+def test_compute_time_on_a_device_clock_is_the_period_less_the_union():
+    clock = HeldClock()
+    stats = StepStats(0, "dense", 0.0, "dense_ring", 1, began=10.0)
+    stats.span("t_comp_s", clock, 1.0, 1.2)
+    stats.span("t_sync_s", clock, 1.1, 1.5)
+    clock.released = 2.0
+    assert stats.resolve()
+    assert stats.compute_s(11.0) == pytest.approx(1.0 - 0.5)
+    assert stats.compute_s(10.4) == 0.0  # not positive: unknown
+
+
 class HeldClock:
     """Stands in for CUDA events (this machine has no GPU): host-clock marks that
     count as completed only once the test releases them, as a GPU finishes work

@@ -19,8 +19,10 @@ from flexcomm.lab.cluster import LabCluster
 from flexcomm.lab.netns import list_namespaces
 from support.agent_process import wait_for
 from support.cli import flexcomm
+from support.names import run_prefix
+from support.waiting import scaled
 
-PREFIX = "fclclean"  # this file's own; the calibration test uses calibrate's default
+PREFIX = run_prefix("fclclean")  # the calibration test uses calibrate's default, its subject
 
 LEAVE_A_PROCESS = textwrap.dedent("""
     import sys, time
@@ -40,7 +42,7 @@ def killed_lab(tmp_path: Path) -> list[int]:
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    proc.wait(scaled(10))
     left = marked_pids(PREFIX)
     assert len(left) == 1
     return left
@@ -77,7 +79,7 @@ def test_lab_clean_removes_a_killed_calibrations_namespaces(privileged: None, tm
     try:  # killed while it measures its links (a process runs in flexcal1)
         wait_for(lambda: "flexcal1" in list_namespaces() and namespace_pids("flexcal1"), 60, "the probe")
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(scaled(10))
         left = sorted(ns for ns in list_namespaces() if ns.startswith("flexcal"))
         assert left == ["flexcal0", "flexcal1", "flexcalhub"]
         done = flexcomm(["lab", "clean"])

@@ -20,9 +20,11 @@ from flexcomm.lab.calibrate import Grid, Measured
 from flexcomm.lab.model_accuracy import REGRET_OK, regrets_per_cr, split
 from flexcomm.lab.netns import list_namespaces
 from flexcomm.policy.types import LinkBucket
+from support.names import run_prefix
+from support.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-PREFIX = "fcv"
+PREFIX = run_prefix("fcv")
 SUBNET = "10.205.0.0/24"
 KEYS = ("median_abs_error_raw", "median_abs_error_calibrated", "regret_within_5pct_share")
 
@@ -104,7 +106,7 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "model_accuracy.py"), "--out", str(out), "--prefix", PREFIX,
            "--subnet", SUBNET, "--rates", "50Mbit", "--nodes", "2", "--sizes", "256KB", "--crs", "0.1,0.01",
            "--repeats", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(240), check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     written = json.loads((out / "model_accuracy.json").read_text())

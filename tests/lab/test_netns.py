@@ -8,8 +8,10 @@ import pytest
 
 from flexcomm.lab import netns
 from flexcomm.lab.fidelity import message_seconds
+from support.names import run_prefix
 
 pytestmark = pytest.mark.privileged
+P = run_prefix("fctn")  # this run's namespaces
 
 
 def _tcp_echo_works(server: netns.Node, client: netns.Node) -> bool:
@@ -33,28 +35,28 @@ def _tcp_echo_works(server: netns.Node, client: netns.Node) -> bool:
 
 
 def test_pair_carries_traffic_and_is_removed(privileged: None) -> None:
-    with netns.netns_pair("fctnp", "10.209.0.0/24") as (a, b):
+    with netns.netns_pair(f"{P}p", "10.209.0.0/24") as (a, b):
         assert {a.ns, b.ns} <= set(netns.list_namespaces())
         assert (a.address, b.address) == ("10.209.0.1", "10.209.0.2")
         assert _tcp_echo_works(a, b)
-    assert not [n for n in netns.list_namespaces() if n.startswith("fctnp")]
+    assert not [n for n in netns.list_namespaces() if n.startswith(f"{P}p")]
 
 
 def test_cluster_nodes_reach_each_other_through_the_bridge(privileged: None) -> None:
-    with netns.cluster("fctnc", 3, "10.209.1.0/24") as nodes:
+    with netns.cluster(f"{P}c", 3, "10.209.1.0/24") as nodes:
         assert [n.address for n in nodes] == ["10.209.1.1", "10.209.1.2", "10.209.1.3"]
         assert _tcp_echo_works(nodes[2], nodes[0])
-    assert not [n for n in netns.list_namespaces() if n.startswith("fctnc")]
+    assert not [n for n in netns.list_namespaces() if n.startswith(f"{P}c")]
 
 
 def test_stale_namespaces_from_a_crash_are_replaced(privileged: None) -> None:
-    netns.ip("netns", "add", "fctnsa")
+    netns.ip("netns", "add", f"{P}sa")
     try:
-        with netns.netns_pair("fctns", "10.209.2.0/24") as (a, _b):
-            assert a.ns == "fctnsa"
+        with netns.netns_pair(f"{P}s", "10.209.2.0/24") as (a, _b):
+            assert a.ns == f"{P}sa"
     finally:
-        netns.destroy_prefix("fctns")
-    assert "fctnsa" not in netns.list_namespaces()
+        netns.destroy_prefix(f"{P}s")
+    assert f"{P}sa" not in netns.list_namespaces()
 
 
 def test_bad_subnet_and_empty_prefix_are_refused() -> None:
@@ -68,7 +70,7 @@ def test_bad_subnet_and_empty_prefix_are_refused() -> None:
 
 def test_host_namespace_is_untouched(privileged: None) -> None:
     before = set(socket.if_nameindex())
-    with netns.cluster("fctnh", 2, "10.209.3.0/24"):
+    with netns.cluster(f"{P}h", 2, "10.209.3.0/24"):
         assert set(socket.if_nameindex()) == before
 
 
@@ -78,11 +80,11 @@ def _link_gso(ns: str, ifname: str) -> int:
 
 
 def test_cluster_veths_cap_segments_at_the_shaper_burst(privileged: None) -> None:
-    with netns.cluster("fctng", 2, "10.209.4.0/24") as nodes:
+    with netns.cluster(f"{P}g", 2, "10.209.4.0/24") as nodes:
         for node in nodes:
             assert _link_gso(node.ns, node.ifname) == netns.GSO_MAX_BYTES
             assert _link_gso(node.peer_ns, node.peer_ifname) == netns.GSO_MAX_BYTES
-    with netns.netns_pair("fctnq", "10.209.5.0/24") as (a, b):
+    with netns.netns_pair(f"{P}q", "10.209.5.0/24") as (a, b):
         assert _link_gso(a.ns, a.ifname) == _link_gso(b.ns, b.ifname) == netns.GSO_MAX_BYTES
 
 
@@ -93,7 +95,7 @@ def test_a_message_over_the_burst_takes_its_wire_time(privileged: None, tmp_path
     from flexcomm.lab.cluster import LabCluster
 
     size, rate = 65536, 10e6
-    with LabCluster.open(prefix="fctnw", n=2, subnet="10.209.6.0/24", run_dir=tmp_path) as lab:
+    with LabCluster.open(prefix=f"{P}w", n=2, subnet="10.209.6.0/24", run_dir=tmp_path) as lab:
         lab.links.apply(LinkState(rate))
         took = message_seconds(*lab.nodes, size)
     wire_s = size * 8 / rate
@@ -112,7 +114,7 @@ def test_a_compressed_message_on_a_capped_link_takes_its_wire_time(
     from flexcomm.lab.cluster import LabCluster
 
     size, rate = 16000, 50e6
-    with LabCluster.open(prefix="fctmsg", n=2, subnet="10.209.8.0/24", run_dir=tmp_path,
+    with LabCluster.open(prefix=f"{P}msg", n=2, subnet="10.209.8.0/24", run_dir=tmp_path,
                          ceil_over_rate=ceil_over_rate) as lab:
         lab.links.apply(LinkState(rate))
         lab.links.cap_segments(rate)
@@ -125,11 +127,11 @@ def test_slow_links_get_segments_that_fit_their_bucket(privileged: None, tmp_pat
     from flexcomm.lab.cluster import LabCluster, segment_cap
 
     assert [segment_cap(r) for r in (10e6, 50e6, 200e6, 1e9)] == [1500, 1562, 6250, netns.GSO_MAX_BYTES]
-    with LabCluster.open(prefix="fctns2", n=2, subnet="10.209.7.0/24", run_dir=tmp_path) as lab:
+    with LabCluster.open(prefix=f"{P}s2", n=2, subnet="10.209.7.0/24", run_dir=tmp_path) as lab:
         assert lab.links.cap_segments(200e6) == 6250
         for node in lab.nodes:
             assert _link_gso(node.ns, node.ifname) == 6250
-        assert _link_gso("fctns2hub", "v1") == 6250
+        assert _link_gso(f"{P}s2hub", "v1") == 6250
 
 
 def test_message_timing_refuses_an_empty_message() -> None:

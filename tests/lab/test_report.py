@@ -25,6 +25,7 @@ from flexcomm.lab.plan import (
 from flexcomm.lab.report import build_summary, format_table, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
 from flexcomm.lab.workload import WorkloadSpec
+from support.waiting import scaled, wait_for
 
 
 def test_default_policies_parse() -> None:
@@ -299,7 +300,7 @@ def test_loopback_lab_says_unshaped_and_reports(tmp_path: Path) -> None:
         [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out), "--loopback",
          "--nodes", "2", "--policies", "dense powersgd", "--steps", "12", "--eval-every", "4",
          "--decisions", "inprocess"],
-        capture_output=True, text=True, timeout=200)
+        capture_output=True, text=True, timeout=scaled(200))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NOT shaped" in proc.stderr.splitlines()[0]  # said up front
     summary = json.loads((out / "summary.json").read_text())
@@ -327,7 +328,6 @@ def rank_pids(train_json: Path, rank: int) -> list[int]:
 def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Path) -> None:
     import os
     import signal
-    import time
 
     out = tmp_path / "run"
     proc = subprocess.Popen(
@@ -337,13 +337,14 @@ def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Pa
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     records = policy_dir(out, "topk-0.1") / "records.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while not (records.exists() and '"kind": "step"' in records.read_text()):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        def trained() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            return records.exists() and '"kind": "step"' in records.read_text()
+
+        wait_for(trained, 120, "a training step", interval_s=0.1)
         for pid in rank_pids(policy_dir(out, "topk-0.1") / "train.json", 1):
             os.kill(pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=200)
+        stdout, stderr = proc.communicate(timeout=scaled(200))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,7 +3,7 @@ gloo ranks training under a two-phase schedule, the report, and the cleanup; and
 a few steps of the lm and cnn workloads under shipped schedules named on the
 command line, the cnn twice per policy.
 
-Namespace prefix "fcl", subnet 10.203.0.0/24 (this test file's own).
+Namespace prefix "fcl<pid>-", subnet 10.203.0.0/24 (this test file's own).
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flexcomm.lab.netns import list_namespaces
 from flexcomm.policy.types import Compression
+from support.names import run_prefix
+from support.waiting import scaled, wait_for
 
-PREFIX = "fcl"
+PREFIX = run_prefix("fcl")
 SUBNET = "10.203.0.0/24"
 FAST, SLOW = 1e9, 10e6
 # 2 nodes, batch 32: 22 steps per epoch; epochs 0-1 fast, then slow (88 steps: 44 and
@@ -45,7 +46,7 @@ def lab_argv(out: Path, *extra: str) -> list[str]:
 
 def run_lab_ok(out: Path, *extra: str, timeout: float) -> tuple[str, dict]:
     """Run the lab to the end; its stdout and summary."""
-    proc = subprocess.run(lab_argv(out, *extra), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(lab_argv(out, *extra), capture_output=True, text=True, timeout=scaled(timeout))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads((out / "summary.json").read_text())
 
@@ -163,14 +164,14 @@ def test_ctrl_c_mid_run_removes_everything(privileged: None, tmp_path: Path) -> 
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     records = out / "policies" / "topk-0.1" / "records.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while not (records.exists() and '"kind": "step"' in records.read_text()):
+        def trained() -> bool:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "no training step within 120 s"
-            time.sleep(0.2)
+            return records.exists() and '"kind": "step"' in records.read_text()
+
+        wait_for(trained, 120, "a training step", interval_s=0.2)
         assert any(ns.startswith(PREFIX) for ns in list_namespaces())
         os.kill(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=scaled(60))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -190,14 +191,11 @@ def test_clean_kills_processes_and_removes_namespaces(privileged: None, tmp_path
     ip("netns", "add", ns)
     sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
     try:
-        deadline = time.monotonic() + 10
-        while not subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
-                                 text=True).stdout.strip():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.strip(),
+                 10, "the sleeper in its namespace")
         gone = clean(f"{PREFIX}crash")
         assert gone["namespaces"] == [ns]
-        assert sleeper.wait(timeout=10) != 0
+        assert sleeper.wait(timeout=scaled(10)) != 0
         assert ns not in list_namespaces()
     finally:
         sleeper.kill()

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from flexcomm.policy import make_policy, policy_from_state
 from flexcomm.policy.costmodel import crossover_ratio
-from flexcomm.policy.moo import EXPLOIT, EXPLORE, WARMUP, Evaluation, MooConfig, MooPolicy, Option, candidate_crs
-from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation, StepReport
+from flexcomm.policy.moo import EXPLOIT, EXPLORE, WARMUP, Evaluation, MooConfig, MooPolicy, candidate_crs
+from flexcomm.policy.types import Choice, Compression, GradientLayout, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
 
 M = LAYOUT.grad_bytes
@@ -205,7 +205,7 @@ def test_no_flapping_between_near_equal_candidates() -> None:
 
 def _row(label: str, t_step: float, gain: float) -> Evaluation:
     compression, _, collective = label.partition("@")
-    return Evaluation(Option(Compression.parse(compression), collective), t_step, 0.0, t_step, gain, True)
+    return Evaluation(Choice(Compression.parse(compression), collective), t_step, 0.0, t_step, gain, True)
 
 
 def test_hysteresis_keeps_an_option_within_the_margin_on_both_objectives() -> None:
@@ -274,7 +274,7 @@ def test_identical_inputs_give_identical_decisions(net: tuple, events: list) -> 
     for i, p in enumerate(policies):
         p.observe_network(NetworkObservation.from_link(*net))
         for ev in events:
-            if isinstance(ev[1], Option):
+            if isinstance(ev[1], Choice):
                 step, option, t_sync, gain = ev
                 c = option.compression
                 p.observe_step(StepReport(step=step, family=c.family, param=c.param, collective=option.collective,

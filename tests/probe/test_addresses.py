@@ -17,6 +17,7 @@ from flexcomm.probe.addresses import (
     parse_networks,
     serving_addresses,
 )
+from support.names import run_prefix
 
 PROBE = (
     "import json\n"
@@ -31,7 +32,7 @@ PROBE = (
 
 @pytest.mark.privileged
 def test_addresses_inside_a_namespace(privileged) -> None:
-    with netns_pair("fcad", "10.204.0.0/24") as (a, _b):
+    with netns_pair(run_prefix("fcad"), "10.204.0.0/24") as (a, _b):
         proc = a.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         seen = json.loads(proc.stdout)

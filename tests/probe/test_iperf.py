@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 import pytest
@@ -31,10 +30,12 @@ from flexcomm.probe.iperf import (
     spawn,
 )
 from flexcomm.probe.latency import latency_measurement, rtt_burst
+from support.names import run_prefix
 from support.privilege import skip_or_fail
 from support.tcp import established
+from support.waiting import scaled, wait_for
 
-PREFIX = "fcpi"
+PREFIX = run_prefix("fcpi")
 SUBNET = "10.201.0.0/26"
 SHAPED_BPS = 100e6
 PORT = 5201
@@ -60,13 +61,6 @@ def shaped_pair():
         Shaper(a.ifname, netns=a.ns).apply(LinkState(SHAPED_BPS))
         with IperfServer(PORT, netns=b.ns) as server:
             yield a, b, server
-
-
-def wait_until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 @pytest.mark.privileged
@@ -104,7 +98,7 @@ def test_busy_server_is_reported_as_busy(privileged, iperf3_binary, shaped_pair)
     hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "3"],
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: established(server.pid, PORT))
+        wait_for(lambda: established(server.pid, PORT), 10, "the hog connected")
         with pytest.raises(IperfBusy, match="busy"):
             run_test(b.address, port=PORT, duration_s=1.0, netns=a.ns)
     finally:
@@ -142,7 +136,7 @@ def test_dead_server_is_restarted(privileged, iperf3_binary, shaped_pair):
     with IperfServer(PORT + 2, netns=b.ns, check_interval_s=0.1) as server:
         first = server.pid
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: server.restarts >= 1)
+        wait_for(lambda: server.restarts >= 1)
         assert server.pid != first
         assert run_test(b.address, port=PORT + 2, duration_s=1, netns=a.ns).bandwidth_bps > 0
     assert not os.path.exists(f"/proc/{server.pid}")
@@ -168,7 +162,7 @@ def test_server_dies_with_a_killed_owner(iperf3_binary):
         owner.kill()
         owner.wait()
         owner.stdout.close()
-    wait_until(lambda: not os.path.exists(f"/proc/{server_pid}"), timeout_s=5)
+    wait_for(lambda: not os.path.exists(f"/proc/{server_pid}"), 5, "the server gone")
 
 
 def test_children_spawned_beside_a_busy_grpc_server_reach_exec():
@@ -184,7 +178,7 @@ def test_children_spawned_beside_a_busy_grpc_server_reach_exec():
     def spawn_many() -> None:
         for _ in range(100):
             child = spawn(["echo", "ok"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            out, err = child.communicate(timeout=30)
+            out, err = child.communicate(timeout=scaled(30))
             if (child.returncode, out, err) != (0, "ok\n", ""):
                 failures.append(f"exit {child.returncode}, stdout {out!r}, stderr {err[-200:]!r}")
 
@@ -251,7 +245,7 @@ def test_loopback_round_trip_with_real_server(iperf3_binary):
         t = threading.Thread(target=lambda: results.append(
             run_test("127.0.0.1", port=server.port, duration_s=2)))
         t.start()
-        wait_until(lambda: established(server.pid, server.port))
+        wait_for(lambda: established(server.pid, server.port))
         with pytest.raises(IperfBusy):
             run_test("127.0.0.1", port=server.port, duration_s=1)
         t.join()

@@ -22,10 +22,12 @@ from flexcomm.probe.addresses import local_addresses
 from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer
 from flexcomm.probe.scheduler import DutyBudget, ProbeConfig, ProbeScheduler, TargetLocks
 from flexcomm.store import Measurement, Store
+from support.names import run_prefix
 from support.privilege import skip_or_fail
 from support.tcp import established
+from support.waiting import wait_for
 
-PREFIX = "fcps"
+PREFIX = run_prefix("fcps")
 SUBNET = "10.201.0.64/26"
 PORT = 5201
 
@@ -262,7 +264,7 @@ def test_thread_wakes_for_new_peers_and_stops():
     sched = ProbeScheduler([], ProbeConfig(latency_interval_s=60.0), latency_probe=latency,
                            bandwidth_probe=latency, locks=TargetLocks()).start()
     try:
-        wait_until(lambda: waiting_on_an_event(sched._thread))  # the loop is asleep for 60 s
+        wait_for(lambda: waiting_on_an_event(sched._thread))  # the loop is asleep for 60 s
         sched.set_peers(["p"])
         assert seen.wait(5), "set_peers did not wake the loop"
     finally:
@@ -308,13 +310,6 @@ def served_pair():
             yield a, b, server
 
 
-def wait_until(predicate, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
-
-
 @pytest.mark.privileged
 def test_real_busy_server_backs_off_then_succeeds(privileged, iperf3_binary, served_pair, tmp_path):
     a, b, server = served_pair
@@ -322,15 +317,15 @@ def test_real_busy_server_backs_off_then_succeeds(privileged, iperf3_binary, ser
     hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "60"],
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: established(server.pid, PORT))
+        wait_for(lambda: established(server.pid, PORT), 15, "the hog connected")
         with Store(tmp_path / "s.db") as store:
             sched = ProbeScheduler([b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
                                    locks=TargetLocks())
             sched.schedule[b.address].next_bandwidth = 0.0  # due now, while the hog runs
-            wait_until(lambda: sched.tick() is not None and sched.busy_count >= 1)
+            wait_for(lambda: sched.tick() is not None and sched.busy_count >= 1, 15, "the server found busy")
             assert not store.measurements(kind="bandwidth"), "a busy server gives no measurement"
             hog.kill()
-            wait_until(lambda: sched.tick() is not None and store.measurements(kind="bandwidth"), timeout_s=30)
+            wait_for(lambda: sched.tick() is not None and store.measurements(kind="bandwidth"), 30, "a measurement")
             (m,) = store.measurements(kind="bandwidth")
     finally:
         hog.kill()
@@ -347,7 +342,7 @@ def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binar
                                locks=TargetLocks())
         sched.start()
         try:
-            wait_until(lambda: len(store.measurements(kind="bandwidth")) >= 2
+            wait_for(lambda: len(store.measurements(kind="bandwidth")) >= 2
                        and len(store.measurements(peer=b.address, kind="latency")) >= 3)
         finally:
             sched.stop()
@@ -370,7 +365,7 @@ def test_real_sized_test_reads_the_shaped_rate_in_a_fraction_of_a_second(privile
             before = len(store.measurements(kind="bandwidth"))
             sched.request_bandwidth([b.address], expected_bps=expected)
             start = time.monotonic()
-            wait_until(lambda n=before: (sched.tick() or True) and len(store.measurements(kind="bandwidth")) > n)
+            wait_for(lambda n=before: (sched.tick() or True) and len(store.measurements(kind="bandwidth")) > n)
             m = store.measurements(kind="bandwidth")[0]
             assert m.ok and 88e6 < m.bandwidth_bps < 105e6, m  # 100 Mbit/s shaped, ~96 of it goodput
             assert time.monotonic() - start < 1.5

@@ -1,5 +1,10 @@
 """A real `flexcomm agent` process for tests: temp socket, temp store, a free
-metrics port, probing off (tests that want probes turn it on: probe=True)."""
+metrics port, probing off (tests that want probes turn it on: probe=True).
+
+Whoever starts one ends it: `running(...)` or the `agent_process` fixture
+(tests/conftest.py) kill it however the test ends, and a start that fails kills
+the process it started. Waits are polls with load-scaled deadlines
+(support/waiting.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +25,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flexcomm.lab.netns import Node
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
+from support.waiting import scaled, wait_for
+
+__all__ = ["AgentProcess", "free_port", "in_namespace", "job_ids", "metrics_text", "running", "spec",
+           "wait_for"]
 
 
 def free_port() -> int:
@@ -48,23 +57,32 @@ class AgentProcess:
                 "--flush-interval", "200ms", *self.extra]
 
     def start(self, timeout_s: float = 30.0) -> AgentProcess:
+        """Start it and wait until it serves; a start that fails leaves no process."""
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env)
-        self.wait_serving(timeout_s)
+        try:
+            self.wait_serving(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_serving(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + scaled(timeout_s)
+        while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            try:
-                if self.health() == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
+            if self._serving():
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"agent not serving after {scaled(timeout_s):.0f}s:\n{self.log.read_text()}")
             time.sleep(0.1)
-        raise RuntimeError(f"agent not serving after {timeout_s}s:\n{self.log.read_text()}")
+
+    def _serving(self) -> bool:
+        try:
+            return self.health() == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
 
     @property
     def channel(self) -> grpc.Channel:
@@ -78,12 +96,12 @@ class AgentProcess:
 
     def health(self, service: str = "") -> int:
         stub = health_pb2_grpc.HealthStub(self.channel)
-        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=scaled(2)).status
 
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        self.proc.wait(scaled(10))
         self.close_channel()
 
     def pause(self) -> None:
@@ -95,8 +113,10 @@ class AgentProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout_s)
-        self.close_channel()
+        try:
+            rc = self.proc.wait(scaled(timeout_s))
+        finally:
+            self.close_channel()
         return rc
 
     def close_channel(self) -> None:
@@ -106,8 +126,8 @@ class AgentProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.proc.kill()  # a paused (SIGSTOPped) one too
+            self.proc.wait()
         self.close_channel()
 
 
@@ -127,15 +147,6 @@ def running(workdir: Path, *extra: str, env: dict[str, str] | None = None,
         proc.stop()
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def in_namespace(agent: AgentProcess, node: Node, probe: bool) -> None:
     """Run the agent inside `node`'s namespace (its socket and store stay on the
     shared filesystem), probing or not. Called again, it starts from the helper's
@@ -148,13 +159,13 @@ def metrics_text(agent: AgentProcess, node: Node | None = None) -> str:
     """The agent's /metrics; from inside `node`'s namespace when it listens there."""
     url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
     if node is None:
-        return urllib.request.urlopen(url, timeout=5).read().decode()
+        return urllib.request.urlopen(url, timeout=scaled(5)).read().decode()
     done = node.run([sys.executable, "-c", f"import sys, urllib.request; sys.stdout.write("
                                            f"urllib.request.urlopen({url!r}, timeout=5).read().decode())"],
-                    capture_output=True, text=True, timeout=30)
+                    capture_output=True, text=True, timeout=scaled(30))
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 def job_ids(agent: AgentProcess) -> set[str]:
-    return {j.spec.job_id for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs}
+    return {j.spec.job_id for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=scaled(5)).jobs}

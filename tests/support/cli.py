@@ -9,13 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from support.waiting import scaled
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def flexcomm(args: Sequence[str], env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process (`env`: its whole environment, default ours)."""
     return subprocess.run([sys.executable, "-m", "flexcomm.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=REPO, **kwargs)
+                          capture_output=True, text=True, timeout=scaled(60), cwd=REPO, **kwargs)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, command: str, starts: str) -> str:

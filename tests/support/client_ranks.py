@@ -7,7 +7,8 @@ a fresh `python tests/support/client_ranks.py ...` process: it joins a gloo grou
 through a FileStore in a temporary folder (no port to race for; gloo's own
 sockets bind to 127.0.0.1), calls `function(rank, world, **args)`, and
 torch.saves what it returns. A rank that fails or a group that overruns `timeout`
-fails the test with every rank's stderr tail; processes left over are killed.
+(scaled to the host's load, support/waiting.py) fails the test with every rank's
+stderr tail; processes left over are killed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from support.waiting import scaled
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
@@ -41,11 +44,12 @@ def run_ranks(world: int, target: str, args: dict[str, Any] | None = None,
                 [sys.executable, str(Path(__file__)), target, str(rank), str(world), tmp],
                 env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True,
             ), err))
+        limit = scaled(timeout)
         try:
-            _wait_all(procs, timeout)
+            _wait_all(procs, limit)
         except TimeoutError:
             raise AssertionError(
-                f"{target} on {world} ranks did not finish in {timeout}s (hang?)\n"
+                f"{target} on {world} ranks did not finish in {limit:.0f}s (hang?)\n"
                 + _tails(tmpdir, world)) from None
         finally:
             _kill(procs)

@@ -16,6 +16,7 @@ from typing import Any
 
 from flexcomm.lab.netns import Node, cluster, netns_pair
 from support.cli import flexcomm
+from support.waiting import scaled
 
 SUBNET = "10.202.0.0/24"
 
@@ -38,10 +39,10 @@ def iperf3_goodput_bps(iperf3: str, client: Node, server: Node, seconds: float =
     listener = server.popen([iperf3, "-s", "-1", "-B", server.address],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while True:  # retry until the server listens
             done = client.run([iperf3, "-c", server.address, "-t", str(seconds), "-O", "0.5",
-                               "-J"], capture_output=True, text=True, timeout=30)
+                               "-J"], capture_output=True, text=True, timeout=scaled(30))
             report = json.loads(done.stdout or "{}")
             if "error" not in report and done.returncode == 0:
                 return report["end"]["sum_received"]["bits_per_second"]

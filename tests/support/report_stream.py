@@ -13,6 +13,7 @@ import grpc
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.store import Store
+from support.waiting import scaled
 
 
 def report_message(job_id: str, first_step: int, count: int) -> pb.ReportStepsRequest:
@@ -42,7 +43,7 @@ class ReportStreamer:
     def stop(self) -> dict[str, int]:
         self._stop.set()
         for t in self._threads:
-            t.join(30)
+            t.join(scaled(30))
         return self.acked
 
     def _stream(self, job_id: str) -> None:
