@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flexcomm.policy.costmodel import ModelForms, option_terms
-from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport, option_label
+from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
@@ -313,9 +313,9 @@ class SyncReader:
         key = (report.family, report.param, report.collective)
         terms = self._terms.get(key)
         if terms is None:
-            compression = report.compression
-            _, beta_bytes = option_terms(compression, report.collective, self.layout, self.nodes, self.forms)
-            terms = self._terms[key] = (option_label(compression, report.collective), beta_bytes)
+            choice = report.choice
+            _, beta_bytes = option_terms(choice.compression, choice.collective, self.layout, self.nodes, self.forms)
+            terms = self._terms[key] = (choice.label, beta_bytes)
         return terms
 
     def observe(self, estimate: LinkEstimate, reports: Iterable[StepReport], ts: float) -> None:
