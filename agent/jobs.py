@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flexcomm.policy.jobspec import JobSpec
-from flexcomm.policy.linkestimate import LinkEstimate
+from flexcomm.policy.linkestimate import LinkEstimate, network_news
 from flexcomm.policy.types import Decision, NetworkObservation, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto.convert import decision_to_proto, spec_to_proto
@@ -112,8 +112,9 @@ class Job:
 
     # -- observations ---------------------------------------------------------
     def observe_network(self, net: NetworkObservation) -> bool:
-        """Feed the bottleneck to the policy if it differs; True if the decision changed."""
-        if net == self.network:
+        """Feed the bottleneck to the policy if it is news (`network_news`); True if
+        the decision changed."""
+        if not network_news(self.network, net):
             return False
         self.network = net
         self.policy.observe_network(net)

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from flexcomm.policy.linkestimate import LinkEstimate, SyncReader
+from flexcomm.policy.linkestimate import LinkEstimate, SyncReader, network_news
 from flexcomm.policy.types import Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 
@@ -78,7 +78,7 @@ class PolicySource:
             self.estimate.observe_report(net.beta_s_per_byte, now)  # the network it was given
         self._reader.observe(self.estimate, (report,), now)
         seen = self.estimate.observation(net, now)
-        if seen != net:
+        if network_news(net, seen):
             self.policy.observe_network(seen)
 
     def close(self) -> None:

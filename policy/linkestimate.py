@@ -51,6 +51,22 @@ STATE_FORMAT = 1
 AGE_STEP_S = 5.0
 
 
+# A bandwidth that moved by less than this is no news to a policy: the estimate
+# refines itself with every report message, and each new observation costs the
+# policy a fresh evaluation of every candidate.
+NETWORK_NEWS = 0.01
+
+
+def network_news(old: NetworkObservation | None, new: NetworkObservation) -> bool:
+    """Whether a policy that saw `old` should be shown `new`: its bandwidth moved by
+    NETWORK_NEWS or more, or anything else changed."""
+    if old is None:
+        return True
+    if dataclasses.replace(old, beta_s_per_byte=new.beta_s_per_byte) != new:
+        return True
+    return abs(new.beta_s_per_byte - old.beta_s_per_byte) >= NETWORK_NEWS * old.beta_s_per_byte
+
+
 def ewma(old: float | None, new: float, weight: float) -> float:
     """Exponentially weighted mean: `new` when there is no `old`."""
     return new if old is None else (1 - weight) * old + weight * new

@@ -9,6 +9,7 @@ known truth."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -22,8 +23,9 @@ from flexcomm.policy.linkestimate import (
     LinkEstimateConfig,
     OptionFit,
     SyncReader,
+    network_news,
 )
-from flexcomm.policy.types import Compression, GradientLayout, StepReport
+from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation, StepReport
 
 LAYOUT = GradientLayout.flat(4_600_000)
 NODES = 2
@@ -204,3 +206,12 @@ def test_bad_state_and_config_name_the_field():
     with pytest.raises(ValueError, match=r"^informative:"):
         LinkEstimateConfig(informative=2.0)
     assert not OptionFit().known
+
+
+def test_a_bandwidth_refined_by_less_than_one_percent_is_no_news():
+    net = NetworkObservation.from_link(1e-4, 100e6, 2)
+    assert network_news(None, net)
+    assert not network_news(net, dataclasses.replace(net, beta_s_per_byte=net.beta_s_per_byte * 1.005))
+    assert network_news(net, dataclasses.replace(net, beta_s_per_byte=net.beta_s_per_byte * 1.02))
+    assert network_news(net, dataclasses.replace(net, lower_bound=True))
+    assert network_news(net, dataclasses.replace(net, age_s=5.0))
