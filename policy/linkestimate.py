@@ -8,9 +8,12 @@ leaves out: in the lab 1.8 ms for AllGather Top-k, 5.3 ms for the AR tree, 17 ms
 for PowerSGD), beta the path's seconds per byte, one for every option. Both are
 fitted together, with forgetting:
 
-- An option's overhead is learned from its syncs while beta is confirmed
-  (o_k <- t - B_k beta), with the spread of those residuals; until then it is only
-  known to lie in [0, `overhead_cap_s`].
+- An option's overhead is learned from its syncs while beta is confirmed (by a
+  probe, the job's own report, or syncs whose overheads are known): its first
+  sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
+  the share of its time its bytes do not explain (squared), with the spread of
+  their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
+  host's gloo spends tens of milliseconds a collective).
 - So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k. The
   upper bound always holds (the path carried at least B_k bytes in t). When the
   interval is narrow (the bytes explain most of the time) the sync reads the path
@@ -49,6 +52,8 @@ STATE_FORMAT = 1
 # A policy is shown the estimate's age in whole steps of this: an age that moved
 # by a fraction of a second is no news to decide on.
 AGE_STEP_S = 5.0
+# An overhead read off one sync is known to about this share of itself.
+FIRST_SPREAD = 0.25
 
 
 # A bandwidth that moved by less than this is no news to a policy: the estimate
@@ -83,7 +88,7 @@ def relative_change(old: float, new: float) -> float:
 class LinkEstimateConfig:
     """How syncs and probes are weighed (see the module docstring)."""
 
-    overhead_cap_s: float = 0.01
+    overhead_max_s: float = 0.1
     informative: float = 0.3
     alone_share: float = 0.7
     change: float = 0.25
@@ -94,12 +99,12 @@ class LinkEstimateConfig:
     overhead_weight: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("overhead_cap_s", "informative", "alone_share", "change", "noise", "sigmas",
+        for name in ("overhead_max_s", "informative", "alone_share", "change", "noise", "sigmas",
                      "beta_weight", "overhead_weight"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
-        for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
+        for name in ("overhead_max_s", "informative", "alone_share", "beta_weight", "overhead_weight"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
         if not isinstance(self.persist, int) or self.persist < 1:
@@ -187,10 +192,16 @@ class LinkEstimate:
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
         fit = self.options.setdefault(option, OptionFit())
+        beta = self.beta_s_per_byte
+        if not fit.known and beta is not None and not self.lower_bound and \
+                -self.config.change * beta * beta_bytes <= seconds - beta * beta_bytes <= self.config.overhead_max_s:
+            # an option new since the figure was confirmed: its overhead is what the figure leaves
+            overhead = max(0.0, seconds - beta * beta_bytes)
+            fit.overhead_s, fit.spread_s, fit.weight = overhead, FIRST_SPREAD * overhead, 1.0
+            return
         lo, hi = self._overhead_range(fit, seconds)
         fastest, slowest = max(seconds - hi, 0.0) / beta_bytes, (seconds - lo) / beta_bytes
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
-        beta = self.beta_s_per_byte
         if beta is None:
             self._set(slowest, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
             self.wants_probe = not narrow
@@ -204,11 +215,12 @@ class LinkEstimate:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
     def _overhead_range(self, fit: OptionFit, seconds: float) -> tuple[float, float]:
-        cap = self.config.overhead_cap_s
+        """Where the option's overhead lies: anywhere up to `overhead_max_s` until it
+        is learned, else its fit within its noise."""
         if not fit.known:
-            return 0.0, min(cap, seconds)
+            return 0.0, min(seconds, self.config.overhead_max_s)
         noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
-        return max(0.0, fit.overhead_s - noise), min(fit.overhead_s + noise, max(cap, 2 * fit.overhead_s))
+        return max(0.0, fit.overhead_s - noise), fit.overhead_s + noise
 
     def _agree(self, fit: OptionFit, fastest: float, slowest: float, narrow: bool, seconds: float,
                beta_bytes: float, ts: float, reports: int) -> None:
@@ -217,7 +229,8 @@ class LinkEstimate:
         self.streak = None
         weight = 1 - (1 - self.config.beta_weight) ** reports
         if narrow:
-            reading = math.sqrt(max(fastest, 1e-300) * slowest)
+            # the fitted overhead, or none while it is unknown (a bound, not a guess)
+            reading = max(seconds - fit.overhead_s, fastest * beta_bytes) / beta_bytes if fit.known else slowest
             share = min(1.0, reading * beta_bytes / seconds)
             self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True

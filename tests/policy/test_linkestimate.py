@@ -74,13 +74,16 @@ class Path:
 
 def test_dense_syncs_read_the_link_and_follow_it_both_ways():
     path = Path()
-    path.run(DENSE, 100e6, 5)
+    path.run(DENSE, 100e6, 1)  # even a 100 ms overhead would leave the bytes most of the time
     assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.evidence == SYNC
+    path.probe(100e6)  # agrees: confirms, and the overhead is learned against it
+    path.run(DENSE, 100e6, 5)
+    assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.options["dense@dense_ring"].known
     assert not path.estimate.lower_bound and path.estimate.confirmed == path.now
     for bandwidth in (20e6, 500e6, 50e6):
         path.run(DENSE, bandwidth, 1)  # four reports in one message: the move is taken at once
         assert path.mbps == pytest.approx(bandwidth / 1e6, rel=0.1)
-        assert not path.estimate.lower_bound
+        assert not path.estimate.lower_bound or bandwidth > 100e6  # at 500 Mbit/s gloo's share is seen
 
 
 def test_top_k_syncs_on_a_fast_link_are_a_lower_bound_that_asks_for_a_probe():
