@@ -198,8 +198,8 @@ class NetworkFeed:
         longest ago (one reading confirms or refutes a move; the duty budget has
         room for a few a minute, not a round of every peer at each move)."""
         estimate = self.estimator.jobs.get(job_id)
-        if estimate is None or not estimate.wants_probe:
-            return
+        if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
+            return  # without a figure to size it by the test would run whole seconds: the syncs give one
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:
             estimate.wants_probe = False  # no probe will come: the syncs stand alone

@@ -26,6 +26,8 @@ fitted together, with forgetting:
   time at the new figure (a loaded host slows the overhead, not the path); else a
   probe must confirm it (`wants_probe`). Readings in the streak before a change
   are not blended into the old figure.
+- A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
+  hide a 50x move of the link) asks for a probe, once per `max_age_s`.
 - A probe that reads faster, or agrees, confirms; one that reads slower while
   the job's syncs say the path is as it was is the job sharing the link with the
   test, and a slower probe alone must read it twice.
@@ -97,14 +99,15 @@ class LinkEstimateConfig:
     persist: int = 3
     beta_weight: float = 0.2
     overhead_weight: float = 0.05
+    max_age_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("overhead_max_s", "informative", "alone_share", "change", "noise", "sigmas",
+        for name in ("overhead_max_s", "max_age_s", "informative", "alone_share", "change", "noise", "sigmas",
                      "beta_weight", "overhead_weight"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
-        for name in ("overhead_max_s", "informative", "alone_share", "beta_weight", "overhead_weight"):
+        for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
         if not isinstance(self.persist, int) or self.persist < 1:
@@ -167,6 +170,7 @@ class LinkEstimate:
     streak: Streak | None = None
     probe_pending: float | None = None  # a slower probe read once, to be read again
     syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
+    aged_ask: float | None = None  # when a probe was last asked for because the figure aged
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -191,6 +195,9 @@ class LinkEstimate:
         moving `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
+        if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
+                ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
+            self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
         fit = self.options.setdefault(option, OptionFit())
         beta = self.beta_s_per_byte
         if not fit.known and beta is not None and not self.lower_bound and \
@@ -318,7 +325,8 @@ class LinkEstimate:
             options = {k: OptionFit(**v) for k, v in state["options"].items()}
             streak = Streak(**state["streak"]) if state["streak"] else None
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
-                                            "confirmed", "wants_probe", "probe_pending", "syncs_agree")}
+                                            "confirmed", "wants_probe", "probe_pending", "syncs_agree",
+                                            "aged_ask")}
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
         for name, value in fields.items():

@@ -129,7 +129,8 @@ class Estimator:
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         for job_id in affected if bandwidth else ():
-            beta = self._probed_beta(self.job_peers[job_id], since=self.started[job_id])
+            since = max(self.started[job_id], ts - self.config.max_probe_age_s)
+            beta = self._probed_beta(self.job_peers[job_id], since=since)
             if beta is not None:
                 self.jobs[job_id].observe_probe(beta, ts)
         return affected

@@ -218,3 +218,18 @@ def test_a_bandwidth_refined_by_less_than_one_percent_is_no_news():
     assert network_news(net, dataclasses.replace(net, beta_s_per_byte=net.beta_s_per_byte * 1.02))
     assert network_news(net, dataclasses.replace(net, lower_bound=True))
     assert network_news(net, dataclasses.replace(net, age_s=5.0))
+
+
+def test_a_figure_nothing_confirmed_for_max_age_s_asks_for_a_probe_once_per_max_age_s():
+    path = Path(max_age_s=10.0)
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 20)  # Top-k syncs at a gigabit confirm nothing
+    e = path.estimate
+    assert not e.wants_probe and e.age_s(path.now) == 0.0
+    path.run(TOPK_AG, 1e9, 40)  # 8 s more: 12 s since the probe
+    assert e.wants_probe and e.age_s(path.now) == 10.0  # whole steps of AGE_STEP_S
+    e.wants_probe = False
+    path.run(TOPK_AG, 1e9, 10)
+    assert not e.wants_probe  # asked once per max_age_s
+    path.probe(1e9)
+    assert e.age_s(path.now) == 0.0
