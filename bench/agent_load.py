@@ -274,12 +274,14 @@ def main() -> None:
     parser.add_argument("--ingest-s", type=float, default=15.0)
     parser.add_argument("--soak-s", type=float, default=60.0)
     parser.add_argument("--policy", default="moo")
+    parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix")
+    parser.add_argument("--subnet", default=SUBNET, help="the namespaces' subnet")
     args = parser.parse_args()
     usable, why = can_use_namespaces()
     if not usable:
         raise SystemExit(f"agent_load: needs network namespaces for the peers it probes: {why}")
     port = free_port()
-    with cluster(PREFIX, 1 + len(PEER_RATES_BPS), SUBNET) as nodes, ExitStack() as stack:
+    with cluster(args.prefix, 1 + len(PEER_RATES_BPS), args.subnet) as nodes, ExitStack() as stack:
         result = measure(args, nodes[0], probed_peers(nodes[1:], port, stack), port)
     print(f"get-decision at {result['detail']['achieved_rate']}/s: p50 {result['p50_ms']} ms, "
           f"p99 {result['p99_ms']} ms; with reports alongside (mixed) p99 {result['mixed_p99_ms']} ms; "

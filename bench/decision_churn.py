@@ -85,7 +85,7 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cfg = LabConfig(out=out, policies=parse_policies(policy), nodes=args.nodes,
                     schedule_text=steady_schedule(args.rate), schedule_name="steady", steps=args.steps,
                     eval_every=max(1, args.steps // 3), workload=WorkloadSpec(hidden=150),
-                    prefix=PREFIX, subnet=SUBNET, policy_timeout_s=3600.0)
+                    prefix=args.prefix, subnet=args.subnet, policy_timeout_s=3600.0)
     competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.competitors)]
     start = time.time()
     try:
@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--competitors", type=int, default=1, help="CPU busy loops beside the job")
     parser.add_argument("--moo-options", default="", help="k=v,... for the MOO (e.g. a proposed setting)")
     parser.add_argument("--out", help="run directory (default: a temporary one)")
+    parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix")
+    parser.add_argument("--subnet", default=SUBNET, help="the nodes' subnet")
     args = parser.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="decision-churn-")) / "run"
     result = soak(args, out)

@@ -1,14 +1,14 @@
 """One job path's bandwidth, read off every sync of every option the job runs and
 the probes of its peers: the one detector of a moved network.
 
-A sync of option k takes t = o_k + B_k beta: B_k the bytes it moves per unit of
-beta (the cost model's `option_terms`), o_k the option's overhead per sync (its
-latency terms and the host's and gloo's own work per collective, which the model
-leaves out: in the lab 1.8 ms for AllGather Top-k, 5.3 ms for the AR tree, 17 ms
-for PowerSGD), beta the path's seconds per byte, one for every option. Both are
-fitted together, with forgetting:
+A sync of an option over collective c takes t = o_c + B beta: B the bytes the
+option moves per unit of beta (the cost model's `option_terms`), o_c the
+collective's overhead per sync (its latency terms and the host's and gloo's own
+work per collective, which the model leaves out: in the lab 1.8 ms for AllGather
+Top-k, 5.3 ms for the AR tree), beta the path's seconds per byte, one for every
+option. Both are fitted together, with forgetting:
 
-- An option's overhead is learned from its syncs while beta is confirmed (by a
+- A collective's overhead is learned from its syncs while beta is confirmed (by a
   probe, the job's own report, or syncs whose overheads are known): its first
   sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
   the share of its time its bytes do not explain (squared), with the spread of
@@ -115,8 +115,8 @@ class LinkEstimateConfig:
 
 
 @dataclass
-class OptionFit:
-    """One option's overhead per sync (s) and the mean deviation of its residuals,
+class CollectiveFit:
+    """One collective's overhead per sync (s) and the mean deviation of its residuals,
     learned against a confirmed beta; `weight` how many overhead-bound syncs
     (each weighted by the share of its time its bytes do not explain) stand behind
     them, capped by the forgetting."""
@@ -166,7 +166,7 @@ class LinkEstimate:
     moved_at: float | None = None
     confirmed: float | None = None
     wants_probe: bool = False
-    options: dict[str, OptionFit] = field(default_factory=dict)
+    overheads: dict[str, CollectiveFit] = field(default_factory=dict)
     streak: Streak | None = None
     probe_pending: float | None = None  # a slower probe read once, to be read again
     syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
@@ -189,20 +189,20 @@ class LinkEstimate:
                                    lower_bound=self.lower_bound, age_s=self.age_s(now))
 
     # -- syncs -------------------------------------------------------------------
-    def observe_sync(self, option: str, beta_bytes: float, seconds: float, ts: float,
+    def observe_sync(self, collective: str, beta_bytes: float, seconds: float, ts: float,
                      reports: int = 1) -> None:
-        """`reports` syncs of `option` that took `seconds` each (their median),
+        """`reports` syncs over `collective` that took `seconds` each (their median),
         moving `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
         if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
-        fit = self.options.setdefault(option, OptionFit())
+        fit = self.overheads.setdefault(collective, CollectiveFit())
         beta = self.beta_s_per_byte
         if not fit.known and beta is not None and not self.lower_bound and \
                 -self.config.change * beta * beta_bytes <= seconds - beta * beta_bytes <= self.config.overhead_max_s:
-            # an option new since the figure was confirmed: its overhead is what the figure leaves
+            # a collective new since the figure was confirmed: its overhead is what the figure leaves
             overhead = max(0.0, seconds - beta * beta_bytes)
             fit.overhead_s, fit.spread_s, fit.weight = overhead, FIRST_SPREAD * overhead, 1.0
             return
@@ -221,15 +221,15 @@ class LinkEstimate:
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
-    def _overhead_range(self, fit: OptionFit, seconds: float) -> tuple[float, float]:
-        """Where the option's overhead lies: anywhere up to `overhead_max_s` until it
+    def _overhead_range(self, fit: CollectiveFit, seconds: float) -> tuple[float, float]:
+        """Where the collective's overhead lies: anywhere up to `overhead_max_s` until it
         is learned, else its fit within its noise."""
         if not fit.known:
             return 0.0, min(seconds, self.config.overhead_max_s)
         noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
         return max(0.0, fit.overhead_s - noise), fit.overhead_s + noise
 
-    def _agree(self, fit: OptionFit, fastest: float, slowest: float, narrow: bool, seconds: float,
+    def _agree(self, fit: CollectiveFit, fastest: float, slowest: float, narrow: bool, seconds: float,
                beta_bytes: float, ts: float, reports: int) -> None:
         beta = self.beta_s_per_byte
         assert beta is not None
@@ -322,7 +322,7 @@ class LinkEstimate:
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
         try:
-            options = {k: OptionFit(**v) for k, v in state["options"].items()}
+            overheads = {k: CollectiveFit(**v) for k, v in state["overheads"].items()}
             streak = Streak(**state["streak"]) if state["streak"] else None
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
@@ -331,7 +331,7 @@ class LinkEstimate:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
         for name, value in fields.items():
             setattr(self, name, value)
-        self.options, self.streak = options, streak
+        self.overheads, self.streak = overheads, streak
 
 
 class SyncReader:
@@ -346,13 +346,13 @@ class SyncReader:
         self._terms: dict[tuple[str, float, str], tuple[str, float]] = {}
 
     def terms(self, report: StepReport) -> tuple[str, float]:
-        """(the option's label, the bytes its sync moves per unit of beta)."""
+        """(the option's collective, the bytes its sync moves per unit of beta)."""
         key = (report.family, report.param, report.collective)
         terms = self._terms.get(key)
         if terms is None:
             choice = report.choice
             _, beta_bytes = option_terms(choice.compression, choice.collective, self.layout, self.nodes, self.forms)
-            terms = self._terms[key] = (choice.label, beta_bytes)
+            terms = self._terms[key] = (choice.collective, beta_bytes)
         return terms
 
     def observe(self, estimate: LinkEstimate, reports: Iterable[StepReport], ts: float) -> None:
@@ -360,5 +360,5 @@ class SyncReader:
         for r in reports:
             if not r.disturbed and r.t_sync_s >= MIN_SYNC_S:
                 by_option.setdefault(self.terms(r), []).append(r.t_sync_s)
-        for (label, beta_bytes), times in by_option.items():
-            estimate.observe_sync(label, beta_bytes, statistics.median(times), ts, len(times))
+        for (collective, beta_bytes), times in by_option.items():
+            estimate.observe_sync(collective, beta_bytes, statistics.median(times), ts, len(times))

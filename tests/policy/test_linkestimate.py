@@ -19,9 +19,9 @@ from flexcomm.policy.linkestimate import (
     PROBE,
     SYNC,
     SYNC_BOUND,
+    CollectiveFit,
     LinkEstimate,
     LinkEstimateConfig,
-    OptionFit,
     SyncReader,
     network_news,
 )
@@ -78,7 +78,7 @@ def test_dense_syncs_read_the_link_and_follow_it_both_ways():
     assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.evidence == SYNC
     path.probe(100e6)  # agrees: confirms, and the overhead is learned against it
     path.run(DENSE, 100e6, 5)
-    assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.options["dense@dense_ring"].known
+    assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.overheads["dense_ring"].known
     assert not path.estimate.lower_bound and path.estimate.confirmed == path.now
     for bandwidth in (20e6, 500e6, 50e6):
         path.run(DENSE, bandwidth, 1)  # four reports in one message: the move is taken at once
@@ -100,7 +100,7 @@ def test_top_k_syncs_follow_a_slowing_link_alone_where_their_bytes_explain_the_t
     path = Path()
     path.probe(500e6)
     path.run(TOPK_TREE, 500e6, 30)  # learns the AR tree's overhead against the probed link
-    assert path.estimate.options["topk:0.033@art_tree"].known
+    assert path.estimate.overheads["art_tree"].known
     path.run(TOPK_TREE, 20e6, 1)
     assert path.mbps == pytest.approx(20, rel=0.1) and path.estimate.evidence == SYNC
     assert not path.estimate.lower_bound
@@ -171,12 +171,12 @@ def test_a_message_is_one_observation_per_option():
     seen = []
 
     class Recording(LinkEstimate):
-        def observe_sync(self, option, beta_bytes, seconds, ts, reports=1):
-            seen.append((option, seconds, reports))
+        def observe_sync(self, collective, beta_bytes, seconds, ts, reports=1):
+            seen.append((collective, seconds, reports))
 
     reports = [step(DENSE, 100e6, jitter=j) for j in (1.0, 1.2, 1.1)] + [step(TOPK_AG, 100e6)] * 2
     SyncReader(LAYOUT, NODES).observe(Recording(), reports, 1.0)
-    assert [(o, n) for o, _, n in seen] == [("dense@dense_ring", 3), ("topk:0.01@ag_topk", 2)]
+    assert [(o, n) for o, _, n in seen] == [("dense_ring", 3), ("ag_topk", 2)]
     assert seen[0][1] == pytest.approx(step(DENSE, 100e6, jitter=1.1).t_sync_s)  # the median
 
 
@@ -201,14 +201,14 @@ def test_bad_state_and_config_name_the_field():
     with pytest.raises(ValueError, match=r"^estimate.format:"):
         LinkEstimate().load_state_dict({"format": 99})
     with pytest.raises(ValueError, match=r"^estimate: damaged"):
-        LinkEstimate().load_state_dict({"format": 1, "options": {"x": {"nope": 1}}})
+        LinkEstimate().load_state_dict({"format": 1, "overheads": {"x": {"nope": 1}}})
     with pytest.raises(ValueError, match=r"^change:"):
         LinkEstimateConfig(change=0.0)
     with pytest.raises(ValueError, match=r"^persist:"):
         LinkEstimateConfig(persist=0)
     with pytest.raises(ValueError, match=r"^informative:"):
         LinkEstimateConfig(informative=2.0)
-    assert not OptionFit().known
+    assert not CollectiveFit().known
 
 
 def test_a_bandwidth_refined_by_less_than_one_percent_is_no_news():
