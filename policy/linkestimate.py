@@ -20,6 +20,9 @@ option. Both are fitted together, with forgetting:
   and moves the estimate, weighted by that share; when it is wide the sync is a
   lower bound on the bandwidth, never ignored: an estimate slower than what
   crossed is raised to it, flagged `lower_bound`.
+- While the figure is only a lower bound it is the fastest bound of the last
+  `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
+  shows as soon as the faster bounds age out.
 - A change is `persist` reports in a row outside the interval (by more than
   `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
@@ -100,9 +103,11 @@ class LinkEstimateConfig:
     beta_weight: float = 0.2
     overhead_weight: float = 0.05
     max_age_s: float = 30.0
+    bound_window_s: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("overhead_max_s", "max_age_s", "informative", "alone_share", "change", "noise", "sigmas",
+        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
+                     "noise", "sigmas",
                      "beta_weight", "overhead_weight"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -171,6 +176,7 @@ class LinkEstimate:
     probe_pending: float | None = None  # a slower probe read once, to be read again
     syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
     aged_ask: float | None = None  # when a probe was last asked for because the figure aged
+    bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -209,9 +215,12 @@ class LinkEstimate:
         lo, hi = self._overhead_range(fit, seconds)
         fastest, slowest = max(seconds - hi, 0.0) / beta_bytes, (seconds - lo) / beta_bytes
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
-        if beta is None:
+        if beta is None or (self.lower_bound and narrow):
             self._set(slowest, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
             self.wants_probe = not narrow
+            return
+        if self.lower_bound:
+            self._bound(slowest, ts)
             return
         margin = self.config.change * beta * beta_bytes
         if seconds < lo + beta * beta_bytes - margin:
@@ -220,6 +229,18 @@ class LinkEstimate:
             self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+
+    def _bound(self, beta: float, ts: float) -> None:
+        """A figure only bounded: the fastest bound of the last `bound_window_s` (a
+        windowed maximum of the bandwidth, as BBR keeps): a link that slowed shows
+        as soon as the faster bounds age out of the window."""
+        window = self.config.bound_window_s
+        self.bounds = [(t, b) for t, b in self.bounds if t > ts - window] + [(ts, beta)]
+        figure = min(b for _, b in self.bounds)
+        old = self.beta_s_per_byte
+        if old is None or relative_change(old, figure) >= self.config.change / 2:
+            self.moved_at, self.evidence, self.wants_probe = ts, SYNC_BOUND, True
+        self.beta_s_per_byte = figure
 
     def _overhead_range(self, fit: CollectiveFit, seconds: float) -> tuple[float, float]:
         """Where the collective's overhead lies: anywhere up to `overhead_max_s` until it
@@ -269,9 +290,6 @@ class LinkEstimate:
             self.wants_probe = not streak.informative
         elif streak.informative and streak.alone:
             self._set(figure, SYNC, ts, lower_bound=False)
-        elif self.lower_bound:  # a bound of the path as it was: the syncs' bound now
-            self._set(figure, SYNC_BOUND, ts, lower_bound=True)
-            self.wants_probe = True
         elif not streak.probe_asked:
             streak.probe_asked = self.wants_probe = True
 
@@ -305,6 +323,7 @@ class LinkEstimate:
             self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree = None, None, False
+        self.bounds = [(ts, beta)] if lower_bound else []
         if not lower_bound:
             self.confirmed = ts
         if moved:
@@ -327,11 +346,12 @@ class LinkEstimate:
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
                                             "aged_ask")}
+            bounds = [(float(t), float(b)) for t, b in state["bounds"]]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
         for name, value in fields.items():
             setattr(self, name, value)
-        self.overheads, self.streak = overheads, streak
+        self.overheads, self.streak, self.bounds = overheads, streak, bounds
 
 
 class SyncReader:

@@ -233,3 +233,14 @@ def test_a_figure_nothing_confirmed_for_max_age_s_asks_for_a_probe_once_per_max_
     assert not e.wants_probe  # asked once per max_age_s
     path.probe(1e9)
     assert e.age_s(path.now) == 0.0
+
+
+def test_a_figure_only_bounded_follows_a_slower_link_once_the_faster_bounds_age_out():
+    path = Path(bound_window_s=2.0)
+    path.run(TOPK_AG, 1e9, 5)
+    assert path.estimate.lower_bound
+    fast = path.mbps
+    path.run(TOPK_AG, 10e6, 5)  # 1 s: the faster bounds are still in the window
+    assert path.mbps == fast
+    path.run(TOPK_AG, 10e6, 8)  # 1.6 s more
+    assert path.mbps == pytest.approx(10, rel=0.15) and path.estimate.lower_bound
