@@ -205,12 +205,12 @@ class NetworkFeed:
             estimate.wants_probe = False  # no probe will come: the syncs stand alone
             return
         peer = min(peers, key=lambda a: self.estimator.peer(a).measured or 0.0)
-        wait_s = self.request_probes([peer], estimate.bandwidth_bps)
+        wait_s = self.request_probes([peer], estimate.expected_bps)
         if math.isinf(wait_s):
             return  # the prober does not know the peer yet: asked again when it does
         estimate.wants_probe = False
         log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
-                                                      "expected_bps": estimate.bandwidth_bps,
+                                                      "expected_bps": estimate.expected_bps,
                                                       "budget_wait_s": round(wait_s, 1)}})
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:

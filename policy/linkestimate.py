@@ -182,6 +182,15 @@ class LinkEstimate:
     def bandwidth_bps(self) -> float | None:
         return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
 
+    @property
+    def expected_bps(self) -> float | None:
+        """The rate to size a probe by: the slowest the syncs of a move in progress
+        allow (a test sized for the old, faster figure is cut off on a slower
+        link), else the figure."""
+        if self.streak is not None and self.streak.betas:
+            return 8.0 / max(self.streak.betas)
+        return self.bandwidth_bps
+
     def age_s(self, now: float) -> float:
         """Seconds since the figure was last confirmed, in whole `AGE_STEP_S`."""
         if self.confirmed is None:

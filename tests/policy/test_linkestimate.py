@@ -244,3 +244,12 @@ def test_a_figure_only_bounded_follows_a_slower_link_once_the_faster_bounds_age_
     assert path.mbps == fast
     path.run(TOPK_AG, 10e6, 8)  # 1.6 s more
     assert path.mbps == pytest.approx(10, rel=0.15) and path.estimate.lower_bound
+
+
+def test_a_probe_for_a_slower_move_is_sized_by_the_slowest_the_syncs_allow():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    assert path.estimate.expected_bps == path.estimate.bandwidth_bps
+    path.run(TOPK_AG, 200e6, 1)
+    assert path.estimate.wants_probe and path.estimate.expected_bps < 250e6
