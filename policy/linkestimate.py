@@ -103,7 +103,7 @@ class LinkEstimateConfig:
     beta_weight: float = 0.2
     overhead_weight: float = 0.05
     max_age_s: float = 30.0
-    bound_window_s: float = 2.0
+    bound_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
