@@ -31,7 +31,14 @@ INGEST_SLICE = 512
 
 
 class SpecConflict(ValueError):
-    """A job id registered again with a different spec (and no `replace`)."""
+    """A job id registered again with a different spec (and no `replace`), or by
+    another world while it runs."""
+
+
+# A client polls every 0.5 s by default: a job heard from this recently is running,
+# and another world (other nodes, another world size) may not take its id over.
+RUNNING_WITHIN_S = 5.0
+WORLD_FIELDS = ("world_size", "nodes")
 
 
 class StoreUnavailable(Exception):
@@ -102,6 +109,12 @@ class JobLifecycle:
             return Registration(existing, True, [])
         differ = ([k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
                   if existing is not None else [])
+        # (a job registered before its node list came may add it)
+        other_world = [k for k in differ if k in WORLD_FIELDS and (k != "nodes" or existing.spec.nodes)]
+        if other_world and existing is not None and existing.idle_s(time.time()) < RUNNING_WITHIN_S:
+            raise SpecConflict(f"spec.job_id: job {spec.job_id!r} is running with another "
+                               f"{' and '.join(other_world)} (world_size {existing.spec.world_size}, nodes "
+                               f"{', '.join(existing.spec.nodes) or 'none'}); a second job cannot share its id")
         if differ and not replace:
             raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
                                f"{', '.join(differ)}; set replace to start it anew")

@@ -174,6 +174,18 @@ class Persister:
             probes[peer] = sorted(rows, key=lambda r: r["ts"])
         return decisions, probes
 
+    async def ended_jobs(self, limit: int) -> list[tuple[Any, list, list]]:
+        """The newest `limit` ended jobs, newest first: (JobRecord, its last decision
+        record (a list of at most one), its step aggregates)."""
+        assert self.store is not None
+        return await self._run(self._read_ended, limit)
+
+    def _read_ended(self, limit: int) -> list[tuple[Any, list, list]]:
+        assert self.store is not None
+        ended = sorted(self.store.jobs(running=False), key=lambda j: j.ended or 0.0, reverse=True)[:limit]
+        return [(j, self.store.decisions(j.job_id, limit=1), self.store.step_reports(j.job_id))
+                for j in ended]
+
     async def load_jobs(self, create_policy: Callable[[JobSpec], Policy]) -> list[Job]:
         """Every running stored job with its policy resumed; a job that cannot be resumed
         (its policy is gone from this build, its state is damaged) is logged and

@@ -33,14 +33,16 @@ from flexcomm.agent.lifecycle import JobLifecycle, SpecConflict, StoreUnavailabl
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
-from flexcomm.proto.convert import decision_to_proto
+from flexcomm.proto.convert import decision_to_proto, spec_to_proto
 from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")
+MAX_ENDED_LISTED = 100
 
 
 def _status(exc: Exception) -> grpc.StatusCode:
@@ -206,7 +208,10 @@ class AgentService(pb_grpc.AgentServicer):
 
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[job.info() for job in self.jobs])
+        jobs = [job.info() for job in self.jobs]
+        if request.include_ended:
+            jobs += [ended_info(*row) for row in await self.persister.ended_jobs(MAX_ENDED_LISTED)]
+        return pb.ListJobsResponse(jobs=jobs)
 
     @unary
     async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
@@ -226,6 +231,18 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def GetAgentInfo(self, request: pb.GetAgentInfoRequest, context: Any) -> pb.AgentInfo:
         return self.agent_info()
+
+
+def ended_info(record: Any, last: list, steps: list) -> pb.JobInfo:
+    """An ended job as the store keeps it: its spec, last decision and reports."""
+    info = pb.JobInfo(spec=spec_to_proto(JobSpec.from_dict(record.spec)), registered_unix=record.created,
+                      ended_unix=record.ended or 0.0, end_reason=record.end_reason,
+                      reports=sum(s.count for s in steps),
+                      last_step=max((s.step_last for s in steps), default=0),
+                      last_epoch=max((s.epoch for s in steps), default=0))
+    if last:
+        info.decision.CopyFrom(decision_to_proto(last[0].decision, record.job_id, last[0].ts or 0.0))
+    return info
 
 
 def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:

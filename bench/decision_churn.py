@@ -14,7 +14,7 @@ namespaces (without it the lab runs on loopback, unshaped and unprobed, and the
 JSON says so). The last printed line is one JSON object.
 
     .venv/bin/python bench/decision_churn.py [--steps 3000] [--rate 100Mbit] [--nodes 2]
-        [--competitors 1] [--moo-options sync_change_steps=6] [--out DIR]
+        [--competitors 1] [--moo-options explore_share=0.05] [--out DIR]
 """
 
 from __future__ import annotations

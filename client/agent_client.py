@@ -23,12 +23,18 @@ says so once in its log, retries with backoff, and re-registers when the agent
 answers again (a restarted agent resumes the job from its store).
 
 Lifecycle: `close()`, and the interpreter's exit if close was not called, end
-the job at the agent (EndJob): it leaves the agent's list of jobs, its history
-stays in the store. A job id registered with another spec (a new world size, a
-restart with other nodes) is replaced (`replace=True`, the default), and the log
-says so. An agent that refuses the job (it holds `max_jobs` jobs already) is an
-error in the log, naming the limit; the job runs its last decision (dense at
-first) and registers as soon as a slot frees.
+the job at the agent (EndJob) from rank 0; a client built on another rank (by
+$RANK, or torch.distributed's rank once initialised) warns once and never ends
+the job, so a rank that finishes early cannot cut rank 0's last reports off.
+An ended job leaves the agent's list of jobs; its history stays in the store.
+A job id registered again with another spec (other policy
+options, a restart in a new world) is replaced (`replace=True`, the default),
+and the log says so; but while the job runs (heard from in the last 5 s),
+another world (a new world size, other nodes) is refused with an error naming
+the id, never merged into it, and retries until the id is free. An agent
+that refuses the job (it holds `max_jobs` jobs already) is an error in the
+log, naming the limit; the job runs its last decision (dense at first) and
+registers as soon as a slot frees.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import collections
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -92,6 +99,26 @@ def _job_spec(job_id: str, world_size: int, grad_bytes: int, nodes: Sequence[str
     return spec
 
 
+def _this_rank() -> int | None:
+    """This process's rank: torch.distributed's once initialised, else $RANK (None: unknown)."""
+    dist = sys.modules.get("torch.distributed")  # not imported here: a training job has it already
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
+_warned_rank: list[bool] = []
+
+
+def _warn_not_rank_zero(job_id: str) -> None:
+    if not _warned_rank:
+        _warned_rank.append(True)
+        log.warning("job %s: an AgentClient on rank %s; only rank 0's is asked (pass it on rank 0 and None "
+                    "elsewhere). This one will not end the job.", job_id, _this_rank(),
+                    extra={"fields": {"job": job_id}})
+
+
 class AgentClient:
     """A DecisionSource that asks the agent at `target` (socket path or host:port)."""
 
@@ -136,6 +163,9 @@ class AgentClient:
         self.refusal: str | None = None  # why the agent refuses the job, while it does
         self.refused_batches = 0
         self.ended = False
+        self._ends_job = _this_rank() in (None, 0)
+        if not self._ends_job:
+            _warn_not_rank_zero(job_id)
         self._stop = threading.Event()
         self._answered = threading.Event()  # the first registration answer (or refusal) came
         self._channel = (grpc.secure_channel(self.target, credentials) if credentials
@@ -253,7 +283,7 @@ class AgentClient:
             "nodes": list(self.nodes), "version": response.decision.version}})
 
     def _end_job(self) -> None:
-        if not self._registered or not self.reachable:
+        if not self._registered or not self.reachable or not self._ends_job:
             return
         with contextlib.suppress(grpc.RpcError):  # an agent gone meanwhile expires it instead
             self._stub.EndJob(pb.EndJobRequest(job_id=self.job_id), timeout=self.timeout_s)

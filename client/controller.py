@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +33,7 @@ from flexcomm.client.agreement import RANK_STATS, Agreement
 from flexcomm.client.decisions import DecisionSource, PolicySource, as_source
 from flexcomm.client.gains import merge_masses
 from flexcomm.client.stats import StepStats
+from flexcomm.client.summary import log_change
 from flexcomm.policy.static import StaticPolicy
 from flexcomm.policy.types import (
     DENSE_DECISION,
@@ -122,6 +124,7 @@ class Controller:
         self.decision = DENSE
         self.stats: StepStats | None = None
         self.history: deque[StepStats] = deque(maxlen=history)
+        self.finished: list[Callable[[StepStats], None]] = []  # told of each step as it joins the history
         self.rejected = 0
         self._acc = dict.fromkeys(RANK_STATS, 0.0)  # sums since the last agreement
         self._pending = None
@@ -196,10 +199,8 @@ class Controller:
         # Rank 0 keeps its full decision (probes, reason); the others get the numbers.
         before, self.decision = self.decision, (
             proposal if proposal is not None and proposal.same_choice(agreed) else agreed)
-        if self.rank == 0 and (self.decision.version, self.decision.reason) != (before.version, before.reason):
-            d = self.decision
-            log.info("step %d: adopted decision v%d: %s over %s, root %s (%s)", self.step, d.version,
-                     d.compression.name, d.collective, d.root, d.reason or "no reason given")
+        if self.rank == 0:
+            log_change(self.step, before, self.decision)
 
     def end_step(self) -> StepStats | None:
         """Close the open step and advance the counter. Its statistics join the
@@ -224,6 +225,8 @@ class Controller:
         while self._unresolved and self._unresolved[0].resolve(wait):
             stats = self._unresolved.popleft()
             self.history.append(stats)
+            for tell in self.finished:
+                tell(stats)
             for key, v in (("gain", stats.gain), ("t_sync_s", stats.t_sync_s), ("t_comp_s", stats.t_comp_s),
                            ("bytes_sent", stats.bytes_sent), ("steps", 1)):
                 self._acc[key] += v

@@ -3,18 +3,16 @@ would send, ||g_c||^2 / ||g_e||^2, read for every candidate off one gradient.
 
 - Top-k at CR c: the mass of the k = cM largest entries (`topk_masses`: one
   selection of the largest k, then nested top-k's of what it selected).
-- PowerSGD at rank r: the mass of the best rank-r approximation of each matrix
-  PowerSGD compresses at r (the sum of its r largest squared singular values,
-  from a randomised range finder with one power iteration and a private
-  generator, so the training's random streams are untouched), plus the tensors
-  it sends dense at r whole. A warm-started PowerSGD converges to that subspace.
+- PowerSGD at rank r: what one PowerSGD iteration sends of each matrix it
+  compresses at r, ||P P^T M||^2 with P = orth(M Q), Q warm-started from the
+  last probe of the same bucket, matrix and rank (`WarmFactors`; random factors
+  the first time, from a private generator, so the training's random streams
+  are untouched), plus the tensors it sends dense at r whole.
 
 Everything is computed on the gradient's device without reading a number back:
 `probe_gains` returns a `ProbedGains` whose tensors travel to the host with no
-one waiting (client/device.py); the host finishes there (the small q x q
-eigenvalue problems of the range finder: an SVD on a GPU checks its result on
-the host, which waits). `merge_masses` combines per-bucket readings into
-whole-gradient gains.
+one waiting (client/device.py); the host finishes there (sums of a few
+numbers). `merge_masses` combines per-bucket readings into whole-gradient gains.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ from flexcomm.client.device import Later
 from flexcomm.client.selection import check_flat, k_for, make_selector
 from flexcomm.policy.costmodel import powersgd_compresses
 from flexcomm.policy.types import POWERSGD, TOPK, Compression
-
-OVERSAMPLE = 4  # extra directions of the range finder beyond the largest rank
 
 Finish = Callable[[list[torch.Tensor]], Any]  # host tensors -> what they mean
 
@@ -63,35 +59,61 @@ def topk_masses(g: torch.Tensor, ks: Sequence[int], select=None) -> torch.Tensor
     return torch.stack([masses[k] for k in ks])
 
 
-def range_gram(m: torch.Tensor, rank: int, generator: torch.Generator) -> torch.Tensor:
-    """B B^T (float64, q x q) for B = Q^T m, Q an orthonormal basis of m's
-    leading q >= rank directions: its eigenvalues approximate the squared
-    singular values of m from the largest down."""
-    n, cols = m.shape
-    q = min(rank + OVERSAMPLE, n, cols)
+class WarmFactors:
+    """PowerSGD's warm start for the probes: the Q each (bucket, matrix, rank)
+    ended its last probe with, so each probe is one more PowerSGD iteration, as
+    the running option does once a step. (The best rank-r SVD the probes read
+    before held PowerSGD rank 1 at 0.24-0.53 while its steps delivered
+    0.021-0.055: one iteration from a warm Q is what PowerSGD sends.)"""
+
+    def __init__(self) -> None:
+        self.q: dict[tuple[object, int, int], torch.Tensor] = {}
+
+    def start(self, key: tuple[object, int, int], cols: int, rank: int, like: torch.Tensor,
+              generator: torch.Generator) -> torch.Tensor:
+        kept = self.q.get(key)
+        if kept is not None and kept.shape == (cols, rank) and kept.device == like.device:
+            return kept
+        return torch.randn(cols, rank, generator=generator, device=like.device)
+
+    def keep(self, key: tuple[object, int, int], q: torch.Tensor) -> None:
+        self.q[key] = q
+
+
+def orthonormal_columns(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Gram-Schmidt over the few columns of `p`, on its device with nothing read
+    back (a QR on a GPU may wait for the host)."""
+    cols: list[torch.Tensor] = []
+    for i in range(p.shape[1]):
+        col = p[:, i]
+        for done in cols:
+            col = col - done * torch.dot(done, col)
+        cols.append(col / col.norm().clamp(min=eps))
+    return torch.stack(cols, dim=1)
+
+
+def powersgd_mass(m: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One PowerSGD iteration on matrix `m` from `q` (cols x r): P = orth(m q),
+    Q' = m^T P. Returns (||P P^T m||^2 = ||Q'||^2 as a 0-dim float64 tensor, Q')."""
     m32 = m.float()
-    omega = torch.randn(cols, q, generator=generator, device=m.device)
-    basis, _ = torch.linalg.qr(m32 @ omega)
-    basis, _ = torch.linalg.qr(m32 @ (m32.T @ basis))  # one power iteration
-    b = (basis.T @ m32).double()
-    return b @ b.T
-
-
-def top_eigenvalues(gram: torch.Tensor, count: int) -> list[float]:
-    """The `count` largest eigenvalues of a symmetric PSD host matrix, largest first."""
-    values = torch.linalg.eigvalsh(gram.double()).clamp(min=0.0).flip(0)
-    return values[:count].tolist()
+    p = orthonormal_columns(m32 @ q.float())
+    q_next = m32.T @ p
+    return squared_norm(q_next.reshape(-1)), q_next
 
 
 def powersgd_masses(g: torch.Tensor, shapes: Sequence[torch.Size], ranks: Sequence[int],
-                    generator: torch.Generator) -> tuple[list[torch.Tensor], Finish]:
+                    generator: torch.Generator, warm: WarmFactors | None = None,
+                    key: object = None) -> tuple[list[torch.Tensor], Finish]:
     """For each rank, the mass PowerSGD at that rank would send of flat `g`, whose
     tensors have `shapes` in order (what does not fit a shape is sent dense):
-    the device tensors to read, and the host function that finishes them."""
+    the device tensors to read, and the host function that finishes them. Each
+    compressed matrix's mass is one PowerSGD iteration warm-started from `warm`
+    (a fresh `WarmFactors` starts from random factors, as PowerSGD's first step)."""
+    warm = warm if warm is not None else WarmFactors()
     tensors: list[torch.Tensor] = []
-    plan: list[list[int] | None] = []  # per tensor read: ranks used on a matrix's gram, None for a whole norm
+    plan: list[int | None] = []  # per tensor read: the rank's index for a factored mass, None for a whole norm
     offset = 0
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
         numel = int(torch.Size(shape).numel())
         part = g[offset : offset + numel]
         offset += numel
@@ -100,10 +122,14 @@ def powersgd_masses(g: torch.Tensor, shapes: Sequence[torch.Size], ranks: Sequen
         if len(shape) < 2 or numel == 0:
             continue
         matrix = part.view(shape[0], -1)
-        used = [powersgd_compresses(matrix.shape[0], matrix.shape[1], r) for r in ranks]
-        if max(used):
-            tensors.append(range_gram(matrix, max(used), generator))
-            plan.append(used)
+        for j, rank in enumerate(ranks):
+            used = powersgd_compresses(matrix.shape[0], matrix.shape[1], rank)
+            if used:
+                where = (key, i, rank)
+                mass, q = powersgd_mass(matrix, warm.start(where, matrix.shape[1], used, matrix, generator))
+                warm.keep(where, q)
+                tensors.append(mass)
+                plan.append(j)
     if offset < g.numel():
         tensors.append(squared_norm(g[offset:]))
         plan.append(None)
@@ -111,14 +137,12 @@ def powersgd_masses(g: torch.Tensor, shapes: Sequence[torch.Size], ranks: Sequen
     def finish(host: list[torch.Tensor]) -> list[float]:
         masses = [0.0] * len(ranks)
         whole = 0.0
-        for value, used in zip(host, plan, strict=True):
-            if used is None:
+        for value, j in zip(host, plan, strict=True):
+            if j is None:
                 whole = float(value)
                 masses = [acc + whole for acc in masses]
-                continue
-            singular = top_eigenvalues(value, max(used))
-            # The whole norm was added for every rank; a rank that factors this matrix sends its top r instead.
-            masses = [acc - whole + sum(singular[:r]) if r else acc for acc, r in zip(masses, used, strict=True)]
+            else:  # the whole norm was added for every rank; this one sends its factors' mass instead
+                masses[j] += float(value) - whole
         return masses
 
     return tensors, finish
@@ -144,15 +168,16 @@ class ProbedGains:
 
 
 def probe_gains(g_e: torch.Tensor, shapes: Sequence[torch.Size], probes: Iterable[Compression], norm: torch.Tensor,
-                select, generator: torch.Generator) -> ProbedGains:
+                select, generator: torch.Generator, warm: WarmFactors | None = None,
+                key: object = None) -> ProbedGains:
     """The gain each probed compression would have on `g_e` (||g_e||^2 = norm, a
-    0-dim tensor on its device)."""
+    0-dim tensor on its device); PowerSGD's warm-started from `warm` for `key`."""
     probes = list(probes)
     topk = [c for c in probes if c.family == TOPK]
     ranks = [c for c in probes if c.family == POWERSGD]
     tensors = [norm.reshape(1).double(), topk_masses(g_e, [k_for(g_e.numel(), c.param) for c in topk], select)]
-    psgd_tensors, psgd_finish = powersgd_masses(g_e, shapes, [c.rank for c in ranks], generator) if ranks else (
-        [], lambda host: [])
+    psgd_tensors, psgd_finish = (powersgd_masses(g_e, shapes, [c.rank for c in ranks], generator, warm, key)
+                                 if ranks else ([], lambda host: []))
 
     def finish(host: list[torch.Tensor]) -> tuple[dict[str, float], float]:
         total = float(host[0])

@@ -8,10 +8,15 @@ Register it on a DistributedDataParallel model (gloo or NCCL) in one line:
     state = register(ddp_model, policy=my_policy)                               # in-process policy
     state = register(ddp_model, source=AgentClient(...))                        # the node's agent
 
-or, the PyTorch way:
+or, the PyTorch way (the state may be built before the process group exists,
+as PowerSGDState can, e.g. for Lightning's DDPStrategy(ddp_comm_state=...); it
+joins the group at its first step):
 
     state = FlexcommState(process_group=None, policy=my_policy)
     ddp_model.register_comm_hook(state, flexcomm_hook)
+
+`flexcomm.register(ddp_model)` (client/job.py) is the one-line form: with no
+choice given, the node's agent, else the MOO in-process.
 
 What runs each step:
 - Every `control_interval` steps, at the start of a step (the first bucket's hook
@@ -114,13 +119,17 @@ class FlexcommState(Runner):
     def history(self) -> deque[StepStats]:
         """Recent steps' StepStats, oldest first (up to the last finished step)."""
         self._close_finished_step()
-        return self.controller.history
+        return super().history
 
     def _close_finished_step(self) -> None:
         # A step's futures are done once DDP's backward returns; it is closed lazily
         # (here or at the next step's first bucket) so that callbacks have finished.
-        if not self._in_step:
+        if not self._in_step and self._controller is not None:
             self.controller.end_step()
+
+    def summary(self) -> dict[str, Any]:
+        self._close_finished_step()
+        return super().summary()
 
     def close(self) -> None:
         self._close_finished_step()
@@ -132,6 +141,7 @@ class FlexcommState(Runner):
 
     # -- per bucket ---------------------------------------------------------
     def _run_bucket(self, bucket: dist.GradBucket) -> Future:
+        self.setup()  # a state built before the process group joins it now
         if not self._in_step:
             self.controller.end_step()
             self.controller.begin_step()
@@ -142,6 +152,7 @@ class FlexcommState(Runner):
         last = bucket.is_last()
         g = bucket.buffer()
         shapes = self._bucket_shapes(bucket, g)
+        self._note_gradient(g)
         if self.global_topk:
             fut = self._run_global(g, shapes, last, d, stats)
         else:

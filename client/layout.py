@@ -3,14 +3,17 @@ PowerSGD would factor, the values in vectors, and the bytes of one value."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from flexcomm.policy.types import GradientLayout
 
 
-def layout_of(model: torch.nn.Module) -> GradientLayout:
-    """The layout of `model`'s trainable parameters' gradients (their dtype's width)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def layout_of(model: torch.nn.Module | Iterable[torch.nn.Parameter]) -> GradientLayout:
+    """The layout of `model`'s trainable parameters' gradients (their dtype's width);
+    `model` may also be the parameters themselves."""
+    params = [p for p in (model.parameters() if isinstance(model, torch.nn.Module) else model) if p.requires_grad]
     if not params:
         raise ValueError("model: no parameter requires a gradient")
     widths = {p.element_size() for p in params}

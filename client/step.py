@@ -28,7 +28,7 @@ import torch.distributed as dist
 from flexcomm.client.collectives import Future, Ring, Tree
 from flexcomm.client.compressors import Bucket, make_compressors
 from flexcomm.client.device import Generators
-from flexcomm.client.gains import probe_gains, squared_norm
+from flexcomm.client.gains import WarmFactors, probe_gains, squared_norm
 from flexcomm.client.memory import Memory
 from flexcomm.client.selection import make_selector
 from flexcomm.client.stats import StepStats, timed
@@ -50,6 +50,7 @@ class GradientStep:
         self.tree = Tree(group)
         self.probe_select = make_selector(selector, seed=seed + rank + 7919)
         self.probe_generators = Generators(seed + 104729)
+        self.probe_factors = WarmFactors()  # PowerSGD probes' warm start, per bucket, matrix and rank
 
     def transport(self, collective: str) -> Ring:
         return self.tree if collective in TREE_COLLECTIVES else self.ring
@@ -79,7 +80,7 @@ class GradientStep:
         with timed(stats, "t_probe_s", g_e):
             norm = bucket.norm_e if bucket.norm_e is not None else squared_norm(g_e)
             stats.add_probe(probe_gains(g_e, bucket.shapes, probes, norm, self.probe_select,
-                                        self.probe_generators.on(g_e.device)))
+                                        self.probe_generators.on(g_e.device), self.probe_factors, bucket.key))
 
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict(),

@@ -56,8 +56,10 @@ class GradientSync(Runner):
 
     def synchronize(self) -> StepStats:
         """Replace every parameter's .grad by its average over the group (blocking)."""
+        self.setup()  # a GradientSync built before the process group joins it now
         stats = self.controller.begin_step()
         self._gather()
+        self._note_gradient(self._flat)
         bucket = Bucket(MODEL_KEY, self._flat, self._shapes, self.controller.step)
         self.gradient_step.run(bucket, self.controller.running, stats, self.controller.probes()).wait()
         self._scatter()

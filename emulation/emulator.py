@@ -77,14 +77,16 @@ class Emulator:
         return applied
 
     def run(self, stop: threading.Event | None = None,
-            on_progress: Callable[[Progress], None] | None = None) -> list[AppliedStep]:
-        """Apply a time-keyed schedule, each step at its offset from now, and return
-        the steps applied (the latest KEEP_APPLIED); returns early when `stop` is set."""
+            on_progress: Callable[[Progress], None] | None = None,
+            start: float | None = None) -> list[AppliedStep]:
+        """Apply a time-keyed schedule, each step at its offset from `start` (on
+        the emulator's clock; default now), and return the steps applied (the
+        latest KEEP_APPLIED); returns early when `stop` is set."""
         if self.schedule.by_epoch:
             raise ValueError(f"schedule: {self.schedule.path} is keyed by epoch; "
                              "drive it with advance_epoch()")
         stop = stop or threading.Event()
-        start = self.clock()
+        start = self.clock() if start is None else start
         total = (None if self.schedule.repeat is None
                  else self.schedule.round_seconds * self.schedule.repeat)
         applied: deque[AppliedStep] = deque(maxlen=KEEP_APPLIED)  # "forever" runs forever

@@ -7,8 +7,10 @@ CPU (gloo) and GPU (NCCL) alike; the backend follows the hardware:
         --latency 1ms --bandwidth 200Mbit
     torchrun --nproc-per-node 4 examples/train_ddp.py --agent      # the node's flexcomm agent
 
-What a user copies into their own script is marked "flexcomm:" below; it is two
-or three lines after wrapping the model in DistributedDataParallel.
+Without a choice it runs `flexcomm.register(model)`: the node's agent if one
+answers, else the MOO in-process. What a user copies into their own script is
+marked "flexcomm:" below: the import and one line after wrapping the model in
+DistributedDataParallel.
 The data are a synthetic 10-class problem (a fixed random teacher network), so
 the example needs nothing but torch. The NCCL path is untested on this project's
 CI machines (no GPU there).
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from flexcomm.client.hook import register  # flexcomm: the import
+import flexcomm  # flexcomm: the import
 from flexcomm.client.layout import layout_of
 
 
@@ -41,8 +43,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--latency", help="for --policy: the network's latency, e.g. 1ms")
     ap.add_argument("--bandwidth", help="for --policy: the network's bandwidth, e.g. 200Mbit")
     ap.add_argument("--agent", nargs="?", const="", default=None, metavar="SOCKET",
-                    help="ask the node's agent (default socket: $FLEXCOMM_AGENT_SOCKET, else "
-                    "/run/flexcomm/agent.sock; or host:port)")
+                    help="ask the node's agent (the default without a choice; its socket: $FLEXCOMM_AGENT_SOCKET, "
+                    "else /run/flexcomm/agent.sock; or host:port); --policy names the agent's policy")
     ap.add_argument("--global-topk", action="store_true", help="one Top-k over all buckets")
     ap.add_argument("--control-interval", type=int, default=10)
     return ap.parse_args()
@@ -62,24 +64,17 @@ def teacher_data(rank: int, features: int = 128, classes: int = 10):
 
 
 def hook_options(args: argparse.Namespace, model: nn.Module, world: int) -> dict:
-    """Turn the command line into register() options: a fixed choice, an
-    in-process policy, or the node's agent."""
+    """Turn the command line into flexcomm.register() options: a fixed choice, an
+    in-process policy, or (the default) the node's agent, else the MOO in-process."""
     options: dict = {"control_interval": args.control_interval, "global_topk": args.global_topk}
-    layout = layout_of(model)  # the gradient's matrices and value width, for the cost model
-    if args.agent is not None:
-        from flexcomm.client.agent_client import AgentClient
-
-        # flexcomm: only rank 0 asks its node's agent; the nodes' addresses are gathered
-        # by register() on every rank, and close() (or the exit) ends the job there.
-        options["source"] = AgentClient(
-            args.agent or None, job_id=os.environ.get("TORCHELASTIC_RUN_ID", "example"),
-            world_size=world, layout=layout,
-            policy=args.policy or "moo") if dist.get_rank() == 0 else None
-    elif args.policy:
+    if args.compression:
+        options.update(compression=args.compression, collective=args.collective, root=args.root)
+    elif args.policy and args.agent is None:
         from flexcomm.policy import make_policy
         from flexcomm.policy.types import NetworkObservation
         from flexcomm.units import parse_duration, parse_rate
 
+        layout = layout_of(model)  # the gradient's matrices and value width, for the cost model
         policy = make_policy(args.policy, grad_bytes=layout.grad_bytes, nodes=world, layout=layout)
         if args.latency and args.bandwidth:
             policy.observe_network(NetworkObservation.from_link(
@@ -87,7 +82,7 @@ def hook_options(args: argparse.Namespace, model: nn.Module, world: int) -> dict
                 parse_rate("bandwidth", args.bandwidth), world))
         options["policy"] = policy
     else:
-        options.update(compression=args.compression, collective=args.collective, root=args.root)
+        options.update(agent=args.agent or None, agent_policy=args.policy or "moo")
     return options
 
 
@@ -104,7 +99,7 @@ def main() -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
     model = nn.parallel.DistributedDataParallel(net, device_ids=[device] if cuda else None)
-    state = register(model, **hook_options(args, net, world))  # flexcomm: the hook
+    state = flexcomm.register(model, **hook_options(args, net, world))  # flexcomm: the hook
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     batch = teacher_data(rank)
     t0 = time.perf_counter()
@@ -125,6 +120,7 @@ def main() -> None:
     if rank == 0:
         print(f"done: {args.steps} steps in {time.perf_counter() - t0:.1f}s, "
               f"accuracy {acc:.3f}", flush=True)
+        print("flexcomm summary:", state.summary(), flush=True)  # flexcomm: optional, what the job chose
     state.close()
     dist.destroy_process_group()
 

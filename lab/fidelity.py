@@ -19,9 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-# At MTU 1500 a full frame is 1514 bytes on the wire and carries 1448 of TCP
-# payload (20 bytes of IP, 20 of TCP, 12 of timestamps, 14 of Ethernet).
-TCP_PAYLOAD_SHARE = 1448 / 1514
+from flexcomm.emulation.record import TCP_PAYLOAD_SHARE
+
 MESSAGE_PORT = 47002
 IDLE_BEFORE_MESSAGE_S = 0.2  # longer than any bucket takes to refill
 

@@ -3,9 +3,10 @@
 - network.png: per policy, the link rate in force (grey, left axis) with the
   agent's bandwidth estimate (black line), and the CR each step ran (right axis,
   log scale), coloured by collective, against the policy's training time.
-- accuracy.png, or loss.png when the target is a loss (lm): the held-out
-  figure against training time, one line per policy (every repeat, in the
-  policy's colour), the target dashed.
+- quality.png: the held-out figure (accuracy, or loss when the target is a
+  loss) against training time, one line per policy (every repeat, in the
+  policy's colour), the envelope of the fixed choices of the first repeat (the
+  best any of them had by then) thick and black, the targets dashed.
 - step_time.png: step time against step (a running median), one line per policy.
 
 network.png and step_time.png show each policy's first repeat.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.lab import estimate_tracking
+from flexcomm.lab.envelope import envelope
 
 COLLECTIVE_COLOURS = {
     "dense_ring": "tab:red", "dense_tree": "tab:pink", "ag_topk": "tab:blue",
@@ -90,7 +92,14 @@ def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> P
                         label=None if run.label in colours else run.label,
                         color=colours.get(run.label), linewidth=1.4 if run.repeat == 0 else 0.7)
         colours.setdefault(run.label, line.get_color())
-    ax.axhline(scale * lab["target"], color="0.4", linestyle="--", linewidth=1, label="target")
+    env = envelope([r.evals for r in runs if r.repeat == 0 and r.fixed and not r.failed], metric)
+    if env:
+        ax.step([t for t, _ in env], [scale * v for _, v in env], where="post", color="black",
+                linewidth=2.4, alpha=0.5, label="envelope of the fixed choices")
+    for name, value in lab.get("targets", {"target": lab["target"]}).items():
+        ax.axhline(scale * value, color="0.4", linestyle="--", linewidth=1)
+        ax.annotate(f"target {name}", (0, scale * value), xycoords=("axes fraction", "data"),
+                    xytext=(3, 2), textcoords="offset points", fontsize=7, color="0.4")
     times = [e["t"] for run in runs for e in run.evals if e["t"] > 0]
     if times:
         ax.set_xscale("log")
@@ -105,7 +114,7 @@ def _quality(out: Path, runs: list[Any], summary: dict[str, Any], plt: Any) -> P
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = out / f"{metric}.png"
+    path = out / "quality.png"
     fig.savefig(path, dpi=90)
     return path
 

@@ -14,18 +14,33 @@ the first repeat's, per phase of the schedule: the steps, seconds, mean step
 time, the CR and collective run most, and the mean predicted vs measured sync
 time.
 
+Per policy also: time_to_targets_s (target -> training seconds, or null; one
+entry per target of the run: a number given, or the tight target's value),
+steps_to_targets, and at_equal_time (held-out loss and accuracy of the last
+evaluation by the equal time, lab.equal_time_s: the budget, or the
+pacesetter's time, or for an equal-steps run dense's median), each with
+per_repeat and spread like the figures above.
+
+At the top level also: headroom (per target, the modelled time of the best
+fixed choice over that of the best choice per phase, with its spread over
+repeats and the choice per phase; see flexcomm.lab.envelope) and
+envelope_distance (MOO's distance from the envelope of the fixed choices,
+worst and median after the first 10% of its run, per repeat and as medians).
+
 At the top level: workload, schedule, hindsight_best_fixed_s (for each phase the
 fixed choice, among the fixed policies run, that was fastest there, added up;
-the median over repeats), compute_only_s (dense's steps to the target times the
+the median over repeats; null in an equal-time run, where the headroom says
+it), compute_only_s (dense's steps to the target times the
 median compute time of a step: the time to the target if communication were
 free, which no policy can beat), and under "lab" the run's settings, the
 comparisons of MOO with every other policy, and the verdict lines.
 
 Times are rank 0's training clock (evaluation and waits for the schedule
 excluded), so runs compare step for step. `summary.txt` is the table printed
-at the end of a run; the PNGs are network.png (link rate and the chosen CR and
-collective over time), accuracy.png or, for a loss target, loss.png (the
-held-out figure against training time), and step_time.png.
+at the end of a run, its first line the headroom; the PNGs are network.png
+(link rate and the chosen CR and collective over time), quality.png (the
+held-out figure against training time, with the envelope of the fixed choices
+and the targets), and step_time.png.
 """
 
 from __future__ import annotations
@@ -39,8 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab import estimate_tracking
-from flexcomm.lab.plan import FAILED, parse_policy, policy_dir
+from flexcomm.emulation.schedule import parse_schedule
+from flexcomm.lab import envelope, estimate_tracking
+from flexcomm.lab.plan import FAILED, TIGHT, TIGHT_MARGIN, parse_policy, policy_dir
 from flexcomm.policy import POLICY_NAMES
 from flexcomm.units import format_bytes, format_rate
 
@@ -50,6 +66,7 @@ ADAPTIVE = "moo"  # the policy every other is compared with
 FIGURES = ("time_to_target_s", "steps_to_target", "final_accuracy", "final_loss", "wall_s",
            "bytes_sent", "steps", "explore_steps", "compute_s")
 SLOWER_WHEN_MISSING = ("time_to_target_s", "steps_to_target")
+EQUAL_TIME_SLACK = 0.05  # a budgeted run overshoots its budget by its last step
 
 
 @dataclass
@@ -159,11 +176,36 @@ def reached(value: float, target: float, metric: str) -> bool:
     return value <= target if metric == "loss" else value >= target
 
 
-def summarize_run(run: PolicyRun, target: float, metric: str = "accuracy") -> dict[str, Any]:
+def first_hit(run: PolicyRun, target: float, metric: str) -> dict[str, Any]:
+    """The first evaluation whose held-out `metric` reached `target` ({}: none)."""
+    return next((e for e in run.evals if reached(e[metric], target, metric)), {})
+
+
+def at_time(run: PolicyRun, seconds: float | None) -> dict[str, float | None]:
+    """The held-out loss and accuracy of the last evaluation by `seconds` of
+    training (with EQUAL_TIME_SLACK, as a budgeted run ends after the step that
+    crosses it)."""
+    if seconds is None:
+        return {"loss": None, "accuracy": None}
+    by = [e for e in run.evals if e["t"] <= seconds * (1 + EQUAL_TIME_SLACK)]
+    last = by[-1] if by else {}
+    return {"loss": last.get("loss"), "accuracy": last.get("accuracy")}
+
+
+def summarize_run(run: PolicyRun, target: float, metric: str = "accuracy",
+                  targets: dict[str, float] | None = None,
+                  equal_time_s: float | None = None) -> dict[str, Any]:
+    """One run's figures: to `target` (the workload's), to each of `targets`
+    (by name), and the quality at `equal_time_s`."""
     hit = next((e for e in run.evals if reached(e[metric], target, metric)), None)
     last = run.evals[-1] if run.evals else {}
     return {
         "time_to_target_s": hit["t"] if hit else None,
+        "time_to_targets_s": {name: first_hit(run, value, metric).get("t")
+                              for name, value in (targets or {}).items()},
+        "steps_to_targets": {name: first_hit(run, value, metric).get("step")
+                             for name, value in (targets or {}).items()},
+        "at_equal_time": at_time(run, equal_time_s),
         "steps_to_target": hit["step"] if hit else None,
         "final_accuracy": last.get("accuracy"),
         "final_loss": last.get("loss"),
@@ -201,6 +243,13 @@ def summarize_policy(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         summary[name], summary["spread"][name] = median_and_spread(
             values, name in SLOWER_WHEN_MISSING)
         summary["per_repeat"][name] = values
+    for name in ("time_to_targets_s", "at_equal_time"):
+        summary[name], summary["spread"][name], summary["per_repeat"][name] = {}, {}, {}
+        for key in repeats[0][name]:
+            values = [r[name][key] for r in repeats]
+            summary[name][key], summary["spread"][name][key] = median_and_spread(
+                values, name == "time_to_targets_s")
+            summary["per_repeat"][name][key] = values
     summary["fixed"] = repeats[0]["fixed"]
     summary["phases"] = repeats[0]["phases"]
     many = len(repeats) > 1
@@ -292,8 +341,8 @@ def overlap(a: list[Any], b: list[Any]) -> bool:
 
 
 def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
-    """One line per rival: MOO's time to target against it, "within noise" where
-    the spreads over the repeats overlap."""
+    """One line per rival and target: MOO's time to the target against it,
+    "within noise" where the spreads over the repeats overlap."""
     moo = summary.get(ADAPTIVE)
     if not moo:
         return []
@@ -301,20 +350,31 @@ def verdicts(summary: dict[str, dict[str, Any]], repeats: int) -> list[str]:
     for label, rival in summary.items():
         if label == ADAPTIVE:
             continue
-        ratio = _ratio(rival["time_to_target_s"], moo["time_to_target_s"])
-        if ratio is None:
-            figure = "moo never reached the target" if moo["time_to_target_s"] is None \
-                else f"{label} never reached the target"
-        else:
-            figure = f"{ratio:.2f}x ({'moo sooner' if ratio > 1 else 'moo later'})"
-        noise = ""
-        if repeats > 1 and overlap(moo["spread"]["time_to_target_s"],
-                                   rival["spread"]["time_to_target_s"]):
-            noise = ": within noise"
-        lines.append(f"moo vs {label}: time to target {figure}{noise} "
-                     f"(moo {_with_spread(moo, 'time_to_target_s', repeats)}, "
-                     f"{label} {_with_spread(rival, 'time_to_target_s', repeats)})")
+        for target in moo["time_to_targets_s"]:
+            mine, theirs = moo["time_to_targets_s"][target], rival["time_to_targets_s"][target]
+            ratio = _ratio(theirs, mine)
+            if ratio is None:
+                figure = ("neither reached it" if mine is None and theirs is None
+                          else "moo never reached it" if mine is None
+                          else f"{label} never reached it")
+            else:
+                figure = f"{ratio:.2f}x ({'moo sooner' if ratio > 1 else 'moo later'})"
+            noise = ""
+            if repeats > 1 and overlap(moo["spread"]["time_to_targets_s"][target],
+                                       rival["spread"]["time_to_targets_s"][target]):
+                noise = ": within noise"
+            lines.append(f"moo vs {label}: time to target {target}: {figure}{noise} "
+                         f"(moo {_target_time(moo, target, repeats)}, "
+                         f"{label} {_target_time(rival, target, repeats)})")
     return lines
+
+
+def _target_time(s: dict[str, Any], target: str, repeats: int) -> str:
+    text = _seconds(s["time_to_targets_s"][target])
+    if repeats > 1:
+        lo, hi = s["spread"]["time_to_targets_s"][target]
+        text += f" [{_seconds(lo).removesuffix(' s')}-{_seconds(hi)}]"
+    return text
 
 
 def _seconds(value: float | None) -> str:
@@ -329,6 +389,36 @@ def _with_spread(s: dict[str, Any], name: str, repeats: int) -> str:
     return text
 
 
+def resolve_targets(config: dict[str, Any], runs: list[PolicyRun]) -> dict[str, float]:
+    """Each target of the run by name ("0.95", or for `tight` the value it
+    stands for, e.g. "2.318") -> its value; `tight` is left out when dense has
+    no evaluation to measure it from."""
+    metric = config.get("target_metric", "accuracy")
+    target = config.get("target", config.get("target_accuracy"))  # the latter: older runs
+    out: dict[str, float] = {}
+    for text in config.get("targets") or [f"{target:g}"]:
+        if text != TIGHT:
+            out[text] = float(text)
+            continue
+        finals = [r.evals[-1][metric] for r in runs if r.label == "dense" and r.evals]
+        if finals:
+            value = statistics.median(finals) + TIGHT_MARGIN[metric]
+            out[f"{value:.4g}"] = value
+    return out
+
+
+def equal_time(config: dict[str, Any], runs: list[PolicyRun]) -> float | None:
+    """The seconds every policy is read at: the budget, else the pacesetter's
+    first run's training time, else (an equal-steps run) dense's median."""
+    if config.get("budget_s"):
+        return float(config["budget_s"])
+    pacer = config.get("pacesetter") or "dense"
+    times = [r.steps[-1]["t"] for r in runs if r.label == pacer and r.steps]
+    if not times:
+        return None
+    return times[0] if config.get("pacesetter") else statistics.median(times)
+
+
 def build_summary(out: Path) -> dict[str, Any]:
     config = json.loads((out / "config.json").read_text())
     cluster = json.loads((out / "cluster.json").read_text()) if (out / "cluster.json").exists() else {}
@@ -336,17 +426,25 @@ def build_summary(out: Path) -> dict[str, Any]:
     repeats = config.get("repeats", 1)
     target = config.get("target", config.get("target_accuracy"))  # the latter: older runs
     metric = config.get("target_metric", "accuracy")
-    per_run = [summarize_run(run, target, metric) for run in runs]
+    targets = resolve_targets(config, runs)
+    equal_s = equal_time(config, runs)
+    per_run = [summarize_run(run, target, metric, targets, equal_s) for run in runs]
     per_policy = {label: summarize_policy([s for run, s in zip(runs, per_run, strict=True)
                                            if run.label == label])
                   for label in config["policies"]}
-    totals, choices = [], []
+    totals, choices, rooms, gaps = [], [], [], []
+    schedule = parse_schedule(config["schedule_text"], config["schedule_name"])
     for repeat in range(repeats):
         these = [(run, s) for run, s in zip(runs, per_run, strict=True) if run.repeat == repeat]
         total, chosen = hindsight([r for r, _ in these], {r.label: s for r, s in these})
         totals.append(total)
         choices = choices or chosen
+        fixed = {r.label: s for r, s in these if r.fixed and not r.failed}
+        rooms.append({t: envelope.headroom(schedule, fixed, t) for t in targets})
+        gaps.append(_moo_gap([r for r, _ in these], metric))
     best_fixed_s, _ = median_and_spread(totals, slower_when_missing=False)
+    if config.get("equal_time"):  # a sum of step times over the same steps: the headroom instead
+        best_fixed_s = None
     for run in runs:
         if run.repeat == 0:  # as the plots: the estimate of each policy's first repeat
             per_policy[run.label]["estimate_tracking"] = estimate_tracking.summarize(out, run)
@@ -355,9 +453,20 @@ def build_summary(out: Path) -> dict[str, Any]:
     summary["schedule"] = config["schedule_name"]
     summary["hindsight_best_fixed_s"] = best_fixed_s
     summary["compute_only_s"] = compute_only(per_policy)
+    summary["headroom"] = _headroom(rooms, targets)
+    summary["envelope_distance"] = {
+        "unit": "nats" if metric == "loss" else "accuracy points",
+        "per_repeat": gaps,
+        "worst": median_and_spread([g["worst"] for g in gaps], False)[0],
+        "median": median_and_spread([g["median"] for g in gaps], False)[0]}
     summary["lab"] = {
         "target": target,
         "target_metric": metric,
+        "targets": targets,
+        "equal_time": config.get("equal_time", False),
+        "equal_time_s": equal_s,
+        "budget_s": config.get("budget_s"),
+        "pacesetter": config.get("pacesetter"),
         "nodes": config["nodes"],
         "steps": config["steps"],
         "repeats": repeats,
@@ -376,11 +485,49 @@ def build_summary(out: Path) -> dict[str, Any]:
     return summary
 
 
+def _moo_gap(runs: list[PolicyRun], metric: str) -> dict[str, float | None]:
+    """MOO's distance from the envelope of one repeat's fixed runs."""
+    moo = next((r for r in runs if r.label == ADAPTIVE and not r.failed), None)
+    env = envelope.envelope([r.evals for r in runs if r.fixed and not r.failed], metric)
+    return envelope.distance(moo.evals if moo else [], env, metric)
+
+
+def _headroom(rooms: list[dict[str, dict[str, Any]]], targets: dict[str, float]
+              ) -> dict[str, Any]:
+    """Per target: the median headroom ratio over repeats, its [min, max], and
+    the first repeat's details."""
+    out = {}
+    for t in targets:
+        ratio, spread = median_and_spread([r[t]["ratio"] for r in rooms], False)
+        out[t] = {**rooms[0][t], "ratio": ratio, "spread": spread}
+    return out
+
+
+def headroom_line(summary: dict[str, Any]) -> str:
+    """The summary's first line: what adapting per phase could win here."""
+    parts = []
+    for target, room in summary.get("headroom", {}).items():
+        if room["ratio"] is None:
+            parts.append(f"to {target}: n/a ({room.get('why', 'no ratio')})")
+        else:
+            parts.append(f"to {target}: {room['ratio']:.2f}x (best fixed {room['best_fixed']} "
+                         f"{room['best_fixed_s']:.1f} s, best per phase "
+                         f"{room['hindsight_per_phase_s']:.1f} s)")
+    words = "; ".join(parts) or "n/a"
+    small = [t for t, r in summary.get("headroom", {}).items()
+             if r["ratio"] is not None and r["ratio"] < HEADROOM_WORTH]
+    note = (" -- little for adaptation to win here" if small
+            and len(small) == len(summary["headroom"]) else "")
+    return f"headroom (best fixed choice / best choice per phase, modelled): {words}{note}"
+
+
 def _run_name(run: PolicyRun, repeats: int) -> str:
     return run.label if repeats == 1 else f"{run.label}@{run.repeat}"
 
 
-TOP_LEVEL = ("lab", "workload", "schedule", "hindsight_best_fixed_s", "compute_only_s")
+TOP_LEVEL = ("lab", "workload", "schedule", "hindsight_best_fixed_s", "compute_only_s",
+             "headroom", "envelope_distance")
+HEADROOM_WORTH = 1.1  # below this on every target, the first line says there is little to win
 
 
 def policies(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -391,25 +538,38 @@ def format_table(summary: dict[str, Any]) -> str:
     lab = summary["lab"]
     repeats = lab.get("repeats", 1)
     dense = summary.get("dense")
-    rows = [("policy", "to target", "final loss", "vs dense", "final acc", "sent", "train time",
-             "exploring", "vs best fixed")]
+    targets = list(lab.get("targets", {}))
+    equal_s = lab.get("equal_time_s")
+    metric = lab.get("target_metric", "accuracy")
+    rows = [("policy", *(f"to {t}" for t in targets),
+             "at " + ("-" if equal_s is None else f"{equal_s:.0f} s"), "final loss", "vs dense",
+             "final acc", "sent", "train time", "steps", "exploring", "vs best fixed")]
     best = summary.get("hindsight_best_fixed_s")
     for label, s in policies(summary):
         rows.append((
             label,
-            _with_spread(s, "time_to_target_s", repeats),
+            *(_target_time(s, t, repeats) for t in targets),
+            _figure(s.get("at_equal_time", {}).get(metric), metric),
             "-" if s["final_loss"] is None else f"{s['final_loss']:.3f}",
             "-" if not dense or dense["final_loss"] is None or s["final_loss"] is None
             else f"{s['final_loss'] - dense['final_loss']:+.3f}",
             "-" if s["final_accuracy"] is None else f"{100 * s['final_accuracy']:.1f}%",
             format_bytes(s["bytes_sent"]),
             "-" if s["wall_s"] is None else f"{s['wall_s']:.1f} s",
+            str(s["steps"]),
             f"{s['explore_steps']}/{s['steps']}" if s["steps"] else "-",
             "-" if not best or s["wall_s"] is None else f"{s['wall_s'] / best:.2f}x",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    head = [headroom_line(summary)]
+    gap = summary.get("envelope_distance", {})
+    if gap.get("worst") is not None:
+        head.append(f"moo's distance from the envelope of the fixed choices (after the first "
+                    f"10%): worst {gap['worst']:+.3f}, median {gap['median']:+.3f} "
+                    f"{gap['unit']} (positive: worse)")
+    lines = [*head, "", *lines]
     lines.append("")
     lines.append(f"{summary.get('workload', '')} under schedule {summary.get('schedule', '')}; "
                  f"{_target_text(lab)}; "
@@ -435,10 +595,22 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _figure(value: float | None, metric: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if metric == "loss" else f"{100 * value:.1f}%"
+
+
 def _target_text(lab: dict[str, Any]) -> str:
+    names = ", ".join(lab.get("targets") or [f"{lab['target']:g}"])
+    time = ("equal time: " + ("-" if lab.get("equal_time_s") is None
+                              else f"{lab['equal_time_s']:.1f} s")
+            + (" (the budget)" if lab.get("budget_s") else
+               f" ({lab.get('pacesetter')}'s time for {lab['steps']} steps)")
+            if lab.get("equal_time") else f"equal steps ({lab['steps']})")
     if lab["target_metric"] == "loss":
-        return f"target validation loss {lab['target']:g} nats"
-    return f"target accuracy {100 * lab['target']:.0f}%"
+        return f"target validation loss {lab['target']:g} nats (targets {names}); {time}"
+    return f"target accuracy {100 * lab['target']:.0f}% (targets {names}); {time}"
 
 
 def _phase_lines(summary: dict[str, Any]) -> list[str]:

@@ -14,10 +14,20 @@ log per rank. The report (summary.json, summary.txt, PNGs) is written last.
 With repeats, the policies run interleaved (A, B, C, A, B, C, ...), so a load
 that drifts during the run falls on every policy alike.
 
+Equal time or equal steps. Under a time-keyed schedule every policy trains for
+the same seconds, each doing as many steps as it can: `budget_s` when given,
+else the pacesetter's time for `steps` (dense, or the first policy listed when
+dense is not; it runs first). Under an epoch-keyed schedule every policy trains
+the same `steps` (a budget is refused there: a policy with faster steps would
+reach the later phases sooner, so the same seconds would not see the same
+network).
+
 Epoch-keyed schedules are applied at each epoch boundary before the epoch's first
 step (rank 0 waits for the runner's acknowledgement, off its training clock), so
 every policy trains the same steps under the same link. Time-keyed schedules run
-on the wall clock from the job's start.
+on rank 0's training clock as the runner reads it from the records (the last
+`t` read plus the time since), so evaluations, which stop that clock, do not
+shift the phases of a policy that evaluates more often.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from flexcomm.lab.plan import (
     WORKLOAD_DEFAULTS,
     PolicySpec,
     parse_policies,
+    parse_targets,
     policy_dir,
 )
 from flexcomm.lab.trainer import OPTIMIZERS, TrainConfig
@@ -88,6 +99,8 @@ class LabConfig:
     lr: float | None = None
     eval_every: int | None = None
     target: float | None = None
+    targets: list[str] | None = None  # None: [target, "tight"]; see flexcomm.lab.plan.TIGHT
+    budget_s: float | None = None  # training seconds per policy (time-keyed schedules only)
     repeats: int = 1
     prefix: str = "flexlab"
     subnet: str = "10.213.0.0/24"
@@ -117,6 +130,27 @@ class LabConfig:
             raise ValueError(f"decisions: one of {', '.join(DECISION_SOURCES)}, "
                              f"got {self.decisions!r}")
         self.schedule  # noqa: B018 -- validate the schedule now, before anything is built
+        self.targets = parse_targets(self.targets, self.target, self.target_metric)
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s: must be > 0 seconds, got {self.budget_s}")
+        if self.budget_s is not None and self.schedule.by_epoch:
+            raise ValueError("budget_s: the schedule is keyed by epoch, so a policy with faster "
+                             "steps would reach its later phases sooner; give a time-keyed "
+                             "schedule (duration = ...) for an equal-time run, or drop --budget-s")
+
+    @property
+    def equal_time(self) -> bool:
+        """Every policy trains the same seconds (else the same steps)."""
+        return self.budget_s is not None or not self.schedule.by_epoch
+
+    @property
+    def pacesetter(self) -> str | None:
+        """The policy whose time for `steps` is every policy's budget (None: a
+        budget is given, or the run compares equal steps)."""
+        if self.budget_s is not None or not self.equal_time:
+            return None
+        labels = [p.label for p in self.policies]
+        return "dense" if "dense" in labels else labels[0]
 
     @property
     def schedule(self) -> Schedule:
@@ -131,12 +165,15 @@ class LabConfig:
         d["out"] = str(self.out)
         d["policies"] = [p.label for p in self.policies]
         d["target_metric"] = self.target_metric
+        d["equal_time"] = self.equal_time
+        d["pacesetter"] = self.pacesetter
         return d
 
 
 def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str, Any]:
     """Run every policy, write the report, return the summary. A policy whose run
-    fails is reported as failed (summary["lab"]["failed"]) and the others go on."""
+    fails is reported as failed (summary["lab"]["failed"]) and the others go on
+    (when the pacesetter failed, with `steps` each: there is no time to give them)."""
     from flexcomm.lab.report import write_report
 
     out = Path(cfg.out)
@@ -156,9 +193,14 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> dict[str
             progress({"kind": "agents", "count": cfg.nodes if lab.shaped else 1})
             handles = start_agents(lab, sockets, db_dir=out / "agents")
             agent_socket = str(handles[0].socket)
+        budget_s = cfg.budget_s
         for repeat, index, spec in run_order(cfg):
             try:
-                run_policy(lab, cfg, spec, index, agent_socket, store, progress, repeat)
+                pdir = run_policy(lab, cfg, spec, index, agent_socket, store, progress, repeat,
+                                  budget_s)
+                if budget_s is None and spec.label == cfg.pacesetter:
+                    budget_s = trained_seconds(pdir)
+                    progress({"kind": "budget", "policy": spec.label, "budget_s": budget_s})
             except LabError as exc:  # the other policies still run and are reported
                 (policy_dir(out, spec.label, repeat) / FAILED).write_text(str(exc))
                 progress({"kind": "failed", "policy": spec.label, "repeat": repeat,
@@ -177,8 +219,18 @@ def _socket_dir(prefix: str) -> Iterator[Path]:
 
 
 def run_order(cfg: LabConfig) -> list[tuple[int, int, PolicySpec]]:
-    """(repeat, index, policy) in the order they run: every policy once, then again."""
-    return [(r, i, spec) for r in range(cfg.repeats) for i, spec in enumerate(cfg.policies)]
+    """(repeat, index, policy) in the order they run: every policy once, then
+    again; the pacesetter first."""
+    order = sorted(enumerate(cfg.policies), key=lambda p: p[1].label != cfg.pacesetter)
+    return [(r, i, spec) for r in range(cfg.repeats) for i, spec in order]
+
+
+def trained_seconds(pdir: Path) -> float:
+    """Rank 0's training time of a finished run (its end record)."""
+    end = [r for r in _Tail(pdir / "records.jsonl").read() if r["kind"] == "end"]
+    if not end:
+        raise LabError(f"{pdir.name}: no end record, so no time to give the other policies")
+    return float(end[-1]["t"])
 
 
 def free_port(address: str) -> int:
@@ -188,8 +240,10 @@ def free_port(address: str) -> int:
 
 
 def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
-               agent_socket: str, store: Store, progress: Progress, repeat: int = 0) -> Path:
-    """Train once with `spec` under the schedule; returns its directory."""
+               agent_socket: str, store: Store, progress: Progress, repeat: int = 0,
+               budget_s: float | None = None) -> Path:
+    """Train once with `spec` under the schedule (for `budget_s` training
+    seconds when set, else cfg.steps); returns its directory."""
     pdir = policy_dir(cfg.out, spec.label, repeat)
     if pdir.exists():
         shutil.rmtree(pdir)
@@ -202,7 +256,7 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
         master_addr=lab.nodes[0].address, master_port=free_port(lab.nodes[0].address),
         records=str(pdir / "records.jsonl"), workload=asdict(cfg.workload),
         agent_socket=agent_socket if spec.kind not in TORCH_METHODS else "",
-        ifname=lab.nodes[0].ifname, steps=cfg.steps, batch=cfg.batch, optimizer=cfg.optimizer,
+        ifname=lab.nodes[0].ifname, steps=cfg.steps, budget_s=budget_s or 0.0, batch=cfg.batch, optimizer=cfg.optimizer,
         lr=cfg.lr, eval_every=cfg.eval_every,
         hook_options={"control_interval": cfg.control_interval},
         node_addresses=[n.address for n in lab.nodes], dataset_cache=str(cfg.out / "dataset.pt"),
@@ -212,7 +266,9 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
     store.add_job(job_id, {"policy": spec.label, "repeat": repeat, "nodes": cfg.nodes,
                            "steps": cfg.steps})
     links = _LinkLog(pdir / "links.jsonl", lab, store)
-    emulator = Emulator(schedule, lab.links, on_step=links.record) if lab.shaped else None
+    clock = TrainingClock()
+    emulator = (Emulator(schedule, lab.links, on_step=links.record, clock=clock)
+                if lab.shaped else None)
     progress({"kind": "policy", "policy": spec.label, "index": index,
               "count": len(cfg.policies), "repeat": repeat, "repeats": cfg.repeats})
     if emulator is not None:  # the first step is in force before the ranks start
@@ -228,7 +284,7 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
              for i in range(cfg.nodes)]
     try:
         with estimate_tracking.polling(train.agent_socket, job_id, pdir):
-            _follow(cfg, spec, pdir, procs, emulator, schedule, progress)
+            _follow(cfg, spec, pdir, procs, emulator, schedule, progress, clock)
     finally:
         for proc in procs:
             lab.stop(proc)
@@ -242,7 +298,7 @@ def _ack(pdir: Path, epoch: int) -> None:
 
 
 def _follow(cfg: LabConfig, spec: PolicySpec, pdir: Path, procs: list, emulator: Emulator | None,
-            schedule: Schedule, progress: Progress) -> None:
+            schedule: Schedule, progress: Progress, clock: TrainingClock) -> None:
     """Tail rank 0's records until every rank has exited: apply the schedule's
     epoch steps, report progress, and fail fast when a rank dies."""
     tail = _Tail(pdir / "records.jsonl")
@@ -252,12 +308,16 @@ def _follow(cfg: LabConfig, spec: PolicySpec, pdir: Path, procs: list, emulator:
     try:
         while True:
             for rec in tail.read():
+                if "t" in rec:
+                    clock.observe(rec["t"])
                 if rec["kind"] == "epoch" and emulator is not None and schedule.by_epoch:
                     emulator.advance_epoch(rec["epoch"])
                 if rec["kind"] == "epoch":
                     _ack(pdir, rec["epoch"])
                 if rec["kind"] == "start" and emulator is not None and not schedule.by_epoch:
-                    timed = threading.Thread(target=emulator.run, args=(stop,), daemon=True)
+                    clock.observe(0.0)
+                    timed = threading.Thread(target=emulator.run, args=(stop, None, 0.0),
+                                             daemon=True)
                     timed.start()
                 progress({"policy": spec.label, "link": _rate(emulator), **rec})
             codes = [p.poll() for p in procs]
@@ -276,6 +336,23 @@ def _follow(cfg: LabConfig, spec: PolicySpec, pdir: Path, procs: list, emulator:
         stop.set()
         if timed is not None:
             timed.join()
+
+
+class TrainingClock:
+    """Rank 0's training clock as the runner knows it: the last `t` read from its
+    records plus the time since it was read. It runs on during an evaluation
+    (and steps back when the next record comes), so a step can be applied at
+    most one evaluation early; Emulator.run re-reads it after every wait."""
+
+    def __init__(self) -> None:
+        self._t = 0.0
+        self._read_at = time.monotonic()
+
+    def observe(self, t: float) -> None:
+        self._t, self._read_at = float(t), time.monotonic()
+
+    def __call__(self) -> float:
+        return self._t + time.monotonic() - self._read_at
 
 
 def _rate(emulator: Emulator | None) -> float | None:

@@ -1,6 +1,6 @@
 """How a lab rank synchronises gradients: the flexcomm DDP hook driven by a named
-policy, or PyTorch's own hooks (PowerSGD, bf16 compression; plain DDP AllReduce)
-to compare with.
+policy, or PyTorch's own hooks (PowerSGD, bf16 compression, post-local SGD;
+plain DDP AllReduce) to compare with.
 
 `attach_sync(ddp, cfg, rank, grad_bytes)` registers the method on the DDP model
 and returns a `SyncMethod` whose `after_step` gives the step's record fields:
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from torch.nn.parallel import DistributedDataParallel
 
 POWERSGD_START_ITER = 10
+LOCALSGD_START_ITER = 10  # global AllReduce steps before local SGD starts (as PowerSGD's)
 
 
 class SyncMethod(Protocol):
@@ -35,6 +36,8 @@ def attach_sync(ddp: DistributedDataParallel, cfg: Any, rank: int, grad_bytes: i
         return Bf16Sync(ddp, grad_bytes)
     if cfg.policy == "allreduce":
         return TorchAllReduceSync(grad_bytes)
+    if cfg.policy == "localsgd":
+        return PostLocalSGDSync(ddp, grad_bytes, cfg.policy_options["period"])
     from flexcomm.lab.flexsync import FlexcommSync
 
     return FlexcommSync(ddp, cfg, rank, grad_bytes)
@@ -107,6 +110,42 @@ class PowerSGDSync:
             "collective": "powersgd",
             "bytes_sent": self._compressed_bytes,
         }
+
+    def close(self) -> None:
+        pass
+
+
+class PostLocalSGDSync:
+    """PyTorch's post-local SGD as its documentation sets it up: `post_localSGD_hook`
+    AllReduces gradients globally for LOCALSGD_START_ITER steps, then only within
+    each node's subgroup (one rank per lab node, so nothing crosses the network),
+    and a `PeriodicModelAverager` AllReduces the parameters every `period` steps
+    after the optimizer step (here: in `after_step`, which the trainer calls then)."""
+
+    def __init__(self, ddp: DistributedDataParallel, grad_bytes: int, period: int) -> None:
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        subgroup, _ = dist.new_subgroups(group_size=1)  # a node's ranks: one per lab node
+        state = local.PostLocalSGDState(process_group=None, subgroup=subgroup,
+                                        start_localSGD_iter=LOCALSGD_START_ITER)
+        ddp.register_comm_hook(state, local.post_localSGD_hook)
+        self._averager = PeriodicModelAverager(period=period, warmup_steps=LOCALSGD_START_ITER)
+        self._params = list(ddp.module.parameters())
+        self._bytes = grad_bytes
+        self._compression = f"localsgd:{period}"
+
+    def after_step(self, step: int, epoch: int) -> dict[str, Any]:
+        averages = self._averager.step >= LOCALSGD_START_ITER and (
+            self._averager.step - LOCALSGD_START_ITER) % self._averager.period == 0
+        self._averager.average_parameters(self._params)
+        if step < LOCALSGD_START_ITER:
+            return {"compression": "dense", "cr": 1.0, "collective": "dense_ring",
+                    "bytes_sent": self._bytes}
+        return {"compression": self._compression, "cr": (1.0 if averages else 0.0),
+                "collective": "model_average" if averages else "local",
+                "bytes_sent": self._bytes if averages else 0}
 
     def close(self) -> None:
         pass

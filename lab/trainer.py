@@ -17,6 +17,11 @@ backward passes without communicating (DDP's `no_sync`) at once, as they will
 in training; the start record's `compute_s` is rank 0's median: what a step
 would cost if communication were free.
 
+With `budget_s`, every rank trains until rank 0's training clock reaches the
+budget (rank 0 decides and broadcasts it before each step, off the clock), so
+policies compare at equal training time; otherwise it trains `steps` steps.
+Either way the last step is evaluated.
+
 At an epoch boundary, when `epoch_ack` is set, rank 0 waits (up to
 `epoch_ack_timeout_s`) until the runner has written an epoch number >= the new
 one to the file `epoch_ack`: the runner shapes the links for that epoch first, so
@@ -70,7 +75,8 @@ class TrainConfig:
     dataset_cache: str = ""  # a torch.save'd Dataset, so ranks skip building it
     agent_socket: str = ""  # empty: the policy runs in-process on rank 0
     ifname: str = ""  # GLOO_SOCKET_IFNAME; empty leaves gloo's default
-    steps: int = 200
+    steps: int = 200  # ignored when budget_s is set
+    budget_s: float = 0.0  # > 0: train this many seconds of training clock instead
     batch: int = 32
     optimizer: str = "sgd"  # one of OPTIMIZERS; adam is AdamW without weight decay
     lr: float = 0.01
@@ -120,6 +126,31 @@ class Records:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+class StopRule:
+    """Whether training is over before the next step, the same answer on every
+    rank: after `steps` steps, or once rank 0's clock reaches `budget_s` (rank 0
+    broadcasts its answer; the broadcast is kept off the training clock)."""
+
+    def __init__(self, cfg: TrainConfig, clock: TrainClock) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.done = False
+
+    def __call__(self, step: int) -> bool:
+        if self.done:
+            return True
+        if self.cfg.budget_s <= 0:
+            self.done = step >= self.cfg.steps
+        else:
+            self.done = self.clock.pause_for(self._budget_spent)
+        return self.done
+
+    def _budget_spent(self) -> bool:
+        flag = torch.tensor([int(self.clock.now() >= self.cfg.budget_s)])
+        dist.broadcast(flag, src=0)  # rank 0's clock decides for everyone
+        return bool(flag.item())
 
 
 def wait_for_epoch_ack(path: str, epoch: int, timeout_s: float) -> bool:
@@ -194,17 +225,18 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
     compute_s = compute_seconds(ddp, loader.epoch(0)[0])
     records = Records(cfg.records, rank == 0)
     records.write("start", policy=cfg.policy, world=cfg.world, grad_bytes=gradient_bytes(model),
-                  steps=cfg.steps, steps_per_epoch=loader.steps_per_epoch, compute_s=compute_s,
+                  steps=0 if cfg.budget_s > 0 else cfg.steps, budget_s=cfg.budget_s,
+                  steps_per_epoch=loader.steps_per_epoch, compute_s=compute_s,
                   time=time.time())
     dist.barrier()
     clock = TrainClock()
-    step = 0
-    epoch = 0
-    while step < cfg.steps:
+    stop = StopRule(cfg, clock)
+    step = evaluated = epoch = 0
+    while not stop(step):
         if rank == 0:
             _enter_epoch(cfg, records, clock, epoch, step)
         for x, y in loader.epoch(epoch):
-            if step >= cfg.steps:
+            if stop(step):
                 break
             t0, wall = clock.now(), time.time()
             optimizer.zero_grad(set_to_none=True)
@@ -215,13 +247,21 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
             records.write("step", step=step, epoch=epoch, t=clock.now(), wall=wall,
                           step_s=clock.now() - t0, loss=float(loss.detach()), **stats)
             step += 1
-            if rank == 0 and (step % cfg.eval_every == 0 or step == cfg.steps):
-                held_out = clock.pause_for(evaluate, model, data.x_test, data.y_test)
-                records.write("eval", step=step, epoch=epoch, t=clock.now(), **held_out)
+            if rank == 0 and step % cfg.eval_every == 0:
+                evaluated = _evaluate(records, clock, model, data, step, epoch)
         epoch += 1
+    if rank == 0 and evaluated != step:
+        _evaluate(records, clock, model, data, step, epoch - 1)
     sync.close()
     records.write("end", steps=step, t=clock.now(), time=time.time())
     records.close()
+
+
+def _evaluate(records: Records, clock: TrainClock, model: nn.Module, data: Any, step: int,
+              epoch: int) -> int:
+    held_out = clock.pause_for(evaluate, model, data.x_test, data.y_test)
+    records.write("eval", step=step, epoch=epoch, t=clock.now(), **held_out)
+    return step
 
 
 def _enter_epoch(cfg: TrainConfig, records: Records, clock: TrainClock, epoch: int,

@@ -1,34 +1,42 @@
 """The multi-objective policy (after Tyagi & Swany 2023), over every compressor family.
 
-Candidates are options, a compression over a collective: dense and bf16 over the
-dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of the geometric
-grid c_high..c_low over each Top-k collective. Each option has two objectives,
-both minimised: the step time t_step = t_compute + t_comp + t_sync and 1 / gain.
-The Pareto front over them is computed exactly and the choice on it is made by
-an achievement scalarising function (weights time/gain, default 0.6/0.4) or by
-"progress per second", gain / t_step.
+Candidates are options, a compression over a collective (a `Choice`): dense and
+bf16 over the dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of
+the geometric grid c_high..c_low over each Top-k collective. Each option has a
+step time t_step = t_compute + t_comp + t_sync and a compression error 1 - gain.
+By default (objective "budget", policy.budget) the choice is the least
+t_step + lam * error, one price lam for the whole run that keeps the run's error
+within what `quality_reference` would have spent; "asf" (an achievement
+scalarising function on the Pareto front, weights time/gain 0.6/0.4) and
+"progress" (gain / t_step) stay selectable.
 
 Where each figure comes from:
-- t_sync: measured for the options run since the network last changed;
-  otherwise the calibrated alpha-beta model (policy.costmodel) of the job's
-  gradient layout.
+- t_sync: measured for the options run since the network last changed (the
+  running one: the median of its latest steps); otherwise the calibrated
+  alpha-beta model (policy.costmodel) of the job's gradient layout.
 - t_comp: measured per compression once it ran, else the model scaled by what
   the compressions of that family measured say about this machine.
 - t_compute: what the client reports (a step's wall time less its t_comp and
   t_sync), the median of recent steps.
-- gain: 1 for dense and bf16; Top-k's and PowerSGD's are read by the client for
-  every candidate off one gradient each probe interval, and smoothed.
+- gain: 1 for dense and bf16; for a lossy choice what its steps delivered, else
+  what the client's probes read for its compression; smoothed per step elapsed.
+
+Its parts, each with its own state: the quality budget (policy.budget), the
+exploring budget (policy.exploring), the reconsideration rule
+(policy.reconsider) and the calibration (policy.costmodel).
 
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
-never more than `explore_share` of all steps), exploiting. A change, the network
-moving (alpha or beta by >= change_threshold) or the running option's measured
-sync time moving for several steps in a row, is judged by what it would change:
-every option is predicted again under the network as it now is, and only when
-another option would beat the running one by more than the margin does the
-policy explore again; otherwise it keeps its choice and re-bases. A switch
-needs the new choice to beat the current one by more than the hysteresis margin
-(at least the model's current relative error), so near-equal options do not flap.
+never more than `explore_share` of all steps, charged as the job ran them),
+exploiting. A change, the network observed moving (alpha or beta by >=
+change_threshold; the policy sees the network only through observe_network, the
+agent's estimator being the one detector of a move), is judged by what it would
+change: every option is predicted again under the network as it now is, and only
+when another option would beat the running one by more than the margin does the
+policy explore again; otherwise it keeps its choice and re-bases. A switch needs
+the new choice to beat the current one by more than the margin (the hysteresis,
+or the error of the fits behind the compared predictions), so near-equal options
+do not flap.
 
 Pure and deterministic: same calls, same decisions.
 """
@@ -43,15 +51,19 @@ from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
+from flexcomm.policy.budget import QualityBudget
 from flexcomm.policy.costmodel import (
     Calibration,
     CompressionCost,
     ModelForms,
     calibration_key,
+    link_time,
     option_sync_time,
     option_terms,
     powersgd_split,
 )
+from flexcomm.policy.exploring import ExploreBudget
+from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -81,12 +93,15 @@ from flexcomm.policy.types import (
 )
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
-OBJECTIVES = ("asf", "progress")
-STATE_FORMAT = 2
+OBJECTIVES = ("budget", "asf", "progress")
+STATE_FORMAT = 8
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
-MAX_BETA_S_PER_BYTE = 1e-3  # 8 kbit/s: slower than that, a step's figures are not a link's
+PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
+PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
+PROBE_UP_EVERY = 100  # steps between two probes up
+SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
 MAX_CANDIDATE_CRS = MAX_PROBES
 
 
@@ -124,17 +139,17 @@ class MooConfig:
     factor: float = 3.0
     collectives: tuple[str, ...] = (AG_TOPK, ART_RING, ART_TREE)
     dense_collectives: tuple[str, ...] = (DENSE_RING,)
-    objective: str = "asf"
+    objective: str = "budget"
+    quality_reference: str = "topk:0.1"
+    budget_rate: float = 0.01
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
-    sync_change_threshold: float = 0.5
-    sync_change_steps: int = 3
     alpha_floor_s: float = 1e-4
     hysteresis: float = 0.05
     warmup_steps: int = 1
     explore_steps: int = 2
-    explore_share: float = 0.10
+    explore_share: float = 0.05
     explore_horizon: int = 100
     explore_max: int = 4
     explore_prune: float = 3.0
@@ -171,21 +186,22 @@ class MooConfig:
         if not self.options:
             raise ValueError("families: no option is left (check collectives, dense_collectives and ranks)")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective: unknown objective {self.objective!r} (one of asf, progress)")
+            raise ValueError(f"objective: unknown objective {self.objective!r} (one of {', '.join(OBJECTIVES)})")
+        Compression.parse(self.quality_reference, "quality_reference")
+        check_range("budget_rate", self.budget_rate, 0, 1)
         check_root(self.root)
         check_range("weight_time", self.weight_time, 0, 1)
         check_range("weight_gain", self.weight_gain, 0, 1)
         if self.weight_time + self.weight_gain <= 0:
             raise ValueError("weight_time: weights must not both be 0")
         check_range("change_threshold", self.change_threshold, 0, 10, open_low=True)
-        check_range("sync_change_threshold", self.sync_change_threshold, 0, 100, open_low=True)
         check_range("alpha_floor_s", self.alpha_floor_s, 0, 10)
         check_range("hysteresis", self.hysteresis, 0, 1)
         check_range("smoothing", self.smoothing, 0, 1, open_low=True)
         check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
         check_range("explore_share", self.explore_share, 0, 1)
         check_range("explore_prune", self.explore_prune, 1, 1e6)
-        for name, low in (("warmup_steps", 0), ("explore_steps", 1), ("sync_change_steps", 0),
+        for name, low in (("warmup_steps", 0), ("explore_steps", 1),
                           ("explore_horizon", 0), ("explore_max", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000:
@@ -259,28 +275,38 @@ class Evaluation:
 class _State:
     phase: str = WARMUP
     phase_steps: int = 0
-    plan: list[list] = field(default_factory=list)  # [[option label, exploring], ...] to measure
+    plan: list[tuple[str, bool]] = field(default_factory=list)  # (option label, exploring) to measure
     plan_index: int = 0
-    net: dict[str, Any] | None = None  # the network as the policy takes it now
-    observed: dict[str, Any] | None = None  # the last one observe_network was given
-    baseline: dict[str, float] | None = None  # the network the last choice was made on
+    net: NetworkObservation | None = None  # the network as the policy takes it now
+    observed: NetworkObservation | None = None  # the last one observe_network was given
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
     t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
-    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain
+    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain its probes read
+    delivered: dict[str, float] = field(default_factory=dict)  # choice label -> gain its steps applied
+    gain_steps: dict[str, int] = field(default_factory=dict)  # gains' and delivered's key -> step last seen
     sync: dict[str, float] = field(default_factory=dict)  # option label -> s, since the last change
-    current: dict[str, Any] | None = None
+    current: Decision | None = None
     version: int = 0
     explorations: int = 0
-    steps_seen: int = 0
-    explore_steps: int = 0  # steps run on an option only to measure it
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
-    sync_baseline: float | None = None  # the chosen option's settled sync time
-    sync_level: float | None = None  # its smoothed sync time per second of compute (per step if unknown)
-    last_level: float | None = None  # the same, of its latest step alone
-    last_sync: float | None = None  # its latest step's sync time
-    level_baseline: float | None = None  # sync_level when it settled
-    sync_moved_steps: int = 0  # consecutive steps it has stayed moved
+    probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the decision and the networks by their own to_dict."""
+        d = asdict(self)
+        d["current"] = self.current.to_dict() if self.current else None
+        d["plan"] = [[label, exploring] for label, exploring in self.plan]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> _State:
+        d = dict(d)
+        d["current"] = Decision.from_dict(d["current"]) if d.get("current") else None
+        d["plan"] = [(str(label), bool(exploring)) for label, exploring in d.get("plan") or ()]
+        for key in ("net", "observed"):
+            d[key] = NetworkObservation(**d[key]) if d.get(key) else None
+        return cls(**d)
 
 
 class MooPolicy:
@@ -295,11 +321,20 @@ class MooPolicy:
         self.layout = layout or GradientLayout.flat(grad_bytes)
         self.config = config or MooConfig()
         self.calibration = Calibration()
+        self.budget = QualityBudget(self.config.budget_rate)
+        self.exploring = ExploreBudget()
+        self.watch = Reconsideration()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
+        self._reset_caches()
         self._set_current(self._warmup_option(), "warm-up: measuring the job on a lossless option")
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
+
+    def _reset_caches(self) -> None:
+        """Figures derived from the layout and config alone, computed once each."""
+        self._term_cache: dict[tuple[Choice, int], tuple[float, float]] = {}
+        self._comp_models: dict[str, tuple[Compression, float]] = {}
 
     @property
     def grad_bytes(self) -> int:
@@ -323,27 +358,92 @@ class MooPolicy:
     @cached_property
     def probes(self) -> tuple[str, ...]:
         names = [o.compression.name for o in self.options if o.compression.lossy]
+        if self.reference.lossy:  # its error on each step is what the budget allows
+            names.append(self.reference.name)
         return tuple(dict.fromkeys(names))
+
+    @cached_property
+    def reference(self) -> Compression:
+        return Compression.parse(self.config.quality_reference, "quality_reference")
 
     # --- observations --------------------------------------------------------
 
     def observe_network(self, net: NetworkObservation) -> None:
         """The network as probed (or estimated by the agent). The same observation
         again is no news: it must not undo what the step reports have shown since."""
-        if net.to_dict() == self._s.observed:
+        if net == self._s.observed:
             return
         self._decision = None
-        self._s.observed = self._s.net = net.to_dict()
+        self._s.observed = self._s.net = net
         if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
-            self._set_current(self._warmup_option(), self._s.current["reason"])
-        if self._s.phase == EXPLOIT and self._network_moved(net):
+            self._set_current(self._warmup_option(), self._s.current.reason)
+        moved = self.watch.moved(net, self.config.change_threshold, self.config.alpha_floor_s)
+        if self._s.phase == EXPLOIT and moved:
             self._s.sync = {}  # measured on the old network
-            self._reconsider(self._network_change_reason(net))
+            self._reconsider(self.watch.change_reason(net))
+        elif self._s.phase == EXPLORE and moved and not self.watch.blind:
+            # What was measured so far ran on the old network: averaged with what
+            # runs on this one it describes neither (the lab once chose an option
+            # measured half at 100 and half at 20 Mbit/s). Plan again from here.
+            # An exploration that ran blind measured this same network: it goes on
+            # (restarted, the lab's first exploration ran three times).
+            self._start_exploration(f"{self.watch.change_reason(net)} while exploring")
+        elif self._s.phase == EXPLOIT and self._worth_probing_up(net):
+            self._probe_up(net)
+
+    def _worth_probing_up(self, net: NetworkObservation) -> bool:
+        """The bandwidth is only known to be at least this (or was last confirmed
+        long ago), a lossy option runs, and on a link PROBE_UP_FACTOR times as
+        fast the model would run a lossless one: only running one shows which.
+        Once per PROBE_UP_EVERY steps, and only inside the exploring budget."""
+        s = self._s
+        if not (net.lower_bound or net.age_s >= PROBE_UP_AGE_S):
+            return False
+        if s.current is None or not s.current.compression.lossy:
+            return False
+        if s.probed_up_at is not None and self.exploring.steps_seen - s.probed_up_at < PROBE_UP_EVERY:
+            return False
+        if self._explore_allowance() < self._item_cost():
+            return False
+        return self._faster_choice(net) is not None
+
+    def _faster_choice(self, net: NetworkObservation) -> Choice | None:
+        """The best lossless option if the model, on a link PROBE_UP_FACTOR times
+        as fast, would choose it over the running option."""
+        s = self._s
+        faster = replace(net, beta_s_per_byte=net.beta_s_per_byte / PROBE_UP_FACTOR)
+        saved = s.net
+        s.net = faster
+        try:
+            rows = self.evaluate(predicted=True)
+        finally:
+            s.net = saved
+        if not rows:
+            return None
+        best = self.choose(rows)
+        return best.option if best.option.lossless else None
+
+    def _probe_up(self, net: NetworkObservation) -> None:
+        """Run the best lossless option for one item, as an exploration of one."""
+        s = self._s
+        choice = self._faster_choice(net)
+        assert choice is not None
+        s.probed_up_at = self.exploring.steps_seen
+        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
+        s.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
+                 f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
+                 f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
+        running = self._current_label()
+        s.plan = [(choice.label, True), (running, False)]
+        s.plan_index = 0
+        s.sync = {}
+        s.explorations += 1
+        s.phase = EXPLORE
+        self._run_plan_item()
 
     def observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
         self._decision = None
-        s.steps_seen += 1
         if report.t_compute_s > 0:
             s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
         self._observe_gains(report)
@@ -354,18 +454,20 @@ class MooPolicy:
         if candidate and report.family != DENSE:
             name = report.compression.name
             s.t_comp[name] = _ewma(s.t_comp.get(name), report.t_comp_s, cfg.smoothing)
-        if report.t_sync_s > 0 and candidate:
+        # A step that overlapped a bandwidth test says nothing of its option's sync.
+        timed = report.t_sync_s > 0 and not report.disturbed
+        if timed and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
-        if self._spent_exploring(label):
-            s.explore_steps += 1
+        if self.budget.lam is None and self.config.objective == "budget":
+            rows = self.evaluate()
+            if rows and all(r.gain is not None for r in rows):
+                self.budget.start(self._reference_step(rows))
+        self.exploring.observe(self._spent_exploring(label))
         if self._runs_current(report):
             s.phase_steps += 1
-            if report.t_sync_s > 0:
-                # In units of the step's compute time: a loaded host slows both alike.
-                unit = report.t_compute_s or self.t_compute or 1.0
-                s.last_level, s.last_sync = report.t_sync_s / unit, report.t_sync_s
-                s.sync_level = _ewma(s.sync_level, s.last_level, cfg.smoothing)
+            if timed:
+                self.watch.ran(report.t_sync_s, report.t_sync_s / (report.t_compute_s or self.t_compute or 1.0))
             self._advance()
 
     def _calibrate(self, report: StepReport) -> None:
@@ -391,13 +493,31 @@ class MooPolicy:
         self.calibration.observe(key, raw, report.t_sync_s)
 
     def _observe_gains(self, report: StepReport) -> None:
-        # A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x
-        # at one CR on a small model, so it is smoothed far more than times are.
-        gains = {name: g for name, g in report.gains.items() if name in self.probes}
-        if report.compression.name in self.probes:
-            gains.setdefault(report.compression.name, report.gain)
-        for name, g in sorted(gains.items()):
-            self._s.gains[name] = _ewma(self._s.gains.get(name), float(g), self.config.gain_smoothing)
+        """Two figures per gain: what a compression's probes read off a gradient
+        (keyed by compression), and what the steps of a choice applied (keyed by
+        choice: AR-Topk over a tree does not deliver what Top-k over AllGather does).
+        A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
+        one CR on a small model, so it is smoothed far more than times are, with a
+        weight per step elapsed (gain_smoothing per step, compounded), so a figure
+        read every tenth step settles as fast, in steps, as one read every step."""
+        s = self._s
+        for name, g in sorted(report.gains.items()):
+            if name in self.probes:
+                self._smooth_gain(s.gains, name, float(g), report.step)
+        label = report.choice.label
+        if report.compression.lossy and label in self._labels:
+            self._smooth_gain(s.delivered, label, report.gain, report.step)
+        reference = 1.0 if not self.reference.lossy else report.gains.get(self.reference.name,
+                                                                           s.gains.get(self.reference.name))
+        if reference is not None:
+            self.budget.observe(1.0 - report.gain, 1.0 - reference)
+
+    def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
+        last = self._s.gain_steps.get(key)
+        elapsed = 1 if last is None else min(max(1, step - last), 1000)
+        weight = 1.0 - (1.0 - self.config.gain_smoothing) ** elapsed
+        figures[key] = _ewma(figures.get(key), gain, weight)
+        self._s.gain_steps[key] = step
 
     # --- decisions -----------------------------------------------------------
 
@@ -407,7 +527,7 @@ class MooPolicy:
         if self._decision is None:
             if self._s.phase == EXPLOIT:
                 self._choose()
-            self._decision = Decision.from_dict(self._s.current)
+            self._decision = self._s.current
         return self._decision
 
     def evaluate(self, *, predicted: bool = False) -> list[Evaluation]:
@@ -421,14 +541,11 @@ class MooPolicy:
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
         for option in self.options:
-            raw = (option_sync_time(option.compression, option.collective, self.layout, net, self.forms)
-                   if net else None)
+            raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
-            if measured and option.label == running and s.phase == EXPLOIT and s.sync_baseline is not None:
-                # Only the running option gets fresh (noisy) figures; the others
-                # keep their explored ones. Comparing them as equals lets one slow
-                # step switch the job; the change detector judges moves instead.
-                t_sync = s.sync_baseline
+            if measured and option.label == running and s.phase == EXPLOIT and self.watch.sync() is not None:
+                # The median of its latest steps: one slow step must not switch the job.
+                t_sync = self.watch.sync()
             elif measured and option.label in s.sync:
                 t_sync = s.sync[option.label]
             elif raw is not None:
@@ -437,7 +554,8 @@ class MooPolicy:
             else:
                 continue
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
-            gain = s.gains.get(option.compression.name) if option.compression.lossy else 1.0
+            gain = (s.delivered.get(option.label, s.gains.get(option.compression.name))
+                    if option.compression.lossy else 1.0)
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
@@ -453,6 +571,8 @@ class MooPolicy:
             raise ValueError("rows: nothing to choose from")
         if any(r.gain is None for r in rows):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
+        if self.config.objective == "budget":
+            return min(rows, key=lambda r: (self._cost(r, rows), r.option))
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
@@ -466,10 +586,28 @@ class MooPolicy:
         the front), for planning what to measure."""
         if any(r.gain is None for r in rows):
             return sorted(rows, key=lambda r: (r.t_step_s, r.option))
+        if self.config.objective == "budget":
+            return sorted(rows, key=lambda r: (self._cost(r, rows), r.option))
         if self.config.objective == "progress":
             return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
         scores = self._asf([_objectives(r) for r in rows])
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
+
+    def _cost(self, row: Evaluation, rows: list[Evaluation]) -> float:
+        """The row's step time plus the price of its error under the run's budget.
+        Read only: before the budget's price is set (it is set on the first step
+        with known errors), the reference's step time among `rows` stands in."""
+        assert row.gain is not None
+        lam = self.budget.lam
+        if lam is None:
+            lam = self._reference_step(rows)
+        return row.t_step_s + lam * (1.0 - row.gain)
+
+    def _reference_step(self, rows: list[Evaluation]) -> float:
+        """The step time of the reference among `rows` (the fastest of its
+        collectives), or the fastest row's when it is not among them."""
+        mine = [r.t_step_s for r in rows if r.option.compression == self.reference]
+        return min(mine) if mine else min(r.t_step_s for r in rows)
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
         return pareto.asf_scores(points, (self.config.weight_time, self.config.weight_gain))
@@ -488,7 +626,10 @@ class MooPolicy:
             "layout": self.layout.to_dict(),
             "config": self.config.to_dict(),
             "calibration": self.calibration.state_dict(),
-            "state": asdict(self._s),
+            "budget": self.budget.state_dict(),
+            "exploring": self.exploring.state_dict(),
+            "reconsideration": self.watch.state_dict(),
+            "state": self._s.to_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -500,16 +641,23 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels"):
+        for cached in ("forms", "options", "probes", "_labels", "reference"):
             self.__dict__.pop(cached, None)
+        self._reset_caches()
         self._decision = None
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
+            self.budget = QualityBudget(self.config.budget_rate)
+            self.exploring = ExploreBudget()
+            self.watch = Reconsideration()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
-        self._s = _State(**state["state"])
+        self.budget = QualityBudget.from_state(state["budget"])
+        self.exploring = ExploreBudget.from_state(state["exploring"])
+        self.watch = Reconsideration.from_state(state["reconsideration"])
+        self._s = _State.from_dict(state["state"])
 
     @property
     def phase(self) -> str:
@@ -527,28 +675,43 @@ class MooPolicy:
     @property
     def explore_steps(self) -> int:
         """Steps run on an option only to measure it."""
-        return self._s.explore_steps
+        return self.exploring.spent
 
     # --- internals: figures --------------------------------------------------
 
     def _net(self) -> NetworkObservation | None:
-        return NetworkObservation(**self._s.net) if self._s.net else None
+        return self._s.net
 
     def _current_label(self) -> str | None:
         cur = self._s.current
-        if cur is None:
-            return None
-        return Choice.of(cur["family"], cur["param"], cur["collective"]).label
+        return None if cur is None else cur.label
 
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
         ratios = []
         for name, measured in sorted(self._s.t_comp.items()):
-            c = Compression.parse(name)
-            model = self.config.comp_cost.seconds(c, self.layout)
+            c, model = self._modelled_comp(name)
             if c.family == family and model > 0:
                 ratios.append(measured / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
+
+    def _modelled_comp(self, name: str) -> tuple[Compression, float]:
+        """A compression (by text form) and its modelled t_comp, parsed once."""
+        known = self._comp_models.get(name)
+        if known is None:
+            c = Compression.parse(name)
+            known = self._comp_models[name] = (c, self.config.comp_cost.seconds(c, self.layout))
+        return known
+
+    def _terms(self, option: Choice, nodes: int) -> tuple[float, float]:
+        """The option's (latencies, bytes) for `nodes` workers: they depend on
+        the layout and the forms alone, so they are computed once."""
+        key = (option, nodes)
+        terms = self._term_cache.get(key)
+        if terms is None:
+            terms = self._term_cache[key] = option_terms(option.compression, option.collective, self.layout,
+                                                         nodes, self.forms)
+        return terms
 
     def _t_comp(self, compression: Compression, scale: float) -> float:
         """Measured, or the model's figure times what the family measured (`scale`)."""
@@ -557,7 +720,7 @@ class MooPolicy:
         measured = self._s.t_comp.get(compression.name)
         if measured is not None:
             return measured
-        return scale * self.config.comp_cost.seconds(compression, self.layout)
+        return scale * self._modelled_comp(compression.name)[1]
 
     def _spent_exploring(self, label: str) -> bool:
         """A step run only to measure its option: the running exploring option, or
@@ -566,7 +729,7 @@ class MooPolicy:
         runs on after the policy moved on; those steps are spent all the same)."""
         s = self._s
         if s.current is not None and label == self._current_label():
-            return bool(s.current.get("exploring"))
+            return s.current.exploring
         return any(item == label and exploring for item, exploring in s.plan or ())
 
     def _runs_current(self, report: StepReport) -> bool:
@@ -592,141 +755,82 @@ class MooPolicy:
             s.plan_index += 1
             self._run_plan_item()
         elif s.phase == EXPLOIT:
-            why = self._sync_moved()
-            if why:
-                self._reconsider(why, passive=True)
+            fell = self._lossy_sync_fell()
+            # Only with the budget for the lossless item: without it the plan is the
+            # free items alone, and the lab re-planned them ten times in 12 s.
+            if fell and self._explore_allowance() >= self._item_cost():
+                self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
+                                        "measuring the best lossless option", with_lossless=True)
 
-    def _sync_moved(self) -> str:
-        """Passive change detection: the running option's smoothed sync time, in
-        units of the step's compute time, moved by >= sync_change_threshold from
-        where it settled, for sync_change_steps steps in a row (three thresholds
-        and more at once). Probes are rare; steps are not. A busy CPU slows
-        compute and sync alike, so it does not move the ratio; a link does."""
-        s = self._s
-        measured = s.sync.get(self._current_label() or "")
-        if s.sync_level is None or measured is None:
-            return ""
-        if s.level_baseline is None:  # settle on what it measures
-            if s.phase_steps >= self.config.explore_steps:
-                s.level_baseline = s.sync_level
-                s.sync_baseline = measured if s.sync_baseline is None else s.sync_baseline
-            return ""
-        moved = (s.sync_level - s.level_baseline) / s.level_baseline
-        threshold = self.config.sync_change_threshold
-        s.sync_moved_steps = s.sync_moved_steps + 1 if abs(moved) >= threshold else 0
-        if not s.sync_moved_steps:  # within noise: follow slow drift
-            s.level_baseline += 0.05 * (s.sync_level - s.level_baseline)
-            if s.sync_baseline is not None:
-                s.sync_baseline += 0.05 * (measured - s.sync_baseline)
-        if s.sync_moved_steps < self.config.sync_change_steps and abs(moved) < 3 * threshold:
-            return ""
-        return f"measured sync time of the running option moved {moved:+.0%}"
+    def _lossy_sync_fell(self) -> float:
+        """How far the running lossy option's sync fell (per second of compute)
+        below where it settled, when past the margin, else 0: the link got
+        faster, and a lossless option, cheap on a fast link, is worth measuring."""
+        cur = self._s.current
+        if cur is None or not cur.compression.lossy:
+            return 0.0
+        fell = self.watch.fell()
+        return fell if fell > max(self.config.hysteresis, SYNC_FELL) else 0.0
 
-    def _rebase_detector(self, sync_s: float | None) -> None:
-        """The running option's figures start again: `sync_s`, when it was measured,
-        is what it is compared on (a choice made on an explored figure must notice
-        at once when its first steps run far from it: the link moved meanwhile)."""
-        s = self._s
-        s.sync_baseline = sync_s
-        s.sync_level = None
-        s.level_baseline = None if sync_s is None else sync_s / (self.t_compute or 1.0)
-        s.sync_moved_steps = 0
-
-    def _reconsider(self, why: str, *, passive: bool = False) -> None:
-        """A change was seen: explore again only if the model, under the network
+    def _reconsider(self, why: str) -> None:
+        """The network moved: explore again only if the model, under the network
         as it now is, puts another option ahead of the running one by more than
         the margin; else keep the choice and re-base on what it now measures."""
         s = self._s
-        if passive:
-            implied = self._implied_network()
-            if implied is None:  # nothing to predict with: measure again
-                self._start_exploration(why)
-                return
-            s.net = implied.to_dict()  # what the steps show, until the network is observed anew
         rows = self.evaluate(predicted=True)
         current = next((r for r in rows if r.label == self._current_label()), None)
         if not rows or current is None:
             self._start_exploration(why)
             return
-        if passive:
-            current = replace(current, t_sync_s=s.sync[current.label],
-                              t_step_s=current.t_step_s - current.t_sync_s + s.sync[current.label])
-            rows = [current if r.label == current.label else r for r in rows]
-        if not passive and not current.option.lossless and self._link_got_faster():
+        if not current.option.lossless and self.watch.got_faster(self._net()):
             self._start_exploration(f"{why}; measuring lossless options on the faster link")
             return
         best = self.choose(rows)
         # Only the margin on each objective holds here, not the one on the ASF score:
         # the network did change, and the first choice after it is free of that.
-        margin = max(self.config.hysteresis, self.calibration.error())
-        if best.label == current.label or _within(current, best, margin):
-            self._keep_running(passive)
-            s.current["reason"] = f"{why}; keeping {current.label}: still the best by the model"
+        margin = self._margin(current, best)
+        if best.label == current.label or self._close(current, best, rows, margin):
+            self._keep_running()
+            s.current = replace(s.current, reason=f"{why}; keeping {current.label}: still the best by the model")
             return
         self._start_exploration(f"{why}; the model now prefers {best.label}")
 
-    def _keep_running(self, passive: bool) -> None:
-        """Carry on with the running option, judged from now on against where it
-        now is: a passive move re-bases on its latest step (the smoothed figures
-        still trail the move), a network move on what it measures next."""
+    def _keep_running(self) -> None:
+        """Carry on with the running option, judged from now on by what it
+        measures on the network as it now is."""
         s = self._s
-        label = self._current_label()
-        if passive and s.last_sync is not None:
-            s.sync = {label: s.last_sync}
-            self._rebase_detector(s.last_sync)
-            s.sync_level = s.level_baseline = s.last_level
-        else:
-            s.sync = {}
-            self._rebase_detector(None)
+        s.sync = {}
+        self.watch.chose(None)
         self._rebase()
 
-    def _implied_network(self) -> NetworkObservation | None:
-        """The network the running option's measured sync time implies: the
-        observed latency kept, the bandwidth whatever the rest of the time needs."""
-        net, s = self._net(), self._s
-        label = self._current_label()
-        if net is None or label is None or label not in s.sync:
-            return None
-        cur = s.current
-        compression = Compression(cur["family"], cur["param"])
-        raw = option_sync_time(compression, cur["collective"], self.layout, net, self.forms)
-        expected = self.calibration.apply(calibration_key(compression, cur["collective"]), raw)
-        latencies, link_bytes = option_terms(compression, cur["collective"], self.layout, net.nodes, self.forms)
-        if expected <= 0 or link_bytes <= 0:
-            return None
-        # The raw model's time that would have been calibrated to what was measured.
-        implied_raw = raw * s.sync[label] / expected
-        wire_s = net.bucket.at_rate_s(max(implied_raw - net.alpha_s * latencies, 1e-9))
-        beta = wire_s / link_bytes
-        if not (math.isfinite(beta) and 0 < beta <= MAX_BETA_S_PER_BYTE):
-            return None  # figures too far out to mean a link
-        return replace(net, beta_s_per_byte=beta)
-
-    def _start_exploration(self, why: str) -> None:
+    def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
+        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = why
-        s.plan = self._exploration_plan()
+        s.plan = self._exploration_plan(with_lossless or self.watch.got_faster(self._net()))
         s.plan_index = 0
         s.sync = {}
+        self._rebase()  # what a move during the exploration is judged against
         if not s.plan:  # nothing to predict with and no exploring left: stay
-            s.current["reason"] = f"{why}; exploring budget spent: staying"
-            self._rebase()
+            s.phase = EXPLOIT
+            s.current = replace(s.current, reason=f"{why}; exploring budget spent: staying")
             return
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
 
     def _explore_allowance(self) -> int:
-        """Exploring steps still allowed: explore_share of the steps seen so far
-        (of explore_horizon while fewer have run) less those already spent."""
-        cfg, s = self.config, self._s
-        return math.floor(cfg.explore_share * max(s.steps_seen, cfg.explore_horizon)) - s.explore_steps
+        return self.exploring.allowance(self.config.explore_share, self.config.explore_horizon)
 
-    def _exploration_plan(self) -> list[list]:
-        """What to measure, as [label, exploring] pairs: the option the model ranks
+    def _item_cost(self) -> float:
+        return self.exploring.item_cost(self.config.explore_steps)
+
+    def _exploration_plan(self, with_lossless: bool) -> list[tuple[str, bool]]:
+        """What to measure, as (label, exploring) pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
         the next ones, within explore_prune of the fastest predicted step, as many
-        as explore_max and the exploring share allow."""
+        as explore_max and the exploring share allow. With the budget spent, only
+        the free ones: the policy runs what the model predicts best and stays."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
         if not rows:  # no network to predict with: one option per family
@@ -737,28 +841,20 @@ class MooPolicy:
             fastest = min(r.t_step_s for r in rows)
             ranked = self.ranking(rows)
             rows = [r for r in ranked if r.t_step_s <= fastest * cfg.explore_prune]
-            if self._link_got_faster():
+            if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
-        budget = self._explore_allowance()
-        plan: list[list] = []
+        budget, cost = self._explore_allowance(), self._item_cost()
+        plan: list[tuple[str, bool]] = []
         for r in rows:
             exploring = r.label not in free
-            if exploring and budget < cfg.explore_steps:
+            if exploring and budget < cost:
                 continue
-            plan.append([r.label, exploring])
-            budget -= cfg.explore_steps * exploring
+            plan.append((r.label, exploring))
+            budget -= cost * exploring
             if len(plan) >= cfg.explore_max:
                 break
         return plan
-
-    def _link_got_faster(self) -> bool:
-        """The bandwidth at least doubled since the choice was last settled. The
-        calibration then still holds what the slow link taught it (on the lm lab,
-        a 30 Mbit/s fit put bf16 at 0.60 s a step on 1 Gbit/s, where it ran at
-        0.17-0.2 s), so the prune alone would never measure a lossless option."""
-        net, base = self._net(), (self._s.baseline or {}).get("beta_s_per_byte", -1.0)
-        return net is not None and base > 0 and net.beta_s_per_byte * 2 <= base
 
     def _run_plan_item(self) -> None:
         s = self._s
@@ -778,8 +874,7 @@ class MooPolicy:
 
     def _rebase(self) -> None:
         net = self._net()
-        self._s.baseline = {"alpha_s": net.alpha_s if net else -1.0,
-                            "beta_s_per_byte": net.beta_s_per_byte if net else -1.0}
+        self.watch.settle_on(net)
 
     def _choose(self) -> Evaluation:
         # Predictions plan what to explore; choices are made among what was
@@ -790,33 +885,50 @@ class MooPolicy:
         rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
             cur = self._s.current
-            option = (Choice(Compression(cur["family"], cur["param"]), cur["collective"]) if cur
-                      else self._warmup_option())
+            option = cur.choice if cur else self._warmup_option()
             if cur is None:
                 self._set_current(option, "nothing measured and no network known")
             return Evaluation(option, 0, 0, 0, None, False)
         best = self.choose(rows)
         current = self._current_row(rows)
-        margin = max(self.config.hysteresis, self.calibration.error())
-        if current is not None and current != best and self._not_worth_switching(current, best, rows, margin):
+        if current is not None and current != best and self._not_worth_switching(
+                current, best, rows, self._margin(current, best)):
             return current
         if current != best:
             self._set_current(best.option, self.explain(best, self.evaluate()), best)
         return best
+
+    def _margin(self, *rows: Evaluation) -> float:
+        """How much better an option must look to switch to it: the hysteresis, or
+        more where a compared figure is a prediction, the current error of the fit
+        that predicted it. Only the two fits compared count: one poor fit of an
+        option not in question (the lab had one at 0.80) must not freeze every
+        switch."""
+        errors = [self.calibration.error(calibration_key(r.option.compression, r.option.collective))
+                  for r in rows if not r.measured]
+        return max([self.config.hysteresis, *errors])
 
     def _not_worth_switching(self, current: Evaluation, best: Evaluation, rows: list[Evaluation],
                              margin: float) -> bool:
         """Stay when `current` is within `margin` of `best` on both objectives or,
         choosing by ASF, on the ASF score itself: two options far apart on the
         front can score alike, and smoothed gains drifting by a few percent then
-        swapped them every few steps."""
-        if _within(current, best, margin):
+        swapped them every few steps. Choosing by the error budget, within
+        `margin` of its cost."""
+        if self._close(current, best, rows, margin):
             return True
         if self.config.objective != "asf" or any(r.gain is None for r in rows):
             return False
         # Over every row, the ideal point is the front's, so these are choose()'s scores.
         scores = self._asf([_objectives(r) for r in rows])
         return scores[rows.index(current)] <= scores[rows.index(best)] + margin
+
+    def _close(self, current: Evaluation, best: Evaluation, rows: list[Evaluation], margin: float) -> bool:
+        """Not worth a switch: by the budget's cost when choosing by it (and the
+        gains are known), else on both objectives."""
+        if self.config.objective == "budget" and all(r.gain is not None for r in rows):
+            return self._cost(current, rows) <= self._cost(best, rows) * (1 + margin)
+        return _within(current, best, margin)
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
         label = self._current_label()
@@ -826,20 +938,19 @@ class MooPolicy:
                      exploring: bool = False) -> None:
         s = self._s
         if s.current and self._current_label() == option.label:
-            s.current["reason"] = reason
-            s.current["exploring"] = exploring
+            s.current = replace(s.current, reason=reason, exploring=exploring)
             return
         s.version += 1
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        self._rebase_detector(row.t_sync_s if row is not None and row.measured else None)
+        self.watch.chose(row.t_sync_s if row is not None and row.measured else None)
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
             predicted_comp_s=row.t_comp_s if row else 0.0,
             reason=reason, probes=self.probes, model_forms=self.forms.describe(), exploring=exploring,
-        ).to_dict()
+        )
 
     def explain(self, best: Evaluation, rows: list[Evaluation]) -> str:
         """Why `best`: its figures (measured or predicted), and the runner-up of
@@ -856,30 +967,31 @@ class MooPolicy:
             if mine:
                 r = min(mine, key=lambda r: (r.t_step_s, r.option))
                 others.append(f"{r.label} {figures(r)}")
-        basis = ("time only (gains unknown)" if best.gain is None
-                 else f"{self.config.objective} on the Pareto front")
+        if best.gain is None:
+            basis = "time only (gains unknown)"
+        elif self.config.objective == "budget":
+            basis = self._explain_budget(best, rows)
+        else:
+            basis = f"{self.config.objective} on the Pareto front"
         vs = f"; vs {', '.join(others)}" if others else ""
         return (f"{best.label}: step {figures(best)} (sync {best.t_sync_s:.3g} s, comp {best.t_comp_s:.3g} s)"
                 f"{vs}; {basis}")
 
-    def _network_moved(self, net: NetworkObservation) -> bool:
-        base = self._s.baseline
-        if base is None:
-            return False
-        if base["beta_s_per_byte"] <= 0:
-            return True  # the last exploration ran blind: the first network seen is news
-        th = self.config.change_threshold
-        beta_moved = abs(net.beta_s_per_byte - base["beta_s_per_byte"]) >= th * base["beta_s_per_byte"]
-        d_alpha = abs(net.alpha_s - base["alpha_s"])
-        alpha_moved = d_alpha >= th * base["alpha_s"] and d_alpha >= self.config.alpha_floor_s
-        return beta_moved or alpha_moved
-
-    def _network_change_reason(self, net: NetworkObservation) -> str:
-        base = self._s.baseline or {}
-        old_bw = 8 / base["beta_s_per_byte"] if base.get("beta_s_per_byte", 0) > 0 else float("nan")
-        seen = f" ({net.evidence})" if net.evidence else ""
-        return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
-                f"latency {base.get('alpha_s', float('nan')) * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
+    def _explain_budget(self, best: Evaluation, rows: list[Evaluation]) -> str:
+        """The budget rule in its own terms: the least step time plus the price of
+        the error, the price set by what the run spent against the reference."""
+        known = [r for r in rows if r.gain is not None]
+        lam = self.budget.lam if self.budget.lam is not None else self._reference_step(known or [best])
+        ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
+        ref = (f"reference {self.reference.name}" +
+               (f" (error {1 - ref_gain:.2f})" if ref_gain is not None else ""))
+        if self.budget.steps > 1 and self.budget.allowed > 0:
+            price = (f"the price the run's spending set: {self.budget.spent / self.budget.allowed:.0%} "
+                     f"of the reference's error spent over {self.budget.steps} steps")
+        else:
+            price = "the price the reference's step time sets before the run has spent any"
+        return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
+                f"error budget: {ref}, {price}")
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

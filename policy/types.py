@@ -130,9 +130,9 @@ class Compression:
         check_family(self.family)
         object.__setattr__(self, "param", check_param(self.family, self.param))
 
-    @property
+    @cached_property
     def name(self) -> str:
-        """The text form: dense, bf16, powersgd:4, topk:0.01."""
+        """The text form: dense, bf16, powersgd:4, topk:0.01 (kept: a policy reads it per candidate)."""
         if self.family == POWERSGD:
             return f"{POWERSGD}:{int(self.param)}"
         if self.family == TOPK:
@@ -208,7 +208,7 @@ class Choice:
         check_pairing(c.family, collective, field_name)
         return cls(c, collective)
 
-    @property
+    @cached_property
     def label(self) -> str:
         """The text form: topk:0.01@ag_topk."""
         return f"{self.compression.name}@{self.collective}"

@@ -3,7 +3,7 @@
 # Debian's iperf3, iproute2, util-linux (setpriv) and systemd (for the unit's
 # systemd-analyze check), then a virtual environment in .venv with
 # torch==2.13.0 (the CPU wheel; an unpinned torch pulls gigabytes of CUDA) and
-# flexcomm itself in editable mode with the client, lab and dev extras.
+# flexcomm itself in editable mode with the client, agent, lab and dev extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,9 +36,9 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "bootstrap: creating $VENV"
     "$PY" -m venv "$VENV"
 fi
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-    echo "bootstrap: installing torch==2.13.0 and flexcomm[client,lab,dev] into $VENV"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ setup.py -nt "$STAMP" ]; then
+    echo "bootstrap: installing torch==2.13.0 and flexcomm[client,agent,lab,dev] into $VENV"
     pip_quiet "torch==2.13.0"
-    pip_quiet -e ".[client,lab,dev]"
+    pip_quiet -e ".[client,agent,lab,dev]"
     touch "$STAMP"
 fi

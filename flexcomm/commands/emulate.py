@@ -5,6 +5,8 @@
     flexcomm emulate show --dev eth0 [--json]            # the kernel's state
     flexcomm emulate clear --dev eth0                    # back to the recorded original
     flexcomm emulate validate SCHEDULE.toml ...
+    flexcomm emulate record LOG [--peer ADDRESS] [--out SCHEDULE.toml]
+                                    # a recorded network as a time-keyed schedule
 
 Every command takes --netns NAME (the interface lives in that namespace) and
 touches only the --dev named. `apply` and `run` take --peer ADDRESS (repeatable:
@@ -30,6 +32,8 @@ EXAMPLES = """examples:
   flexcomm emulate apply --dev eth0 --rate 50Mbit --db emulation.db
   flexcomm emulate show --dev eth0
   flexcomm emulate clear --dev eth0
+  flexcomm emulate record iperf3.json --out recorded.toml
+  flexcomm emulate record /var/lib/flexcomm/flexcomm.db --peer 10.0.0.2 --window 20s
 """
 
 
@@ -64,6 +68,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     clear = sub.add_parser("clear", help="restore the interface's recorded original qdisc")
     _device_options(clear, peers=False)
     clear.set_defaults(func=cmd_clear)
+
+    record = sub.add_parser(
+        "record", help="turn a recorded network (an agent's store, an iperf3 --json log, a "
+        "mahimahi trace) into a time-keyed schedule")
+    record.add_argument("log", help="an agent's SQLite store (read-only), an iperf3 --json log, "
+                        "or a mahimahi trace (one delivery time in ms per line)")
+    record.add_argument("--format", choices=("auto", "store", "iperf3", "mahimahi"),
+                        default="auto", help="what LOG is (default: from its first bytes)")
+    record.add_argument("--peer", help="store: the peer whose bandwidth measurements to use "
+                        "(needed when the store measured several)")
+    record.add_argument("--window", default="10s",
+                        help="average over windows this long; a step lasts at least one "
+                        "(default 10s)")
+    record.add_argument("--merge", default="10%",
+                        help="join neighbouring windows whose rates differ by less (default 10%%)")
+    record.add_argument("--name", default=None, help="the schedule's name (default: LOG's name)")
+    record.add_argument("--out", default=None, help="write the schedule here (default: stdout)")
+    record.set_defaults(func=cmd_record)
 
     validate = sub.add_parser("validate", help="check schedule files; change nothing")
     validate.add_argument("schedules", nargs="+", metavar="SCHEDULE")
@@ -312,3 +334,74 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if errors:
         raise ValueError("\n".join(errors))
     return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from flexcomm.emulation import record
+    from flexcomm.emulation.schedule import parse_schedule
+
+    path = Path(args.log)
+    try:
+        head = path.open("rb").read(16)
+    except OSError as exc:
+        raise ValueError(f"log: cannot read {path}: {exc.strerror}") from None
+    kind = args.format if args.format != "auto" else (
+        "store" if head.startswith(b"SQLite format 3") else
+        "iperf3" if head.lstrip().startswith(b"{") else "mahimahi")
+    if kind == "store":
+        samples = record.measurement_samples(*_stored_bandwidth(path, args.peer))
+        share, what = record.TCP_PAYLOAD_SHARE, "an agent's bandwidth probes (goodput)"
+    else:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"log: cannot read {path} as text: {exc}") from None
+        if kind == "iperf3":
+            samples = record.iperf3_samples(text, str(path))
+            share, what = record.TCP_PAYLOAD_SHARE, "an iperf3 --json log (goodput)"
+        else:
+            samples = record.mahimahi_samples(text, str(path))
+            share, what = 1.0, "a mahimahi trace (the link's own rate)"
+    window = parse_duration("window", args.window, allow_zero=False)
+    merge = parse_fraction("merge", args.merge)
+    provenance = (f"Recorded by `flexcomm emulate record` from {what}: {path.name}.\n"
+                  f"Windows of {window:g} s, neighbours within {100 * merge:g}% joined"
+                  + ("; rates are the goodput / " f"{share:.4f} (TCP payload per wire byte), so "
+                     "TCP through the shaper carries the recorded goodput." if share < 1 else "."))
+    text = record.schedule_text(samples, window_s=window, merge=merge, payload_share=share,
+                                name=args.name or path.stem, provenance=provenance)
+    parse_schedule(text, "the recorded schedule")  # what is written must read back
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"{args.out}: {text.count('[[step]]')} step(s) from {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _stored_bandwidth(path: Any, peer: str | None) -> tuple[list[tuple[float, float]], str]:
+    """(ts, goodput) of a peer's successful bandwidth probes in a store, oldest
+    first, read without changing the file."""
+    import sqlite3
+
+    from flexcomm.store.records import BANDWIDTH
+
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(
+                "SELECT peer, ts, bandwidth_bps FROM measurements WHERE kind = ? AND ok "
+                "AND bandwidth_bps IS NOT NULL ORDER BY ts", (BANDWIDTH,)).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise ValueError(f"log: {path} is not a readable flexcomm store ({exc})") from None
+    peers = sorted({r[0] for r in rows})
+    if peer is None and len(peers) > 1:
+        raise ValueError(f"peer: {path} measured {len(peers)} peers ({', '.join(peers)}); "
+                         "name one with --peer")
+    chosen = peer or (peers[0] if peers else "")
+    where = f"{path}: peer {chosen or '(none)'}"
+    return [(float(ts), float(bps)) for p, ts, bps in rows if p == chosen], where

@@ -2,7 +2,8 @@
 network schedule, once per policy, and a report.
 
     flexcomm lab run [--out DIR] [--nodes 4] [--workload lm] [--schedule FILE|NAME]
-                     [--policies ...|all] [--repeats N]
+                     [--policies ...|all] [--repeats N] [--budget-s SECONDS]
+                     [--targets 2.6,tight]
     flexcomm lab report DIR          # rebuild the report of a finished run
     flexcomm lab clean               # remove what a killed run or calibration left
 
@@ -49,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--out", help="run directory (default runs/lab-<time>)")
     run.add_argument("--nodes", type=int, default=4, help="nodes = ranks (default 4)")
     run.add_argument("--schedule", help="emulation schedule: a TOML file, or the name of one in "
-                     f"examples/schedules ({', '.join(named_schedules())}); default: fast, slow, "
-                     "very slow, fast again")
+                     f"examples/schedules ({', '.join(named_schedules())}); default: 20 Mbit/s and "
+                     "1 Gbit/s in turn, 15 s each")
     run.add_argument("--policies", help=f"space/comma separated (default: "
                      f"{' '.join(DEFAULT_POLICIES)}; `all`: every baseline); see flexcomm.lab.plan")
     run.add_argument("--repeats", type=int, default=1,
@@ -71,6 +72,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--target", type=float, default=None,
                      help="target test accuracy, a fraction, or for lm a validation loss in nats "
                      f"(default: {_per_workload('target')})")
+    run.add_argument("--targets", default=None,
+                     help="comma separated targets the report times every policy to: numbers "
+                     "as --target, or `tight` (dense's final figure + 0.05 nats for lm, - 0.3 "
+                     "points of accuracy otherwise); default: the target and tight")
+    run.add_argument("--budget-s", type=float, default=None,
+                     help="train every policy for this many seconds, each doing as many steps "
+                     "as it can (a time-keyed schedule only); default under a time-keyed "
+                     "schedule: dense's time for --steps; an epoch-keyed one: equal steps")
     run.add_argument("--hidden", type=int, default=None,
                      help=f"model width: sets the gradient size (default: {_per_workload('hidden')})")
     run.add_argument("--depth", type=int, default=None,
@@ -112,7 +121,8 @@ def build_config(args: argparse.Namespace) -> Any:
     workload = {k: getattr(args, k) for k in ("hidden", "depth", "samples", "features")
                 if getattr(args, k) is not None}
     kw: dict[str, Any] = {}
-    for name in ("steps", "batch", "optimizer", "lr", "eval_every", "target", "control_interval"):
+    for name in ("steps", "batch", "optimizer", "lr", "eval_every", "target", "control_interval",
+                 "budget_s"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     if args.schedule:
@@ -122,6 +132,8 @@ def build_config(args: argparse.Namespace) -> Any:
         except OSError as exc:
             raise ValueError(f"schedule: cannot read {path}: {exc.strerror}") from None
         kw["schedule_name"] = args.schedule if path.parent == SCHEDULES_DIR else str(path)
+    if args.targets is not None:
+        kw["targets"] = [t.strip() for t in args.targets.split(",") if t.strip()]
     out = Path(args.out or f"runs/lab-{time.strftime('%Y%m%d-%H%M%S')}")
     return LabConfig(
         out=out, policies=parse_policies(args.policies or " ".join(DEFAULT_POLICIES)),
@@ -161,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     view.finish()
     print(format_table(summary))
-    print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, {cfg.target_metric}.png, "
+    print(f"\nreport: {cfg.out}/summary.json, summary.txt, network.png, quality.png, "
           f"step_time.png ({time.monotonic() - start:.0f} s in all)")
     for label, why in summary["lab"]["failed"].items():
         print(f"flexcomm lab: {label} failed: {why}", file=sys.stderr)
@@ -212,6 +224,9 @@ class TerminalProgress:
             repeat = (f" (repeat {event['repeat'] + 1}/{event['repeats']})"
                       if event.get("repeats", 1) > 1 else "")
             self._print(f"[{event['index'] + 1}/{event['count']}] {event['policy']}{repeat}")
+        elif kind == "budget":
+            self._print(f"  every other policy trains {event['budget_s']:.1f} s "
+                        f"({event['policy']}'s time)")
         elif kind == "start":
             self.steps = event["steps"]
         elif kind == "step":
@@ -221,7 +236,7 @@ class TerminalProgress:
         elif kind == "eval":
             self.state["accuracy"] = event["accuracy"]
             self.state["loss"] = event.get("loss")
-            if not self.tty and (event["step"] % max(1, self.steps // 10) < 5
+            if not self.tty and (event["step"] % max(1, (self.steps or 100) // 10) < 5
                                  or event["step"] == self.steps):
                 self._status()
         elif kind == "failed":
@@ -245,7 +260,7 @@ class TerminalProgress:
                   else f"{s.get('collective')}")
         acc = f"{100 * s['accuracy']:.1f}%" if "accuracy" in s else "-"
         loss = f" loss {s['loss']:.3f} |" if s.get("loss") is not None else ""
-        line = (f"  step {s.get('step', 0) + 1}/{self.steps} epoch {s.get('epoch', 0)} "
+        line = (f"  step {s.get('step', 0) + 1}/{self.steps or '-'} epoch {s.get('epoch', 0)} "
                 f"link {link} | {choice} | acc {acc} |{loss} {s.get('t', 0):.1f} s")
         if self.quiet:
             return

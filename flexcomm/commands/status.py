@@ -1,10 +1,11 @@
 """`flexcomm status`: what the local agent knows and does.
 
-Everything it listens on; each running job (ended and expired jobs are only in the
-store: `flexcomm probe history --table decisions --job ID`) with its current
-decision and why, its recent decisions, its bottleneck, and each peer's bandwidth
-and RTT with their recent history as a sparkline (oldest to newest). `--json`
-prints the same as one JSON object, every figure a number.
+Everything it listens on; each running job with its current decision and why,
+its recent decisions, its bottleneck, and each peer's bandwidth and RTT with
+their recent history as a sparkline (oldest to newest). `--all` adds the newest
+ended and expired jobs (when and how each ended, its last decision, its
+reports; their full history: `flexcomm probe history --table decisions --job ID`).
+`--json` prints the same as one JSON object, every figure a number.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 EXAMPLES = """examples:
   flexcomm status
   flexcomm status --json --history 20
+  flexcomm status --all
 """
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -31,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", default="5s", help="RPC timeout (default 5s)")
     p.add_argument("--history", type=int, default=10,
                    help="decisions and probes per peer to show (default 10, at most 1000)")
+    p.add_argument("--all", action="store_true", help="also the jobs that ended or expired (the newest 100)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -84,18 +87,34 @@ def _job(stub: Any, info: Any, history: int, timeout_s: float) -> dict[str, Any]
     }
 
 
-def collect(stub: Any, timeout_s: float, history: int = 10) -> dict[str, Any]:
-    """The agent's state as plain data (numbers as numbers)."""
+def _ended_job(info: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return {"job_id": info.spec.job_id, "world_size": info.spec.world_size, "grad_bytes": info.spec.grad_bytes,
+            "nodes": list(info.spec.nodes), "policy": info.spec.policy,
+            "options": MessageToDict(info.spec.options),
+            "decision": _decision(info.decision) if info.HasField("decision") else None,
+            "last_step": info.last_step, "last_epoch": info.last_epoch, "reports": info.reports,
+            "registered_unix": info.registered_unix, "ended_unix": info.ended_unix,
+            "end_reason": info.end_reason}
+
+
+def collect(stub: Any, timeout_s: float, history: int = 10, ended: bool = False) -> dict[str, Any]:
+    """The agent's state as plain data (numbers as numbers); `ended`: with the
+    jobs that ended ("ended_jobs")."""
     from flexcomm.proto import agent_pb2 as pb
 
     info = stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=timeout_s)
-    jobs = [_job(stub, j, history, timeout_s)
-            for j in stub.ListJobs(pb.ListJobsRequest(), timeout=timeout_s).jobs]
+    listed = stub.ListJobs(pb.ListJobsRequest(include_ended=ended), timeout=timeout_s).jobs
+    jobs = [_job(stub, j, history, timeout_s) for j in listed if not j.end_reason]
     peers = _network(stub.GetNetwork(pb.GetNetworkRequest(), timeout=timeout_s))["peers"]
-    return {"agent": {"pid": info.pid, "version": info.version, "max_jobs": info.max_jobs,
+    data = {"agent": {"pid": info.pid, "version": info.version, "max_jobs": info.max_jobs,
                       "job_idle_expiry_s": info.job_idle_expiry_s,
                       "listening": [{"kind": x.kind, "address": x.address} for x in info.listeners]},
             "jobs": jobs, "peers": peers}
+    if ended:
+        data["ended_jobs"] = [_ended_job(j) for j in listed if j.end_reason]
+    return data
 
 
 def sparkline(values: list[float]) -> str:
@@ -165,7 +184,17 @@ def render(data: dict[str, Any], target: str) -> str:
     now = time.time()
     for j in data["jobs"]:
         lines += _render_job(j, now)
+    if "ended_jobs" in data:
+        lines.append(f"\n{len(data['ended_jobs'])} ended job(s), newest first:")
+        lines += [_render_ended(j, now) for j in data["ended_jobs"]]
     return "\n".join(lines)
+
+
+def _render_ended(j: dict[str, Any], now: float) -> str:
+    d = j["decision"]
+    last = f"last decision v{d['version']}: {_what(d)} over {d['collective']}" if d else "no decision stored"
+    return (f"  {j['job_id']}  {j['end_reason']} {_ago(now, j['ended_unix'])}  policy={j['policy']}  "
+            f"ranks={j['world_size']}  step={j['last_step']}  reports={j['reports']}  {last}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         target = f"unix:{args.socket or load_config().socket}"
     with grpc.insecure_channel(target) as channel:
         try:
-            data = collect(pb_grpc.AgentStub(channel), timeout_s, args.history)
+            data = collect(pb_grpc.AgentStub(channel), timeout_s, args.history, ended=args.all)
         except grpc.RpcError as exc:
             print(f"flexcomm status: cannot reach the agent at {target}: {exc.code().name} "
                   f"{exc.details() or ''}".rstrip(), file=sys.stderr)

@@ -1,8 +1,8 @@
 """A job's life at a real agent process: it ends when its client says so or its
 process exits, expires when nobody hears from it, is replaced when its spec
-changes, is refused loudly at max_jobs, and a restarted agent resumes only the
-running ones. Ended jobs leave the agent (listing, probing, metrics) while
-their history stays in the store."""
+changes (but never taken by another world while it runs), is refused loudly at
+max_jobs, and a restarted agent resumes only the running ones. Ended jobs leave
+the agent (listing, probing, metrics) while their history stays in the store."""
 
 from __future__ import annotations
 
@@ -140,24 +140,44 @@ def test_max_jobs_is_a_loud_error_naming_the_limit(tmp_path: Path, caplog: pytes
                 second.close()
 
 
-def test_a_reused_job_id_with_another_world_size_is_replaced_and_said(
+def test_a_running_job_id_is_refused_to_another_world_and_replaced_only_by_its_own(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with running(tmp_path) as agent:
         old = client(agent, "reused", world_size=2)
         wait_for(lambda: old.latest() is not None, what="the first registration")
-        with caplog.at_level(logging.INFO, logger="flexcomm.client.agent"):
-            new = client(agent, "reused", world_size=4)
-            wait_for(lambda: new.latest() is not None, what="the replacing registration")
-        replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
-        assert replaced and "world_size" in replaced[0]
-        infos = agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
-        assert [j.spec.world_size for j in infos] == [4]
         with caplog.at_level(logging.ERROR, logger="flexcomm.client.agent"):
-            kept = client(agent, "reused", world_size=8, replace=False)
+            other = client(agent, "reused", world_size=4)
+            wait_for(lambda: other.refused_batches > 0, what="the other world's refusal")
+        other.close()
+        refusal = next(r.getMessage() for r in caplog.records if "ALREADY_EXISTS" in r.getMessage())
+        assert "'reused' is running with another world_size" in refusal
+        infos = agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
+        assert [j.spec.world_size for j in infos] == [2]  # not merged, not replaced
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="flexcomm.client.agent"):
+            kept = client(agent, "reused", world_size=2, policy="gravac", replace=False)
             wait_for(lambda: kept.refused_batches > 0, what="a refusal")
         assert any("set replace" in r.getMessage() for r in caplog.records)
+        with caplog.at_level(logging.INFO, logger="flexcomm.client.agent"):
+            new = client(agent, "reused", world_size=2, policy="gravac")
+            wait_for(lambda: new.latest() is not None, what="the replacing registration")
+        replaced = [r.getMessage() for r in caplog.records if "replaced" in r.getMessage()]
+        assert replaced and "policy" in replaced[0]
+        assert [j.spec.policy for j in agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs] == ["gravac"]
         for c in (kept, old, new):
             c.close()
+
+
+def test_a_restart_in_another_world_takes_the_id_once_the_old_job_went_quiet(tmp_path: Path) -> None:
+    with running(tmp_path) as agent:
+        register(agent, "restarted", world_size=2)  # then silent, as a job killed outright
+        new = client(agent, "restarted", world_size=4)
+        try:
+            wait_for(lambda: new.latest() is not None, timeout_s=60, what="the restart's registration")
+            infos = agent.stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs
+            assert [j.spec.world_size for j in infos] == [4]
+        finally:
+            new.close()
 
 
 EXITING_JOB = """

@@ -89,7 +89,8 @@ def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compress
         assert not re.search(r"step  299 loss [0-9.]+ dense@", out), "the last step ran compressed"
         assert re.search(r"step  299 loss ", out)
         with Store(agents[0].db, create=False) as store:
-            assert store.job("two-nodes").end_reason == "ended"
+            (job,) = store.jobs()  # its id from the rendezvous: the run id, master address and port, start
+            assert job.job_id.startswith(f"two-nodes-{addresses[0]}-29400-") and job.end_reason == "ended"
             wait_for(lambda: store.measurements(peer=addresses[1], kind="bandwidth"), 30, "a bandwidth probe")
             probe = store.measurements(peer=addresses[1], kind="bandwidth")[0]
         assert probe.ok and 10e6 < probe.bandwidth_bps < 30e6, probe

@@ -35,6 +35,7 @@ AS_USER = {
     " --gains topk:0.011=0.4,powersgd:4=0.8,powersgd:1=0.6",
     "flexcomm status",
     "flexcomm status --json --history 20",
+    "flexcomm status --all",
     "flexcomm probe history --db probes.db --since 1h",
     "flexcomm emulate validate examples/schedules/bandwidth-drop.toml",
     "flexcomm emulate run examples/schedules/bandwidth-drop.toml --dev eth0 --dry-run",

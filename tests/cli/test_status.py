@@ -1,5 +1,6 @@
 """`flexcomm status` against a real agent: what it listens on, each running job's
-recent decisions and its peers' history, `--json` with numbers as numbers; and
+recent decisions and its peers' history, `--json` with numbers as numbers,
+`--all` with the jobs that ended; and
 the command line's manners: a closed pipe ends a command quietly, and no help
 text is cut short or speaks of the code's insides."""
 
@@ -55,6 +56,30 @@ def test_status_shows_listeners_recent_decisions_and_peer_history(tmp_path: Path
 
         line, stderr, _ = first_line_then_close(cmd)
         assert "Traceback" not in stderr and line.startswith("agent unix:")
+
+
+def test_status_all_lists_the_jobs_that_ended(tmp_path: Path) -> None:
+    with running(tmp_path) as agent:
+        decide_twice(agent.stub, "finished")
+        agent.stub.ReportSteps(iter([pb.ReportStepsRequest(job_id="finished", reports=[
+            pb.StepReport(step=s, family="topk", param=0.01, collective=pb.COLLECTIVE_AG_TOPK, t_sync_s=0.01,
+                          gain=0.5, bytes_sent=1000) for s in range(7)])]), timeout=5)
+        agent.stub.EndJob(pb.EndJobRequest(job_id="finished"), timeout=5)
+        agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("still-running")), timeout=5)
+        cmd = [*CLI, "status", "--socket", agent.socket]
+        plain = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60,
+                                          check=True).stdout)
+        assert [j["job_id"] for j in plain["jobs"]] == ["still-running"] and "ended_jobs" not in plain
+        data = json.loads(subprocess.run([*cmd, "--all", "--json"], capture_output=True, text=True, timeout=60,
+                                         check=True).stdout)
+        assert [j["job_id"] for j in data["jobs"]] == ["still-running"]
+        (ended,) = data["ended_jobs"]
+        assert (ended["job_id"], ended["end_reason"], ended["reports"], ended["last_step"]) == ("finished", "ended",
+                                                                                                7, 6)
+        assert (ended["decision"]["family"], ended["decision"]["param"]) == ("topk", 0.01)
+        text = subprocess.run([*cmd, "--all"], capture_output=True, text=True, timeout=60, check=True).stdout
+        assert "1 ended job(s), newest first:" in text
+        assert "finished  ended " in text and "last decision v" in text and "topk:0.01 over ag_topk" in text
 
 
 def first_line_then_close(argv: list[str]) -> tuple[str, str, int]:

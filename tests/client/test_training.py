@@ -11,7 +11,7 @@ from torch import nn
 
 from support.client_ranks import run_ranks
 
-STEPS = 400
+STEPS = 600
 BATCH = 32
 
 

@@ -41,9 +41,12 @@ def test_pytorch_baselines_and_all() -> None:
     assert parse_policy("powersgd-4").options == {"rank": 4}
     assert parse_policy("powersgd").options == {"rank": 2}  # PyTorch's default rank
     assert parse_policy("bf16").kind == "bf16" and not parse_policy("bf16").fixed
+    assert parse_policy("localsgd").options == {"period": 4}  # PyTorch's example's period
+    assert parse_policy("localsgd-8").options == {"period": 8}
     labels = [s.label for s in parse_policies("all")]
     assert labels == list(ALL_POLICIES)
-    assert {"dense", "bf16", "powersgd-1", "powersgd-4", "topk-0.01", "moo", "gravac"} <= set(labels)
+    assert {"dense", "bf16", "powersgd-1", "powersgd-4", "localsgd", "topk-0.01", "moo",
+            "gravac"} <= set(labels)
     assert [s.label for s in parse_policies("moo:objective=progress all")][:2] == [
         "moo:objective=progress", "dense"]
 
@@ -86,6 +89,8 @@ def test_policy_options_and_collectives() -> None:
     ("powersgd-0", "the PowerSGD rank must be a whole number >= 1"),
     ("powersgd-x", "the PowerSGD rank must be a whole number >= 1"),
     ("bf16:x=1", "bf16 takes no options"),
+    ("localsgd:period=8", "localsgd takes no options (its period is written localsgd-PERIOD)"),
+    ("localsgd-1", "the averaging period must be a whole number >= 2"),
     ("moo:bogus=1", "moo:bogus=1: bogus: unknown MOO option"),
     ("static:cr=0.1,collective=ps", "static:cr=0.1,collective=ps: "),
     ("dense moo dense", "'dense' is listed twice"),
@@ -103,11 +108,28 @@ def test_bad_policy_specs_are_named(text: str, message: str) -> None:
     ("repeats", 0, "repeats: must be >= 1"),
     ("optimizer", "lbfgs", "optimizer: one of sgd, adam"),
     ("decisions", "remote", "decisions: one of agent, inprocess"),
+    ("targets", ["0.9", "fast"], "targets: 'fast' is not a number or 'tight'"),
+    ("targets", ["1.2"], "targets: a test accuracy must be in (0, 1], got 1.2"),
+    ("targets", [], "targets: need at least one"),
+    ("budget_s", 0.0, "budget_s: must be > 0 seconds"),
 ])
 def test_bad_lab_settings_are_named(tmp_path: Path, field: str, value: object,
                                     message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         LabConfig(out=tmp_path, **{field: value})
+
+
+def test_a_budget_needs_a_time_keyed_schedule(tmp_path: Path) -> None:
+    epochs = (SCHEDULES_DIR / "up-and-down.toml").read_text()
+    with pytest.raises(ValueError, match=r"^budget_s: the schedule is keyed by epoch"):
+        LabConfig(out=tmp_path, budget_s=30.0, schedule_text=epochs)
+    assert not LabConfig(out=tmp_path, schedule_text=epochs).equal_time  # equal steps
+    timed = LabConfig(out=tmp_path, budget_s=30.0, policies=parse_policies("moo dense"))
+    assert timed.equal_time and timed.pacesetter is None  # the budget is given
+    paced = LabConfig(out=tmp_path, policies=parse_policies("moo dense"))
+    assert paced.pacesetter == "dense" and paced.targets == ["0.95", "tight"]
+    from flexcomm.lab.runner import run_order
+    assert [spec.label for _, _, spec in run_order(paced)] == ["dense", "moo"]
 
 
 def test_bad_schedule_is_refused_before_anything_runs(tmp_path: Path) -> None:
@@ -128,6 +150,9 @@ LINKS = [  # two phases: fast from t=100, slow from t=200 (wall clock)
     {"step_index": 0, "round": 0, "epoch": 0, "rate_bps": 1e9, "applied_at": 100.0},
     {"step_index": 1, "round": 0, "epoch": 1, "rate_bps": 1e7, "applied_at": 200.0},
 ]
+
+
+EPOCH_KEYED = '[[step]]\nepoch = 0\nrate = "1Gbit"\n\n[[step]]\nepoch = 1\nrate = "10Mbit"\n'
 
 
 def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[float, float],
@@ -161,7 +186,8 @@ def write_run(out: Path, label: str, step_s: tuple[float, float], cr: tuple[floa
 def test_summary_figures_and_hindsight(tmp_path: Path) -> None:
     out = tmp_path
     policies = ["dense", "topk-0.01", "moo", "powersgd"]
-    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target=0.9)
+    cfg = LabConfig(out=out, policies=parse_policies(" ".join(policies)), target=0.9,
+                    schedule_text=EPOCH_KEYED)  # the same steps: a hindsight sum of step times
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     (out / "cluster.json").write_text(json.dumps({"shaped": True, "reason_unshaped": ""}))
     write_run(out, "dense", (0.1, 2.0), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95])
@@ -244,7 +270,8 @@ def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
     assert summary["lab"]["comparisons"]["moo_minus_topk-0.01_final_loss"] == pytest.approx(-0.18)
     table = format_table(summary)
     assert "target validation loss 2.5 nats" in table
-    assert re.search(r"topk-0\.01 +never +2\.600 +\+0\.200 ", table)  # final loss, vs dense
+    # to 2.5, to the tight target (dense's 2.4 + 0.05), at equal time, final loss, vs dense
+    assert re.search(r"topk-0\.01 +never +never +2\.600 +2\.600 +\+0\.200 ", table)
     assert re.search(r"moo .* 2/4 ", table)  # exploring steps
 
 
@@ -275,12 +302,20 @@ def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> No
     assert topk["time_to_target_s"] is None and topk["spread"]["time_to_target_s"] == [
         pytest.approx(0.4), None]
     assert len(summary["lab"]["hindsight_per_repeat"]) == 3
+    # The tight target: dense's median final accuracy (0.95) - 0.3 points.
+    assert summary["lab"]["targets"] == {"0.9": 0.9, "0.947": pytest.approx(0.947)}
+    assert dense["time_to_targets_s"]["0.947"] == pytest.approx(0.2 + 2 * 2.0)  # median of 3
+    assert moo["time_to_targets_s"]["0.947"] is None
     verdicts = summary["lab"]["verdicts"]
-    assert [v.split(":")[0] for v in verdicts] == ["moo vs dense", "moo vs topk-0.01"]
+    assert [v.split(":")[0] + v.split(":")[1] for v in verdicts] == [
+        "moo vs dense time to target 0.9", "moo vs dense time to target 0.947",
+        "moo vs topk-0.01 time to target 0.9", "moo vs topk-0.01 time to target 0.947"]
     assert "within noise" not in verdicts[0]  # dense [1.2, 2.6] against moo [0.4, 0.5]
     assert "4.89x (moo sooner)" in verdicts[0] and "[1.2-2.6 s]" in verdicts[0]
-    assert verdicts[1] == ("moo vs topk-0.01: time to target topk-0.01 never reached the target: "
+    assert verdicts[1].startswith("moo vs dense: time to target 0.947: moo never reached it")
+    assert verdicts[2] == ("moo vs topk-0.01: time to target 0.9: topk-0.01 never reached it: "
                            "within noise (moo 0.5 s [0.4-0.5 s], topk-0.01 never [0.4-never])")
+    assert verdicts[3].startswith("moo vs topk-0.01: time to target 0.947: neither reached it")
     assert "medians of 3 repeats" in format_table(summary)
 
 
@@ -294,20 +329,34 @@ def test_a_policy_that_never_got_a_decision_is_flagged(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_loopback_lab_says_unshaped_and_reports(tmp_path: Path) -> None:
+def test_loopback_lab_says_unshaped_and_reports_at_equal_time(tmp_path: Path) -> None:
+    """The default schedule is time-keyed: dense trains its 12 steps first and
+    every other policy (here PyTorch's post-local SGD) trains for dense's time."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out), "--loopback",
-         "--nodes", "2", "--policies", "dense powersgd", "--steps", "12", "--eval-every", "4",
+         "--nodes", "2", "--policies", "localsgd dense", "--steps", "12", "--eval-every", "4",
          "--decisions", "inprocess"],
         capture_output=True, text=True, timeout=scaled(200))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NOT shaped" in proc.stderr.splitlines()[0]  # said up front
+    assert "every other policy trains" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["lab"]["shaped"] is False
-    assert summary["dense"]["steps"] == summary["powersgd"]["steps"] == 12
-    assert summary["dense"]["phases"][0]["rate_bps"] is None
-    assert (out / "accuracy.png").stat().st_size > 0
+    lab, dense, local = summary["lab"], summary["dense"], summary["localsgd"]
+    assert lab["shaped"] is False and lab["equal_time"] and lab["pacesetter"] == "dense"
+    assert dense["steps"] == 12 and lab["equal_time_s"] == pytest.approx(dense["wall_s"])
+    # localsgd stopped at the first step that ended past dense's time
+    steps = [json.loads(line) for line in (policy_dir(out, "localsgd") / "records.jsonl")
+             .read_text().splitlines() if '"kind": "step"' in line]
+    assert steps[-2]["t"] < lab["equal_time_s"] <= steps[-1]["t"]
+    assert local["at_equal_time"]["accuracy"] is not None
+    # post-local SGD: global AllReduce for 10 steps, then local steps and a
+    # parameter average every 4th
+    assert [s["collective"] for s in steps[9:15]] == [
+        "dense_ring", "model_average", "local", "local", "local", "model_average"][:len(steps[9:15])]
+    assert dense["phases"][0]["rate_bps"] is None
+    assert set(dense["time_to_targets_s"]) == set(lab["targets"]) and len(lab["targets"]) == 2
+    assert (out / "quality.png").stat().st_size > 0
 
 
 def rank_pids(train_json: Path, rank: int) -> list[int]:
@@ -332,17 +381,17 @@ def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Pa
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out), "--loopback",
-         "--nodes", "2", "--policies", "topk-0.1 dense", "--steps", "400",
+         "--nodes", "2", "--policies", "dense topk-0.1", "--steps", "400",
          "--decisions", "inprocess"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    records = policy_dir(out, "topk-0.1") / "records.jsonl"
+    records = policy_dir(out, "dense") / "records.jsonl"
     try:
         def trained() -> bool:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             return records.exists() and '"kind": "step"' in records.read_text()
 
         wait_for(trained, 120, "a training step", interval_s=0.1)
-        for pid in rank_pids(policy_dir(out, "topk-0.1") / "train.json", 1):
+        for pid in rank_pids(policy_dir(out, "dense") / "train.json", 1):
             os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=scaled(200))
     finally:
@@ -350,7 +399,8 @@ def test_a_rank_that_dies_fails_its_policy_and_the_others_still_run(tmp_path: Pa
             proc.kill()
     assert proc.returncode == 1, stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert "rank 1 exited with code" in summary["lab"]["failed"]["topk-0.1"]
-    assert summary["dense"]["steps"] == 400  # the next policy ran to the end
-    assert "FAILED: topk-0.1: rank 1 exited" in stdout
-    assert "topk-0.1 failed" in stderr
+    assert "rank 1 exited with code" in summary["lab"]["failed"]["dense"]
+    # The next policy ran to the end; without the pacesetter's time, its steps
+    assert summary["topk-0.1"]["steps"] == 400
+    assert "FAILED: dense: rank 1 exited" in stdout
+    assert "dense failed" in stderr

@@ -90,7 +90,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
         assert "time_to_target_s" in s
         assert s["warnings"] == []  # e.g. the agent answered and its decisions were adopted
     assert summary["hindsight_best_fixed_s"] > 0
-    for png in ("network.png", "accuracy.png", "step_time.png"):
+    for png in ("network.png", "quality.png", "step_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # The links really changed, and MOO's choice changed with them.
@@ -119,7 +119,7 @@ def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path)
     out = tmp_path / "lm"
     stdout, summary = run_lab_ok(out, "--workload", "lm", "--schedule", "up-and-down", "--policies",
                                  "topk-0.01 moo", "--steps", "10", "--eval-every", "5", timeout=240)
-    assert "target validation loss" in stdout and "loss.png" in stdout
+    assert "target validation loss" in stdout and "quality.png" in stdout
     assert (summary["workload"], summary["schedule"]) == ("lm", "up-and-down")
     assert summary["lab"]["target_metric"] == "loss"
     for name in ("topk-0.01", "moo"):
@@ -129,7 +129,7 @@ def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path)
         assert 0.0 < s["final_accuracy"] < 1.0
         assert 0 <= s["explore_steps"] <= 10 and s["compute_s"] > 0
         assert [p["rate_bps"] for p in s["phases"]] == [30e6]  # up-and-down starts slow
-    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_nothing_left(out)
 
 

@@ -2,8 +2,9 @@
 convolution weights are 4-D, on 2 real gloo ranks through the trainer's own DDP
 wrapping: PyTorch's DDP AllReduce, its bf16 and PowerSGD hooks (PowerSGD past its
 dense start, at ranks 1, 2 and 4), and flexcomm's hook dense, at fixed Top-k CRs,
-and under the MOO and GraVAC run in-process. Every rank ends with the same finite
-model, the model moved, and each method ran what it says it ran."""
+and under the MOO and GraVAC run in-process, and PyTorch's post-local SGD. Every
+rank ends with the same finite model (post-local SGD: different ones, its last
+step local), the model moved, and each method ran what it says it ran."""
 
 from __future__ import annotations
 
@@ -65,7 +66,10 @@ def test_every_baseline_and_policy_trains_4d_weights_alike_on_every_rank() -> No
     ranks = run_ranks(2, "lab/test_sync.py:every_method", timeout=280)
     for label in METHODS:
         mine, theirs = ranks[0][label], ranks[1][label]
-        assert torch.equal(mine["params"], theirs["params"]), f"{label}: ranks disagree"
+        if label == "localsgd":  # averaged after step 10 (its 11th), then a local step
+            assert not torch.equal(mine["params"], theirs["params"]), "local SGD synchronised"
+        else:
+            assert torch.equal(mine["params"], theirs["params"]), f"{label}: ranks disagree"
         assert torch.isfinite(mine["params"]).all(), label
         assert mine["moved"] > 1e-3, label
     last = {label: r["last"] for label, r in ranks[0].items()}
@@ -75,6 +79,8 @@ def test_every_baseline_and_policy_trains_4d_weights_alike_on_every_rank() -> No
         "powersgd:1", "powersgd:4")
     assert last["powersgd-1"]["bytes_sent"] < last["powersgd"]["bytes_sent"] \
         < last["powersgd-4"]["bytes_sent"] < full / 2
+    assert last["localsgd"] == {"compression": "localsgd:4", "cr": 0.0, "collective": "local",
+                                "bytes_sent": 0}
     assert last["bf16"] == {"compression": "bf16", "cr": 0.5, "collective": "bf16_allreduce",
                             "bytes_sent": full // 2}
     assert (last["topk-0.01"]["compression"], last["topk-0.01"]["collective"]) == (

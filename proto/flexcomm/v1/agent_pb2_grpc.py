@@ -122,7 +122,7 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """The running jobs (ended and expired ones are only in the store's history).
+        """The running jobs; with include_ended, also the newest ended and expired ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,82 @@
+"""Quality as a budget over the run, time as the objective (after L-GreCo).
+
+A step's compression error is e = 1 - gain: the share of the compensated
+gradient's squared norm the step did not send (for Top-k, whose kept and dropped
+values are disjoint, exactly ||g_e - g_c||^2 / ||g_e||^2). The run may spend as
+much error as a reference compression known to reach the workloads' targets
+would have: the sum over its steps of e must stay within the sum of e_ref, the
+reference's error on the same gradients (read off each step by the client's
+probes).
+
+The policy minimises the run's time under that constraint with one Lagrange
+multiplier for the whole run: each choice minimises t_step + lam * e, and lam
+(seconds per unit of error) moves with what the steps spend: up when a step's
+delivered error exceeds the reference's, down when it stays below. A fixed lam
+spends the budget where bandwidth is dear: on a fast link the seconds that
+compression saves are few, so lam * e dominates and lossless wins (saving
+budget); on a slow link they are many, and the saved budget buys more
+compression than the reference.
+
+Pure and deterministic; its state is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+LAMBDA_RANGE = 1e3  # lam stays within [lam0 / 1e3, lam0 * 1e3] of where it started
+MIN_REFERENCE_ERROR = 0.02  # a reference losing less than that is scaled as losing that
+
+
+@dataclass
+class QualityBudget:
+    """The run's error budget and its multiplier. `lam` is None until the first
+    choice with known errors sets it (`start`)."""
+
+    rate: float = 0.01
+    lam: float | None = None
+    lam0: float | None = None
+    spent: float = 0.0  # sum of delivered errors over the run's steps
+    allowed: float = 0.0  # sum of the reference's errors on the same steps
+    steps: int = 0
+
+    def start(self, seconds_per_error: float) -> None:
+        """Set the multiplier once, to the scale the caller knows (the step time
+        of the reference: an error of the whole gradient costs one such step)."""
+        if self.lam is None and math.isfinite(seconds_per_error) and seconds_per_error > 0:
+            self.lam = self.lam0 = seconds_per_error
+
+    def observe(self, delivered_error: float, reference_error: float) -> None:
+        """One step: the error it delivered against the reference's on its gradient."""
+        self.spent += delivered_error
+        self.allowed += reference_error
+        self.steps += 1
+        if self.lam is None or self.lam0 is None:
+            return
+        excess = (delivered_error - reference_error) / max(reference_error, MIN_REFERENCE_ERROR)
+        lam = self.lam * math.exp(self.rate * max(-1.0, min(1.0, excess)))
+        self.lam = min(self.lam0 * LAMBDA_RANGE, max(self.lam0 / LAMBDA_RANGE, lam))
+
+    def cost(self, t_step_s: float, error: float) -> float:
+        """The Lagrangian of one option: its step time plus its error's price."""
+        return t_step_s + (self.lam or 0.0) * error
+
+    def describe(self) -> str:
+        if self.lam is None:
+            return "error budget not started"
+        share = self.spent / self.allowed if self.allowed > 0 else 0.0
+        return (f"error budget: spent {share:.0%} of the reference's over {self.steps} steps, "
+                f"price {self.lam:.3g} s per unit of error")
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> QualityBudget:
+        return cls(**state)
+
+
+__all__ = ["QualityBudget"]

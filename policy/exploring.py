@@ -1,0 +1,57 @@
+"""The exploring budget: steps a policy may spend running options only to
+measure them, charged as the job actually ran them.
+
+The job adopts a decision at its agreements only (every K steps), so an option
+planned for 2 steps runs until the next agreement: in the lab a 2-step item ran
+4-6 steps with agreements every 2 steps. The budget counts every step the job
+ran on an explored option and charges each item of the next plan what an item
+of the last one cost.
+
+Pure and deterministic; its state is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class ExploreBudget:
+    steps_seen: int = 0
+    spent: int = 0  # steps run on an option only to measure it
+    spent_before: int = 0  # `spent` when the last plan started
+    item_steps: float = 0.0  # what an explored item of the last plan ran (0: not yet seen)
+
+    def observe(self, exploring: bool) -> None:
+        """One step of the job; `exploring` when it ran an option only to measure it."""
+        self.steps_seen += 1
+        self.spent += exploring
+
+    def allowance(self, share: float, horizon: int) -> int:
+        """Exploring steps still allowed: `share` of the steps seen so far (of
+        `horizon` while fewer have run) less those already spent."""
+        return math.floor(share * max(self.steps_seen, horizon)) - self.spent
+
+    def item_cost(self, planned_steps: int) -> float:
+        """What one explored item of the next plan will cost: the steps it is
+        planned for, or what the last plan's items actually ran when more."""
+        return max(float(planned_steps), self.item_steps)
+
+    def plan_started(self, explored_items_before: int) -> None:
+        """A new plan starts; the last one had `explored_items_before` explored items."""
+        if explored_items_before:
+            self.item_steps = (self.spent - self.spent_before) / explored_items_before
+        self.spent_before = self.spent
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> ExploreBudget:
+        return cls(**state)
+
+
+__all__ = ["ExploreBudget"]

@@ -1,0 +1,108 @@
+"""When the MOO looks at its choice again: the network the choice settled on,
+and the running option's own syncs since it was chosen.
+
+Network moves arrive only as observations (the agent's estimator is the one
+detector of a moved network): `moved` says whether one is far enough from the
+settled network to matter. The running option's syncs give its figure (the
+median of its latest steps, so one slow step does not switch the job) and say
+when a running lossy option got much faster than where it settled (`fell`):
+the link got faster than anything observed says.
+
+Pure and deterministic; its state is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flexcomm.policy.types import NetworkObservation
+
+RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
+
+
+@dataclass
+class Reconsideration:
+    settled: bool = False  # a choice has settled (on `alpha_s`/`beta_s_per_byte`, or blind)
+    alpha_s: float | None = None  # the network it settled on; None: it settled blind
+    beta_s_per_byte: float | None = None
+    chosen_sync: float | None = None  # the running option's sync time when it was chosen (measured)
+    settled_level: float | None = None  # its first steps' sync per second of compute
+    running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
+    running_level: list[float] = field(default_factory=list)  # the same per second of their compute
+
+    def settle_on(self, net: NetworkObservation | None) -> None:
+        """The choice is settled on `net` (None: no network known)."""
+        self.settled = True
+        self.alpha_s = net.alpha_s if net else None
+        self.beta_s_per_byte = net.beta_s_per_byte if net else None
+
+    @property
+    def blind(self) -> bool:
+        return self.settled and self.beta_s_per_byte is None
+
+    def moved(self, net: NetworkObservation, threshold: float, alpha_floor_s: float) -> bool:
+        """`net` is a move from the settled network: beta by `threshold` or more
+        relative, alpha too and by at least `alpha_floor_s`. The first network
+        after a blind settlement is news."""
+        if not self.settled:
+            return False
+        if self.beta_s_per_byte is None or self.alpha_s is None:
+            return True
+        beta_moved = abs(net.beta_s_per_byte - self.beta_s_per_byte) >= threshold * self.beta_s_per_byte
+        d_alpha = abs(net.alpha_s - self.alpha_s)
+        return beta_moved or (d_alpha >= threshold * self.alpha_s and d_alpha >= alpha_floor_s)
+
+    def got_faster(self, net: NetworkObservation | None, factor: float = 2.0) -> bool:
+        """The bandwidth grew at least `factor` times since the choice settled."""
+        return net is not None and self.beta_s_per_byte is not None and \
+            net.beta_s_per_byte * factor <= self.beta_s_per_byte
+
+    def change_reason(self, net: NetworkObservation) -> str:
+        old_bw = 8 / self.beta_s_per_byte if self.beta_s_per_byte else math.nan
+        old_alpha = self.alpha_s if self.alpha_s is not None else math.nan
+        seen = f" ({net.evidence})" if net.evidence else ""
+        return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
+                f"latency {old_alpha * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
+
+    def chose(self, sync_s: float | None) -> None:
+        """A new option runs, chosen on `sync_s` when that was measured."""
+        self.chosen_sync, self.settled_level = sync_s, None
+        self.running_sync, self.running_level = [], []
+
+    def ran(self, sync_s: float, per_compute_s: float) -> None:
+        """One step of the running option: its sync time, and that per second of compute."""
+        self.running_sync = [*self.running_sync, sync_s][-RUNNING_SAMPLES:]
+        self.running_level = [*self.running_level, per_compute_s][-RUNNING_SAMPLES:]
+
+    def sync(self) -> float | None:
+        """The running option's sync time: the median of its latest steps, or the
+        figure it was chosen on until RUNNING_SAMPLES of them ran."""
+        if len(self.running_sync) >= RUNNING_SAMPLES:
+            return statistics.median(self.running_sync)
+        return self.chosen_sync
+
+    def fell(self) -> float:
+        """How far the running option's sync per second of compute fell below
+        where its first steps put it (a busy host slows compute and sync alike;
+        a link moves the ratio). 0 until there is something to compare."""
+        if len(self.running_level) < RUNNING_SAMPLES:
+            return 0.0
+        level = statistics.median(self.running_level)
+        if self.settled_level is None:
+            self.settled_level = level
+            return 0.0
+        return 1.0 - level / self.settled_level
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Reconsideration:
+        return cls(**state)
+
+
+__all__ = ["RUNNING_SAMPLES", "Reconsideration"]

@@ -1,0 +1,47 @@
+"""The MOO's reconsideration rule on its own: the settled network, the running
+option's figure, and when its syncs say the link got faster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
+from flexcomm.policy.types import NetworkObservation
+
+
+def test_the_running_figure_is_the_chosen_one_then_the_median_of_its_steps() -> None:
+    watch = Reconsideration()
+    watch.chose(0.10)
+    for sync in (0.1, 0.1, 5.0, 0.1):  # one slow step among them
+        watch.ran(sync, sync / 0.02)
+        assert watch.sync() == 0.10
+    watch.ran(0.12, 0.12 / 0.02)
+    assert watch.sync() == pytest.approx(0.1)
+
+
+def test_a_busy_host_is_no_fall_but_a_faster_link_is() -> None:
+    watch = Reconsideration()
+    watch.chose(None)
+    for _ in range(RUNNING_SAMPLES):
+        watch.ran(0.2, 0.2 / 0.02)
+    assert watch.fell() == 0.0  # where its first steps put it
+    for _ in range(RUNNING_SAMPLES):  # host twice as busy: compute and sync both double
+        watch.ran(0.4, 0.4 / 0.04)
+    assert watch.fell() == pytest.approx(0.0)
+    for _ in range(RUNNING_SAMPLES):  # the link four times as fast
+        watch.ran(0.05, 0.05 / 0.02)
+    assert watch.fell() == pytest.approx(0.75)
+
+
+def test_a_blind_settlement_takes_the_first_network_as_news_and_states_round_trip() -> None:
+    watch = Reconsideration()
+    net = NetworkObservation.from_link(1e-3, 100e6, 4)
+    assert not watch.moved(net, 0.1, 1e-4)  # nothing settled yet
+    watch.settle_on(None)
+    assert watch.blind and watch.moved(net, 0.1, 1e-4)
+    watch.settle_on(net)
+    assert not watch.moved(net, 0.1, 1e-4) and watch.got_faster(NetworkObservation.from_link(1e-3, 250e6, 4))
+    assert "bandwidth 100 -> 50 Mbit/s" in watch.change_reason(NetworkObservation.from_link(1e-3, 50e6, 4))
+    assert Reconsideration.from_state(json.loads(json.dumps(watch.state_dict()))) == watch
