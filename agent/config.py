@@ -71,6 +71,8 @@ class AgentConfig:
     probe_interval_s: float = 10.0
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
+    # A job's first estimate may start from a probe of its peers at most this old.
+    max_probe_age_s: float = 60.0
     probe_port: int = 5201
     # Run iperf3 servers on probe_port for the other nodes' agents.
     probe_serve: bool = True
@@ -120,6 +122,7 @@ class AgentConfig:
         require_finite_positive("retention_s", self.retention_s)
         require_finite_positive("probe_interval_s", self.probe_interval_s)
         require_finite_positive("probe_bandwidth_interval_s", self.probe_bandwidth_interval_s)
+        require_finite_positive("max_probe_age_s", self.max_probe_age_s)
         require_finite_positive("job_idle_expiry_s", self.job_idle_expiry_s)
         parse_networks("probe_serve_bind", self.probe_serve_bind)
         self.server_auth()

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flexcomm.policy.jobspec import JobSpec
+from flexcomm.policy.linkestimate import LinkEstimate, network_news
 from flexcomm.policy.types import Decision, NetworkObservation, Policy, StepReport
 from flexcomm.proto import agent_pb2 as pb
-from flexcomm.proto.convert import decision_to_proto
-from flexcomm.proto.validate import JobSpec
+from flexcomm.proto.convert import decision_to_proto, spec_to_proto
 
 log = logging.getLogger("flexcomm.agent.jobs")
 STATE_FORMAT = 1
@@ -50,6 +51,10 @@ class Job:
         # The job's own estimate of its network: (alpha_s, bandwidth_bps).
         self.reported_network: tuple[float, float] | None = None
         self.network: NetworkObservation | None = None
+        # The network model's estimate of the job's path (held by the network feed),
+        # and, for a resumed job, the state it continues from.
+        self.estimate: LinkEstimate | None = None
+        self.estimate_state: dict[str, Any] | None = None
         self.pending_reports: list[StepReport] = []
         self.pending_decisions: list[tuple[Decision, float]] = []
         self.dirty = True
@@ -107,8 +112,9 @@ class Job:
 
     # -- observations ---------------------------------------------------------
     def observe_network(self, net: NetworkObservation) -> bool:
-        """Feed the bottleneck to the policy if it differs; True if the decision changed."""
-        if net == self.network:
+        """Feed the bottleneck to the policy if it is news (`network_news`); True if
+        the decision changed."""
+        if not network_news(self.network, net):
             return False
         self.network = net
         self.policy.observe_network(net)
@@ -150,6 +156,7 @@ class Job:
             "last_seen_unix": self.last_seen_unix,
             "reported_network": list(self.reported_network) if self.reported_network else None,
             "network": self.network.to_dict() if self.network else None,
+            "estimate": self.estimate.state_dict() if self.estimate is not None else self.estimate_state,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -168,6 +175,7 @@ class Job:
         self.reported_network = (float(rn[0]), float(rn[1])) if rn else None
         net = state.get("network")
         self.network = NetworkObservation(**net) if net else None
+        self.estimate_state = state.get("estimate")
         decision = Decision.from_dict(state["decision"])
         self.version = decision.version - 1
         self._adopt(decision, now=float(state["decided_unix"]))
@@ -188,7 +196,7 @@ class Job:
         self.pending_decisions[:0] = decisions
 
     def info(self) -> pb.JobInfo:
-        return pb.JobInfo(spec=self.spec.to_proto(), decision=self.decision_pb, last_step=self.last_step,
+        return pb.JobInfo(spec=spec_to_proto(self.spec), decision=self.decision_pb, last_step=self.last_step,
                           last_epoch=self.last_epoch, reports=self.reports,
                           registered_unix=self.registered_unix, last_report_unix=self.last_report_unix)
 

@@ -1,42 +1,43 @@
 """The agent's network model (flexcomm.probe.estimate.Estimator), fed and read on
 the event loop: probe measurements and step reports go in; jobs whose bottleneck
-may have moved are re-decided, probes are asked for when a job's own syncs say
-its path moved, and GetNetwork's answer comes out.
+may have moved are re-decided, probes are asked for when a job's estimate wants
+one, and what GetNetwork shows comes out (as domain objects: the service turns
+them into messages).
 
 A job's paths are those to its nodes but this host's own addresses (a path to
-itself measures nothing).
+itself measures nothing). A step that overlapped a bandwidth test of one of its
+paths is marked `disturbed`: the test shared the link with its sync, so neither
+the estimate nor the policy's sync figures take it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.metrics import Metrics
 from flexcomm.policy.costmodel import ModelForms
+from flexcomm.policy.linkestimate import LinkEstimate, SyncReader
 from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 from flexcomm.probe.addresses import is_local, local_addresses
 from flexcomm.probe.estimate import Estimator, PeerPath
-from flexcomm.proto import agent_pb2 as pb
-from flexcomm.store import Measurement
+from flexcomm.store import BANDWIDTH, Measurement
 
 log = logging.getLogger("flexcomm.agent.network")
-# Policy options that choose the cost model's formulas (MooConfig's names).
-FORM_OPTIONS = {"ag_form": "ag", "tree_form": "tree", "index_bytes": "index_bytes"}
+# Bandwidth tests remembered per peer to mark the steps they overlapped.
+TESTS_KEPT = 8
+# Slack around a test for the client's batching and clocks (s).
+TEST_SLACK_S = 0.5
 
 # (peers, expected_bps) -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str], "float | None"], float]
-
-
-def model_forms(options: dict[str, Any], layout: GradientLayout) -> ModelForms:
-    """The formulas a job's policy predicts with, so its syncs are read alike."""
-    chosen = {name: options[key] for key, name in FORM_OPTIONS.items() if key in options}
-    return ModelForms(value_bytes=layout.value_bytes, **chosen)
 
 
 def job_layout(job: Job) -> GradientLayout:
@@ -44,9 +45,45 @@ def job_layout(job: Job) -> GradientLayout:
     return job.spec.layout or GradientLayout.flat(job.spec.grad_bytes)
 
 
+def model_forms(job: Job) -> ModelForms | None:
+    """The formulas the job's policy predicts with (its `forms`, when it has them),
+    so its syncs are read alike."""
+    forms = getattr(job.policy, "forms", None)
+    return forms if isinstance(forms, ModelForms) else None
+
+
 def job_peers(nodes: Iterable[str], own: frozenset[str]) -> list[str]:
     """The nodes a job's syncs reach from here: all but this host's `own` addresses."""
     return [n for n in dict.fromkeys(nodes) if not is_local(n, own)]
+
+
+def mark_disturbed(reports: Sequence[StepReport], received: float,
+                   tests: Iterable[tuple[float, float]]) -> list[StepReport]:
+    """`reports` (oldest first, the last ending about when they were `received`)
+    with those whose step overlapped one of `tests` ((start, end) times) marked."""
+    spans = [(s - TEST_SLACK_S, e + TEST_SLACK_S) for s, e in tests if e + TEST_SLACK_S >= 0]
+    if not spans:
+        return list(reports)
+    out, end = [], received
+    for r in reversed(reports):
+        start = end - max(r.t_compute_s, r.t_comp_s) - r.t_sync_s
+        hit = any(s < end and start < e for s, e in spans)
+        out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
+        end = start
+    out.reverse()
+    return out
+
+
+@dataclass(frozen=True)
+class JobNetwork:
+    """What GetNetwork shows of one job: its peers' paths (own addresses as "self"),
+    its estimate and the bottleneck its policy sees."""
+
+    peers: list[tuple[PeerPath, str]]
+    estimate: LinkEstimate
+    bottleneck: NetworkObservation | None
+    nodes: int
+    job_id: str
 
 
 class NetworkFeed:
@@ -60,28 +97,42 @@ class NetworkFeed:
         self.metrics = metrics
         self.redecide = redecide
         self.request_probes = request_probes
-        self._reading: dict[str, tuple[GradientLayout, ModelForms]] = {}  # how each job's syncs are read
+        self._readers: dict[str, SyncReader] = {}
+        self._tests: dict[str, deque[tuple[float, float]]] = {}  # peer -> recent bandwidth tests
 
     async def add_job(self, job: Job) -> None:
-        """Follow a registered job's paths from now on; a resumed job starts from
-        the network its policy last saw."""
+        """Follow a registered job's paths from now on. A resumed job continues from
+        exactly the estimate its policy was using (`job.estimate_state`); its first
+        probe is asked for once the prober knows its peers (`probe_if_wanted`)."""
         own = await asyncio.to_thread(local_addresses)  # netlink: off the event loop
         now = time.time()
         estimate = self.estimator.add_job(job.job_id, job_peers(job.spec.nodes, own), now)
-        layout = job_layout(job)
-        self._reading[job.job_id] = (layout, model_forms(job.spec.options, layout))
+        self._readers[job.job_id] = SyncReader(job_layout(job), job.spec.world_size, model_forms(job))
+        job.estimate = estimate
+        if job.estimate_state is not None and self._resume(estimate, job):
+            if job.reported_network is not None:
+                self.estimator.reported_alpha[job.job_id] = job.reported_network[0]
+            return
         if job.reported_network is not None:
             self.estimator.observe_reported_network(job.job_id, *job.reported_network, now)
-        elif job.network is not None:
-            estimate.observe_active(job.network.beta_s_per_byte, now, job.network.evidence or "probe")
         estimate.wants_probe = True  # the paths as they are now, before the job loads them
-        self._ask_probes(job.job_id)
+
+    @staticmethod
+    def _resume(estimate: LinkEstimate, job: Job) -> bool:
+        """Continue from the estimate the job's policy was using; False if it is damaged."""
+        try:
+            estimate.load_state_dict(job.estimate_state or {})
+        except ValueError as exc:
+            log.error("cannot resume the job's network estimate: starting afresh",
+                      extra={"fields": {"job": job.job_id, "error": str(exc)}})
+            return False
+        return True
 
     async def forget(self, job: Job, existing: Job | None = None) -> None:
         """Stop following a job (it ended), or, after a registration the store
         refused, go back to the job held before (`existing`)."""
         self.estimator.remove_job(job.job_id)
-        self._reading.pop(job.job_id, None)
+        self._readers.pop(job.job_id, None)
         if existing is not None:
             await self.add_job(existing)
 
@@ -94,8 +145,11 @@ class NetworkFeed:
             if failures == 1:
                 log.warning("probe failed", extra={"fields": {"peer": m.peer, "kind": m.kind,
                                                               "error": m.error}})
+        ts = m.ts or time.time()
+        if m.kind == BANDWIDTH:
+            self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((ts - (m.duration_s or 0.0), ts))
         before = self._moves(self.estimator.jobs)
-        affected = self.estimator.observe(m, m.ts or time.time())
+        affected = self.estimator.observe(m, ts)
         self._log_moves(before)
         peer = self.estimator.peer(m.peer)
         if peer.bandwidth_bps:
@@ -104,7 +158,7 @@ class NetworkFeed:
             self.metrics.peer_rtt.labels(m.peer).set(peer.rtt_s)
         for job_id in affected:
             self.redecide(job_id)
-            self._ask_probes(job_id)
+            self.probe_if_wanted(job_id)
 
     def restore(self, measurements: Iterable[Measurement]) -> None:
         """What the probes knew before a restart, as of when they measured it."""
@@ -112,18 +166,21 @@ class NetworkFeed:
             if m.ok:
                 self.estimator.observe(m, m.ts or 0.0)
 
-    def reported(self, job: Job, reports: Sequence[StepReport],
-                 network: tuple[float, float] | None) -> None:
-        """A job's step reports (each sync time a passive observation) and, when it
-        sent one, its own estimate of its network."""
-        now, before = time.time(), self._moves([job.job_id])
-        layout, forms = self._reading[job.job_id]
-        for r in reports:
-            self.estimator.observe_report(job.job_id, r, layout, job.spec.world_size, now, forms)
+    def disturbed(self, job: Job, reports: Sequence[StepReport], received: float) -> list[StepReport]:
+        """`reports` with the steps that overlapped a bandwidth test of the job's paths marked."""
+        tests = [t for peer in self.estimator.job_peers.get(job.job_id, ()) for t in self._tests.get(peer, ())]
+        return mark_disturbed(reports, received, tests) if tests else list(reports)
+
+    def reported(self, job: Job, reports: Sequence[StepReport], network: tuple[float, float] | None,
+                 received: float) -> None:
+        """A message's step reports (one observation per option) and, when it sent
+        one, the job's own estimate of its network."""
+        before = self._moves([job.job_id])
+        self._readers[job.job_id].observe(self.estimator.jobs[job.job_id], reports, received)
         if network is not None:
-            self.estimator.observe_reported_network(job.job_id, network[0], network[1], now)
+            self.estimator.observe_reported_network(job.job_id, network[0], network[1], received)
         self._log_moves(before)
-        self._ask_probes(job.job_id)
+        self.probe_if_wanted(job.job_id)
 
     def _moves(self, job_ids: Iterable[str]) -> dict[str, float | None]:
         return {job_id: self.estimator.jobs[job_id].moved_at for job_id in job_ids}
@@ -133,56 +190,43 @@ class NetworkFeed:
             e = self.estimator.jobs[job_id]
             if e.moved_at != moved_at and e.bandwidth_bps:
                 log.info("network estimate moved", extra={"fields": {
-                    "job": job_id, "bandwidth_bps": round(e.bandwidth_bps), "evidence": e.evidence}})
+                    "job": job_id, "bandwidth_bps": round(e.bandwidth_bps), "evidence": e.evidence,
+                    "lower_bound": e.lower_bound}})
 
-    def _ask_probes(self, job_id: str) -> None:
+    def probe_if_wanted(self, job_id: str) -> None:
         """One bandwidth test when the job's estimate wants one: of the peer tested
         longest ago (one reading confirms or refutes a move; the duty budget has
         room for a few a minute, not a round of every peer at each move)."""
-        estimate = self.estimator.jobs[job_id]
-        if not estimate.wants_probe:
-            return
-        estimate.wants_probe = False
+        estimate = self.estimator.jobs.get(job_id)
+        if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
+            return  # without a figure to size it by the test would run whole seconds: the syncs give one
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:
-            estimate.probe_wait_s = math.inf  # no probe will come: the syncs stand alone
+            estimate.wants_probe = False  # no probe will come: the syncs stand alone
             return
         peer = min(peers, key=lambda a: self.estimator.peer(a).measured or 0.0)
-        expected = estimate.pending_bandwidth_bps or estimate.bandwidth_bps
-        estimate.probe_wait_s = self.request_probes([peer], expected)
-        log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer, "expected_bps": expected,
-                                                      "budget_wait_s": round(estimate.probe_wait_s, 1)}})
+        wait_s = self.request_probes([peer], estimate.expected_bps)
+        if math.isinf(wait_s):
+            return  # the prober does not know the peer yet: asked again when it does
+        estimate.wants_probe = False
+        log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
+                                                      "expected_bps": estimate.expected_bps,
+                                                      "budget_wait_s": round(wait_s, 1)}})
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:
-        return self.estimator.bottleneck(job.job_id, job.spec.world_size)
+        return self.estimator.bottleneck(job.job_id, job.spec.world_size, time.time())
 
-    def state(self, job: Job | None) -> pb.NetworkState:
-        """Per-peer figures (the job's nodes, or every peer) and the job's bottleneck."""
-        if job is None:
-            return pb.NetworkState(peers=[peer_state(p) for p in self.estimator.peers.values()])
-        peers = [peer_state(self.estimator.peers.get(n) or PeerPath(n), "probe" if n in
-                            self.estimator.job_peers[job.job_id] else "self") for n in job.spec.nodes]
-        estimate = self.estimator.jobs[job.job_id]
-        if estimate.beta_s_per_byte:
-            peers.append(pb.PeerState(
-                address=f"job:{job.job_id}", bandwidth_bps=estimate.bandwidth_bps,
-                beta_s_per_byte=estimate.beta_s_per_byte, alpha_s=estimate.alpha_fit or 0.0,
-                source=estimate.evidence, updated_unix=estimate.moved_at or 0.0))
-        net = self.bottleneck(job)
-        if net is None:
-            return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(nodes=job.spec.world_size))
-        return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(
-            alpha_s=net.alpha_s, beta_s_per_byte=net.beta_s_per_byte, bandwidth_bps=net.bandwidth_bps,
-            nodes=net.nodes, known=True, peak_over_rate=net.bucket.peak_over_rate, burst_s=net.bucket.burst_s,
-            evidence=net.evidence))
+    def estimate_state(self, job_id: str) -> dict | None:
+        """What a restart needs to continue the job's estimate exactly."""
+        estimate = self.estimator.jobs.get(job_id)
+        return None if estimate is None else estimate.state_dict()
 
+    def peers(self) -> list[PeerPath]:
+        return list(self.estimator.peers.values())
 
-def peer_state(p: PeerPath, source: str = "probe") -> pb.PeerState:
-    """A peer's figures as GetNetwork shows them; `source` "self" for this host's
-    own address (never probed)."""
-    measured = p.beta_s_per_byte is not None or p.alpha_s is not None
-    return pb.PeerState(address=p.address, bandwidth_bps=p.bandwidth_bps or 0.0, rtt_s=p.rtt_s or 0.0,
-                        rtt_p99_s=p.rtt_p99_s or 0.0, loss=p.loss or 0.0, alpha_s=p.alpha_s or 0.0,
-                        beta_s_per_byte=p.beta_s_per_byte or 0.0,
-                        source=source if measured or source == "self" else "none",
-                        updated_unix=p.updated or 0.0, probe_failures=p.failures)
+    def job_network(self, job: Job) -> JobNetwork:
+        probed = self.estimator.job_peers[job.job_id]
+        peers = [(self.estimator.peers.get(n) or PeerPath(n), "probe" if n in probed else "self")
+                 for n in job.spec.nodes]
+        return JobNetwork(peers, self.estimator.jobs[job.job_id], self.bottleneck(job), job.spec.world_size,
+                          job.job_id)

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flexcomm.agent.jobs import Job
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.types import Decision, Policy, StepReport
-from flexcomm.proto.validate import JobSpec
 from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store, StoreDamaged
 from flexcomm.store.damage import move_aside, what_it_held
 

@@ -38,16 +38,17 @@ from flexcomm.agent.commit import GroupCommit
 from flexcomm.agent.config import AgentConfig, split_host_port
 from flexcomm.agent.emulation import EpochEmulation
 from flexcomm.agent.jobs import Jobs
+from flexcomm.agent.lifecycle import JobLifecycle
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import NetworkFeed
 from flexcomm.agent.persist import Persister
 from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
-from flexcomm.probe.estimate import Estimator
+from flexcomm.policy.jobspec import policy_for
+from flexcomm.probe.estimate import EstimateConfig, Estimator
 from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
-from flexcomm.proto.validate import policy_for
 from flexcomm.sockets import tcp_listen_error, unix_socket_listening
 from flexcomm.store import EmulationStep
 
@@ -109,10 +110,12 @@ class Agent:
         self.jobs = Jobs(config.max_jobs)
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
-        self.network = NetworkFeed(Estimator(config.link_bucket()), self.metrics,
-                                   redecide=lambda job_id: self.service.refresh_job(job_id))
-        self.service = AgentService(self.jobs, self.network, self.persister, self.metrics,
-                                    policy_for, self.commits.commit, agent_info=self.info)
+        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s))
+        self.network = NetworkFeed(estimator, self.metrics,
+                                   redecide=lambda job_id: self.lifecycle.refresh_job(job_id))
+        self.lifecycle = JobLifecycle(self.jobs, self.network, self.persister, self.metrics, policy_for)
+        self.service = AgentService(self.lifecycle, self.jobs, self.network, self.persister, self.metrics,
+                                    self.commits.commit, agent_info=self.info)
         self.health = health_async.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.stopping = asyncio.Event()
@@ -123,18 +126,18 @@ class Agent:
         self._bound_socket: Path | None = None
         self.ready = False  # start() finished: stopping is news worth logging
         self._flush_soon = asyncio.Event()
-        self.service.on_decision = self._flush_soon.set
+        self.lifecycle.on_decision = self._flush_soon.set
         # Started after the bind, stopped before the last flush.
         self.emulation: EpochEmulation | None = None
         self.probing: Probing | None = None
         if config.emulation_schedule:
             # a bad schedule fails here, before READY
             self.emulation = EpochEmulation(config, record=self._record_emulation_step)
-            self.service.on_epoch = self.emulation.advance
+            self.lifecycle.on_epoch = self.emulation.advance
         if config.probe:
             self.probing = Probing(config, on_measurement=self.network.measured)
             self.network.request_probes = self.probing.request_bandwidth
-            self.service.on_jobs_changed = self._probe_job_nodes
+            self.lifecycle.on_jobs_changed = self._probe_job_nodes
 
     @property
     def extensions(self) -> list[EpochEmulation | Probing]:
@@ -160,11 +163,11 @@ class Agent:
         await self.persister.open()
         for job in await self.persister.load_jobs(policy_for):
             if job.idle_s(time.time()) > self.config.job_idle_expiry_s:  # its client died meanwhile
-                await self.service.write_end(job, "expired")
+                await self.lifecycle.write_end(job, "expired")
                 continue
             self.jobs.add(job)
             await self.network.add_job(job)
-            self.service.publish(job)
+            self.lifecycle.publish(job)
             log.info("job resumed", extra={"fields": {
                 "job": job.job_id, "version": job.version, "last_step": job.last_step,
                 "compression": job.decision.compression.name, "collective": job.decision.collective}})
@@ -286,7 +289,7 @@ class Agent:
             now = time.time()
             for job in [j for j in self.jobs if j.idle_s(now) > expiry]:
                 if self.jobs.find(job.job_id) is job:  # not ended by its client meanwhile
-                    await self.service.end_job(job, "expired")
+                    await self.lifecycle.end(job, "expired")
 
     async def _watchdog_loop(self, interval: float) -> None:
         while True:

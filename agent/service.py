@@ -1,4 +1,6 @@
-"""The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio.
+"""The Agent gRPC service (proto/flexcomm/v1/agent.proto) on grpc.aio: it
+translates requests into the job lifecycle's calls (agent/lifecycle.py) and their
+results into responses, and answers the read-only calls.
 
 Every handler validates its whole request before changing anything (a
 ReportSteps stream: each message as a whole, ingested as it arrives, so the
@@ -26,35 +28,21 @@ from typing import Any
 
 import grpc
 
-from flexcomm.agent.jobs import Job, JobNotFound, Jobs
+from flexcomm.agent.jobs import JobNotFound, Jobs
+from flexcomm.agent.lifecycle import JobLifecycle, SpecConflict, StoreUnavailable
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network_feed import NetworkFeed
+from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
-from flexcomm.policy.types import Policy
+from flexcomm.policy.jobspec import JobSpec
+from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
 from flexcomm.proto import validate
-from flexcomm.proto.convert import decision_to_proto
-from flexcomm.proto.validate import JobSpec
+from flexcomm.proto.convert import decision_to_proto, spec_to_proto
 from flexcomm.store import BANDWIDTH, LATENCY
 
 log = logging.getLogger("flexcomm.agent.service")
-
-
-class SpecConflict(ValueError):
-    """A job id registered again with a different spec (and no `replace`), or by
-    another world while it runs."""
-
-
-# A client polls every 0.5 s by default: a job heard from this recently is running,
-# and another world (other nodes, another world size) may not take its id over.
-RUNNING_WITHIN_S = 5.0
-WORLD_FIELDS = ("world_size", "nodes")
 MAX_ENDED_LISTED = 100
-
-
-class StoreUnavailable(Exception):
-    """The store could not be written: what the request carried is not acknowledged."""
 
 
 def _status(exc: Exception) -> grpc.StatusCode:
@@ -148,131 +136,30 @@ def server_stream(fn: Callable) -> Callable:
 
 
 class AgentService(pb_grpc.AgentServicer):
-    """`on_epoch(epoch)` is told each new highest epoch a job reports;
-    `on_jobs_changed()` runs after each registration and end (e.g. to probe the
-    jobs' nodes as they are now)."""
+    """The Agent API over `lifecycle` (registration, ingest, end) and what the
+    read-only calls read: the jobs, the network feed, the persister's history."""
 
-    def __init__(self, jobs: Jobs, network: NetworkFeed, persister: Persister, metrics: Metrics,
-                 create_policy: Callable[[JobSpec], Policy],
-                 commit: Callable[[], Awaitable[None]],
-                 on_epoch: Callable[[int], None] | None = None,
-                 on_jobs_changed: Callable[[], Awaitable[None]] | None = None,
+    def __init__(self, lifecycle: JobLifecycle, jobs: Jobs, network: NetworkFeed, persister: Persister,
+                 metrics: Metrics, commit: Callable[[], Awaitable[None]],
                  agent_info: Callable[[], pb.AgentInfo] = pb.AgentInfo) -> None:
+        self.lifecycle = lifecycle
         self.jobs = jobs
         # Awaited before a report stream is acknowledged: what it carried is on disk.
         self.commit = commit
         self.network = network
         self.persister = persister
-        self.metrics = metrics
         self.instrumented = _Instrumented(metrics)
-        self.create_policy = create_policy
-        self.on_epoch = on_epoch
-        self.on_jobs_changed = on_jobs_changed  # after a job is registered or ended
         self.agent_info = agent_info
-        self.on_decision: Callable[[], None] | None = None  # e.g. to write it out soon
-        self._report_counters: dict[str, Any] = {}
-
-    # -- helpers used by the server too ----------------------------------------
-    def publish(self, job: Job) -> None:
-        """The job's current decision into the metrics."""
-        self.metrics.decision_cr.labels(job.job_id).set(job.decision.compression.cr)
-        self.metrics.decision_version.labels(job.job_id).set(job.version)
-
-    def decision_changed(self, job: Job) -> None:
-        self.metrics.count_decision(job.job_id, job.decision.collective)
-        self.publish(job)
-        if self.on_decision is not None:
-            self.on_decision()
-
-    def refresh_network(self, job: Job) -> None:
-        """Give the job's policy the current bottleneck (if it changed)."""
-        net = self.network.bottleneck(job)
-        if net is not None and job.observe_network(net):
-            self.decision_changed(job)
-
-    def refresh_job(self, job_id: str) -> None:
-        job = self.jobs.find(job_id)
-        if job is not None:
-            self.refresh_network(job)
-
-    def _policy_error(self, job: Job) -> Callable[[str], None]:
-        def on_error(message: str) -> None:
-            self.metrics.policy_errors.labels(job.job_id).inc()
-            if job.policy_errors == 1:  # say it once per job, count the rest
-                log.warning("policy refused a report", extra={"fields": {"job": job.job_id,
-                                                                          "error": message}})
-        return on_error
 
     # -- RPCs -----------------------------------------------------------------
     @unary
     async def RegisterJob(self, request: pb.RegisterJobRequest, context: Any) -> pb.RegisterJobResponse:
         if not request.HasField("spec"):
             raise ValueError("spec: missing")
-        spec = validate.spec(request.spec)
-        existing = self.jobs.find(spec.job_id)
-        if existing is not None and existing.spec == spec:
-            existing.touch()
-            return pb.RegisterJobResponse(job=existing.info(), decision=existing.decision_pb, resumed=True)
-        differ = ([k for k, v in spec.to_dict().items() if existing.spec.to_dict()[k] != v]
-                  if existing is not None else [])
-        # (a job registered before its node list came may add it)
-        other_world = [k for k in differ if k in WORLD_FIELDS and (k != "nodes" or existing.spec.nodes)]
-        if other_world and existing.idle_s(time.time()) < RUNNING_WITHIN_S:
-            raise SpecConflict(f"spec.job_id: job {spec.job_id!r} is running with another "
-                               f"{' and '.join(other_world)} (world_size {existing.spec.world_size}, nodes "
-                               f"{', '.join(existing.spec.nodes) or 'none'}); a second job cannot share its id")
-        if differ and not request.replace:
-            raise SpecConflict(f"spec.{differ[0]}: job {spec.job_id!r} is registered with a different "
-                               f"{', '.join(differ)}; set replace to start it anew")
-        job = Job(spec, self.create_policy(spec))
-        self.jobs.check_room(spec.job_id)
-        await self.network.add_job(job)
-        net = self.network.bottleneck(job)
-        if net is not None:
-            job.observe_network(net)
-        # Written (job row and state in one transaction) before it is held: a job
-        # the store did not take is not registered.
-        try:
-            await self.persister.save_registration(job)
-        except Exception as exc:
-            await self.network.forget(job, existing)
-            raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
-        self.jobs.add(job)
-        if existing is not None:
-            self.metrics.forget_job(spec.job_id)
-        self.decision_changed(job)
-        self.metrics.jobs.set(len(self.jobs))
-        if self.on_jobs_changed is not None:
-            await self.on_jobs_changed()
-        log.info("job replaced" if differ else "job registered", extra={"fields": {
-            "job": spec.job_id, "policy": spec.policy, "world_size": spec.world_size,
-            "nodes": list(spec.nodes), "changed": differ}})
-        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=False,
-                                      replaced=bool(differ), changed=differ)
-
-    async def end_job(self, job: Job, reason: str) -> None:
-        """Take the job out of the agent (listing, probing, metrics) and write its end:
-        `reason` is "ended" (its client said so) or "expired" (idle too long)."""
-        self.jobs.remove(job.job_id)
-        await self.network.forget(job)
-        self.metrics.forget_job(job.job_id)
-        self._report_counters.pop(job.job_id, None)
-        self.metrics.jobs.set(len(self.jobs))
-        await self.write_end(job, reason)
-        if self.on_jobs_changed is not None:
-            await self.on_jobs_changed()
-
-    async def write_end(self, job: Job, reason: str) -> None:
-        """Store that a job (no longer in the agent) ended, with what it had not written."""
-        self.metrics.jobs_ended.labels(reason).inc()
-        try:
-            await self.persister.save_end(job, reason, time.time())
-        except Exception as exc:  # the job is out either way; a restart expires it again
-            self.metrics.store_errors.inc()
-            log.error("store write failed", extra={"fields": {"job": job.job_id, "error": str(exc)}})
-        log.info(f"job {reason}", extra={"fields": {
-            "job": job.job_id, "last_step": job.last_step, "reports": job.reports,
-            "idle_s": round(job.idle_s(time.time()), 3), "version": job.version}})
+        done = await self.lifecycle.register(validate.spec(request.spec), request.replace)
+        job = done.job
+        return pb.RegisterJobResponse(job=job.info(), decision=job.decision_pb, resumed=done.resumed,
+                                      replaced=bool(done.changed), changed=done.changed)
 
     @unary
     async def GetDecision(self, request: pb.JobRef, context: Any) -> pb.Decision:
@@ -291,35 +178,11 @@ class AgentService(pb_grpc.AgentServicer):
             reports = validate.reports(request)
             network = validate.network(request.network) if request.HasField("network") else None
             job.touch()
-            accepted += self._ingest(job, reports, network)
+            accepted += await self.lifecycle.ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
         await _durably(self.commit, f"{accepted} report(s)")
         return pb.ReportStepsResponse(accepted=accepted, decision=job.decision_pb)
-
-    def _ingest(self, job: Job, reports: list, network: tuple[float, float] | None) -> int:
-        epoch_before = job.last_epoch
-        n = job.ingest(reports, self._policy_error(job))
-        if n:
-            counter = self._report_counters.get(job.job_id)
-            if counter is None:
-                counter = self._report_counters[job.job_id] = self.metrics.reports.labels(job.job_id)
-            counter.inc(n)
-            self.metrics.observe_steps(job.job_id, reports)
-            error = job.policy.model_error()
-            if error is not None:
-                self.metrics.model_error.labels(job.job_id).set(error)
-        news = network if network is not None and network != job.reported_network else None
-        if news is not None:
-            job.reported_network = news
-            job.dirty = True
-        self.network.reported(job, reports, news)
-        self.refresh_network(job)
-        if job.redecide():
-            self.decision_changed(job)
-        if job.last_epoch > epoch_before and self.on_epoch is not None:
-            self.on_epoch(job.last_epoch)
-        return n
 
     @server_stream
     async def WatchDecisions(self, request: pb.WatchDecisionsRequest,
@@ -340,8 +203,8 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def GetNetwork(self, request: pb.GetNetworkRequest, context: Any) -> pb.NetworkState:
         if not request.job_id:
-            return self.network.state(None)
-        return self.network.state(self.jobs.get(validate.job_id(request.job_id)))
+            return pb.NetworkState(peers=[peer_state(p) for p in self.network.peers()])
+        return network_state(self.network.job_network(self.jobs.get(validate.job_id(request.job_id))))
 
     @unary
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
@@ -353,7 +216,7 @@ class AgentService(pb_grpc.AgentServicer):
     @unary
     async def EndJob(self, request: pb.EndJobRequest, context: Any) -> pb.EndJobResponse:
         job = self.jobs.get(validate.job_id(request.job_id))
-        await self.end_job(job, "ended")
+        await self.lifecycle.end(job, "ended")
         return pb.EndJobResponse(job=job.info())
 
     @unary
@@ -372,7 +235,7 @@ class AgentService(pb_grpc.AgentServicer):
 
 def ended_info(record: Any, last: list, steps: list) -> pb.JobInfo:
     """An ended job as the store keeps it: its spec, last decision and reports."""
-    info = pb.JobInfo(spec=JobSpec.from_dict(record.spec).to_proto(), registered_unix=record.created,
+    info = pb.JobInfo(spec=spec_to_proto(JobSpec.from_dict(record.spec)), registered_unix=record.created,
                       ended_unix=record.ended or 0.0, end_reason=record.end_reason,
                       reports=sum(s.count for s in steps),
                       last_step=max((s.step_last for s in steps), default=0),
@@ -391,3 +254,30 @@ def peer_history(address: str, rows: list[dict[str, Any]]) -> pb.PeerHistory:
         elif r["kind"] == LATENCY and r["rtt_p50_s"] is not None:
             out.rtt_s.add(ts_unix=r["ts"], value=r["rtt_p50_s"])
     return out
+
+
+def network_state(net: JobNetwork) -> pb.NetworkState:
+    """A job's network as GetNetwork shows it: its nodes' paths, its estimate, its bottleneck."""
+    peers = [peer_state(p, source) for p, source in net.peers]
+    e = net.estimate
+    if e.beta_s_per_byte:
+        peers.append(pb.PeerState(address=f"job:{net.job_id}", bandwidth_bps=e.bandwidth_bps,
+                                  beta_s_per_byte=e.beta_s_per_byte, source=e.evidence,
+                                  updated_unix=e.moved_at or 0.0))
+    b = net.bottleneck
+    if b is None:
+        return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(nodes=net.nodes))
+    return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(
+        alpha_s=b.alpha_s, beta_s_per_byte=b.beta_s_per_byte, bandwidth_bps=b.bandwidth_bps, nodes=b.nodes,
+        known=True, peak_over_rate=b.bucket.peak_over_rate, burst_s=b.bucket.burst_s, evidence=b.evidence))
+
+
+def peer_state(p: PeerPath, source: str = "probe") -> pb.PeerState:
+    """A peer's figures as GetNetwork shows them; `source` "self" for this host's
+    own address (never probed)."""
+    measured = p.beta_s_per_byte is not None or p.alpha_s is not None
+    return pb.PeerState(address=p.address, bandwidth_bps=p.bandwidth_bps or 0.0, rtt_s=p.rtt_s or 0.0,
+                        rtt_p99_s=p.rtt_p99_s or 0.0, loss=p.loss or 0.0, alpha_s=p.alpha_s or 0.0,
+                        beta_s_per_byte=p.beta_s_per_byte or 0.0,
+                        source=source if measured or source == "self" else "none",
+                        updated_unix=p.updated or 0.0, probe_failures=p.failures)

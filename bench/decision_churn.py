@@ -7,7 +7,9 @@ gradient) for --steps steps with the agent deciding (MOO), while --competitors
 busy loops run on the same cores. Counted from node 0's agent store and log:
 explorations after the first (each with what started it), decision versions,
 the network estimate's moves and the bandwidth tests with their share of wall
-time. Goal: at most 1 exploration per 1,000 steps. Needs root for the
+time, and the agent's bandwidth estimate (its median over the run against the
+link's goodput). Goals: at most 1 exploration per 1,000 steps, the estimate's
+median within 10% of the goodput. Needs root for the
 namespaces (without it the lab runs on loopback, unshaped and unprobed, and the
 JSON says so). The last printed line is one JSON object.
 
@@ -83,7 +85,7 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cfg = LabConfig(out=out, policies=parse_policies(policy), nodes=args.nodes,
                     schedule_text=steady_schedule(args.rate), schedule_name="steady", steps=args.steps,
                     eval_every=max(1, args.steps // 3), workload=WorkloadSpec(hidden=150),
-                    prefix=PREFIX, subnet=SUBNET, policy_timeout_s=3600.0)
+                    prefix=args.prefix, subnet=args.subnet, policy_timeout_s=3600.0)
     competitors = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(args.competitors)]
     start = time.time()
     try:
@@ -97,11 +99,15 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     tests, tested_s = probing(out / "agents" / "node0.db", start, start + wall)
     log = (out / "agents" / "node0.log").read_text(errors="replace")
     steps = summary.policies[policy].steps
+    phase = (summary.policies[policy].estimate_tracking or [{}])[0]
+    estimate, goodput = phase.get("estimated_bps"), phase.get("goodput_bps")
     return {"bench": "decision_churn", "steps": steps, "explorations": count,
             "explorations_per_1000_steps": round(1000 * count / max(steps, 1), 2),
             "triggers": dict(Counter(trigger(w) for w in whys)), "decision_versions": versions,
             "estimate_moves": log.count("network estimate moved"), "bandwidth_tests": tests,
             "bandwidth_test_share_of_wall": round(tested_s / wall, 4), "wall_s": round(wall, 1),
+            "estimate_median_bps": estimate, "goodput_bps": goodput,
+            "estimate_within_10pct": bool(estimate and goodput and abs(estimate - goodput) <= 0.1 * goodput),
             "shaped": summary.settings.shaped, "rate": args.rate, "nodes": args.nodes,
             "competitors": args.competitors, "moo_options": args.moo_options or None,
             "first_whys": whys[:5]}
@@ -115,6 +121,8 @@ def main() -> None:
     parser.add_argument("--competitors", type=int, default=1, help="CPU busy loops beside the job")
     parser.add_argument("--moo-options", default="", help="k=v,... for the MOO (e.g. a proposed setting)")
     parser.add_argument("--out", help="run directory (default: a temporary one)")
+    parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix")
+    parser.add_argument("--subnet", default=SUBNET, help="the nodes' subnet")
     args = parser.parse_args()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="decision-churn-")) / "run"
     result = soak(args, out)
@@ -123,7 +131,8 @@ def main() -> None:
           f"({result['explorations_per_1000_steps']} per 1,000 steps; goal <= 1), {result['triggers']}")
     print(f"decision versions {result['decision_versions']}, estimate moves {result['estimate_moves']}, "
           f"bandwidth tests {result['bandwidth_tests']} "
-          f"({100 * result['bandwidth_test_share_of_wall']:.2f}% of wall time); run in {out}")
+          f"({100 * result['bandwidth_test_share_of_wall']:.2f}% of wall time); estimate median "
+          f"{result['estimate_median_bps']} bit/s against goodput {result['goodput_bps']} bit/s; run in {out}")
     print(json.dumps(result))
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 import grpc
 
+from flexcomm.policy.jobspec import policy_for
 from flexcomm.policy.types import Decision, GradientLayout, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
@@ -140,7 +141,7 @@ class AgentClient:
         self.target = channel_target(target or default_target())
         # The agent's own checks, here: a bad spec fails in the caller's code at
         # construction, not as a refusal logged by a background thread.
-        validate.policy_for(validate.spec(spec))
+        policy_for(validate.spec(spec))
         self._register = pb.RegisterJobRequest(spec=spec, replace=replace)
         self._nodes_given = nodes is not None
         self._nodes_known = threading.Event()

@@ -258,7 +258,8 @@ class Controller:
 
     def state_dict(self) -> dict[str, Any]:
         """Step, epoch, the adopted decision, and on rank 0 an in-process
-        policy's own state (so a resumed job does not explore from scratch)."""
+        policy's own state and its network estimate (so a resumed job does not
+        explore from scratch)."""
         # Between steps an agreement may be in flight: its collective ran on every
         # rank already, so adopting it now is what every rank does at the next step.
         if self._pending is not None:
@@ -266,6 +267,7 @@ class Controller:
         state = {"step": self.step, "epoch": self.epoch, "decision": self.decision.to_dict()}
         if self.rank == 0 and isinstance(self.source, PolicySource):
             state["policy"] = self.source.policy.state_dict()
+            state["network_estimate"] = self.source.estimate.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -274,4 +276,6 @@ class Controller:
         self.decision = Decision.from_dict(state["decision"])
         if self.rank == 0 and "policy" in state and isinstance(self.source, PolicySource):
             self.source.policy.load_state_dict(state["policy"])
+            if "network_estimate" in state:
+                self.source.estimate.load_state_dict(state["network_estimate"])
 

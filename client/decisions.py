@@ -17,15 +17,22 @@ if any, are never consulted. A source must never block the training step:
 - `close()` releases whatever the source holds (threads, channels).
 
 `PolicySource` wraps an in-process `flexcomm.policy` Policy (pure and
-microseconds-fast, so it runs inline). The agent client (client/agent_client.py)
-is the other implementation: it talks to the node's agent in the background.
+microseconds-fast, so it runs inline). A policy that knows the job's gradient
+(`layout`) and was given a network (`network`) has it followed the way the agent
+follows it: every step's sync goes to the same estimate (policy/linkestimate.py),
+and the policy observes the network again when the estimate moves. The agent
+client (client/agent_client.py) is the other implementation: it talks to the
+node's agent in the background.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from flexcomm.policy.types import Decision, Policy, StepReport
+from flexcomm.policy.linkestimate import LinkEstimate, SyncReader, network_news
+from flexcomm.policy.types import Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 
 @runtime_checkable
@@ -41,20 +48,38 @@ class DecisionSource(Protocol):
 
 
 class PolicySource:
-    """A `DecisionSource` over an in-process policy: report -> observe_step,
-    latest -> decide."""
+    """A `DecisionSource` over an in-process policy: report -> observe_step (and
+    the network estimate), latest -> decide. `clock` stamps the estimate."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.monotonic) -> None:
         for method in ("observe_step", "decide"):
             if not callable(getattr(policy, method, None)):
                 raise ValueError(f"policy: {type(policy).__name__} has no {method}()")
         self.policy = policy
+        self.clock = clock
+        self.estimate = LinkEstimate()
+        self._reader: SyncReader | None = None
 
     def latest(self) -> Decision | None:
         return self.policy.decide()
 
     def report(self, report: StepReport) -> None:
         self.policy.observe_step(report)
+        self._follow_network(report)
+
+    def _follow_network(self, report: StepReport) -> None:
+        net, layout = getattr(self.policy, "network", None), getattr(self.policy, "layout", None)
+        if not isinstance(net, NetworkObservation) or not isinstance(layout, GradientLayout):
+            return  # a policy that takes no network, or was given none to start from
+        now = self.clock()
+        if self._reader is None or self._reader.nodes != net.nodes:
+            self._reader = SyncReader(layout, net.nodes, getattr(self.policy, "forms", None))
+        if self.estimate.beta_s_per_byte is None:
+            self.estimate.observe_report(net.beta_s_per_byte, now)  # the network it was given
+        self._reader.observe(self.estimate, (report,), now)
+        seen = self.estimate.observation(net, now)
+        if network_news(net, seen):
+            self.policy.observe_network(seen)
 
     def close(self) -> None:
         pass

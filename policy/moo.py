@@ -63,6 +63,7 @@ from flexcomm.policy.costmodel import (
     powersgd_split,
 )
 from flexcomm.policy.exploring import ExploreBudget
+from flexcomm.policy.linkestimate import ewma as _ewma
 from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
     AG_TOPK,
@@ -1016,10 +1017,6 @@ def _with_best_lossless(rows: list[Evaluation], ranked: list[Evaluation]) -> lis
         return rows
     best = next((r for r in ranked if r.option.lossless), None)
     return rows if best is None else [rows[0], best, *rows[1:]]
-
-
-def _ewma(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 __all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "candidate_crs"]

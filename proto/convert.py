@@ -6,6 +6,7 @@ value raises ValueError naming the field, like every other bad field.
 
 from __future__ import annotations
 
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision, GradientLayout, StepReport
 from flexcomm.proto.flexcomm.v1 import agent_pb2 as pb
 
@@ -104,3 +105,13 @@ def layout_to_proto(layout: GradientLayout) -> pb.GradientLayout:
 def layout_from_proto(msg: pb.GradientLayout) -> GradientLayout:
     """Raises ValueError naming the field (layout.matrices[3]: ...)."""
     return GradientLayout(tuple((m.rows, m.cols) for m in msg.matrices), msg.vector_values, msg.value_bytes)
+
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    """A registered job's spec as the API shows it."""
+    msg = pb.JobSpec(job_id=spec.job_id, world_size=spec.world_size, grad_bytes=spec.grad_bytes,
+                     nodes=list(spec.nodes), policy=spec.policy)
+    msg.options.update(spec.options)
+    if spec.layout is not None:
+        msg.layout.CopyFrom(layout_to_proto(spec.layout))
+    return msg

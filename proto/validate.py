@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import struct_pb2
 
-from flexcomm.policy import POLICY_NAMES, make_policy
-from flexcomm.policy.types import MAX_EXACT_INT, MAX_LAYOUT_MATRICES, GradientLayout, Policy, StepReport
+from flexcomm.policy import POLICY_NAMES
+from flexcomm.policy.jobspec import JobSpec
+from flexcomm.policy.types import MAX_EXACT_INT, MAX_LAYOUT_MATRICES, GradientLayout, StepReport
 from flexcomm.proto import agent_pb2 as pb
-from flexcomm.proto.convert import collective_from_enum, layout_from_proto, layout_to_proto
+from flexcomm.proto.convert import collective_from_enum, layout_from_proto
 
 JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
@@ -43,40 +43,6 @@ MIN_BANDWIDTH_BPS = 1e3
 MAX_ALPHA_S = 60.0
 MAX_HISTORY = 1000
 DEFAULT_HISTORY = 10
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A validated registration. `nodes` keeps the order given; `layout` is None
-    when the job sent none (the policy then takes one flat vector of grad_bytes)."""
-
-    job_id: str
-    world_size: int
-    grad_bytes: int
-    nodes: tuple[str, ...]
-    policy: str
-    options: dict[str, Any] = field(default_factory=dict)
-    layout: GradientLayout | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "world_size": self.world_size, "grad_bytes": self.grad_bytes,
-                "nodes": list(self.nodes), "policy": self.policy, "options": self.options,
-                "layout": self.layout.to_dict() if self.layout else None}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobSpec:
-        layout = d.get("layout")
-        return cls(job_id=d["job_id"], world_size=int(d["world_size"]), grad_bytes=int(d["grad_bytes"]),
-                   nodes=tuple(d["nodes"]), policy=d["policy"], options=dict(d.get("options") or {}),
-                   layout=GradientLayout.from_dict(layout) if layout else None)
-
-    def to_proto(self) -> pb.JobSpec:
-        msg = pb.JobSpec(job_id=self.job_id, world_size=self.world_size, grad_bytes=self.grad_bytes,
-                         nodes=list(self.nodes), policy=self.policy)
-        msg.options.update(self.options)
-        if self.layout is not None:
-            msg.layout.CopyFrom(layout_to_proto(self.layout))
-        return msg
 
 
 def job_id(value: str, field_name: str = "job_id") -> str:
@@ -205,14 +171,3 @@ def history_limit(value: int) -> int:
     if value > MAX_HISTORY:
         raise ValueError(f"limit: must be in 1..{MAX_HISTORY} (0: {DEFAULT_HISTORY}), got {value}")
     return value or DEFAULT_HISTORY
-
-
-def policy_for(spec: JobSpec) -> Policy:
-    """A fresh policy for `spec`; ValueError naming the option for bad options."""
-    try:
-        return make_policy(spec.policy, grad_bytes=spec.grad_bytes, nodes=spec.world_size,
-                           options=dict(spec.options), layout=spec.layout)
-    except TypeError as exc:  # a value of the wrong kind reaching a constructor
-        raise ValueError(f"spec.options: {exc}") from None
-    except ValueError as exc:
-        raise ValueError(f"spec.options.{exc}") from None

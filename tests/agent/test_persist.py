@@ -11,8 +11,8 @@ from flexcomm.agent.commit import GroupCommit
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.persist import Persister
 from flexcomm.policy import make_policy
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.types import StepReport
-from flexcomm.proto.validate import JobSpec
 
 
 def _job() -> Job:

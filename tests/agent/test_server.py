@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -97,7 +98,7 @@ def test_decisions_follow_the_reported_network(agent: AgentProcess) -> None:
     assert back[-1].family in ("dense", "bf16"), "a fast network again: nothing lost"
 
     net = stub.GetNetwork(pb.GetNetworkRequest(job_id="net-job"), timeout=5)
-    assert net.bottleneck.known and net.bottleneck.bandwidth_bps == FAST[1]
+    assert net.bottleneck.known and net.bottleneck.bandwidth_bps == pytest.approx(FAST[1], rel=1e-3)  # syncs refine it
     info = stub.ListJobs(pb.ListJobsRequest(), timeout=5).jobs[0]
     assert (info.spec.job_id, info.last_step, info.reports) == ("net-job", 119, 120)
 
@@ -113,7 +114,9 @@ def test_a_reported_network_change_alone_starts_a_new_measurement(agent: AgentPr
     moved = pb.ReportStepsRequest(job_id="estimated", reports=[report],
                                   network=pb.NetworkEstimate(alpha_s=FAST[0], bandwidth_bps=FAST[1]))
     after = stub.ReportSteps(iter([moved]), timeout=5).decision
-    assert after.version > settled.version and "network moved (report): bandwidth 100 -> 1e+04 Mbit/s" in after.reason
+    # the syncs since the last report refined its 100 Mbit/s within noise
+    assert after.version > settled.version
+    assert re.search(r"network moved \(report\): bandwidth 10[01](\.\d+)? -> 1e\+04 Mbit/s", after.reason)
 
 
 def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:

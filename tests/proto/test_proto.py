@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from flexcomm.policy.jobspec import JobSpec
 from flexcomm.policy.types import COLLECTIVES, ROOT_SELECTIONS, Decision, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import convert
@@ -81,7 +82,7 @@ def test_a_layout_round_trips_and_must_match_the_gradient() -> None:
     spec = pb.JobSpec(job_id="j", world_size=2, grad_bytes=layout.grad_bytes, policy="moo")
     spec.layout.CopyFrom(convert.layout_to_proto(layout))
     assert validate.spec(spec).layout == layout
-    assert validate.JobSpec.from_dict(validate.spec(spec).to_dict()).layout == layout
+    assert JobSpec.from_dict(validate.spec(spec).to_dict()).layout == layout
     spec.grad_bytes += 4
     with pytest.raises(ValueError, match=r"^spec\.layout: "):
         validate.spec(spec)

@@ -1,0 +1,393 @@
+"""One job path's bandwidth, read off every sync of every option the job runs and
+the probes of its peers: the one detector of a moved network.
+
+A sync of an option over collective c takes t = o_c + B beta: B the bytes the
+option moves per unit of beta (the cost model's `option_terms`), o_c the
+collective's overhead per sync (its latency terms and the host's and gloo's own
+work per collective, which the model leaves out: in the lab 1.8 ms for AllGather
+Top-k, 5.3 ms for the AR tree), beta the path's seconds per byte, one for every
+option. Both are fitted together, with forgetting:
+
+- A collective's overhead is learned from its syncs while beta is confirmed (by a
+  probe, the job's own report, or syncs whose overheads are known): its first
+  sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
+  the share of its time its bytes do not explain (squared), with the spread of
+  their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
+  host's gloo spends tens of milliseconds a collective).
+- So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k. The
+  upper bound always holds (the path carried at least B_k bytes in t). When the
+  interval is narrow (the bytes explain most of the time) the sync reads the path
+  and moves the estimate, weighted by that share; when it is wide the sync is a
+  lower bound on the bandwidth, never ignored: an estimate slower than what
+  crossed is raised to it, flagged `lower_bound`.
+- While the figure is only a lower bound it is the fastest bound of the last
+  `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
+  shows as soon as the faster bounds age out.
+- A change is `persist` reports in a row outside the interval (by more than
+  `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
+  from the syncs alone only when their bytes would explain `alone_share` of their
+  time at the new figure (a loaded host slows the overhead, not the path); else a
+  probe must confirm it (`wants_probe`). Readings in the streak before a change
+  are not blended into the old figure.
+- A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
+  hide a 50x move of the link) asks for a probe, once per `max_age_s`.
+- A probe that reads faster, or agrees, confirms; one that reads slower while
+  the job's syncs say the path is as it was is the job sharing the link with the
+  test, and a slower probe alone must read it twice.
+
+Pure: no I/O and no clock (timestamps are whatever the caller passes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flexcomm.policy.costmodel import ModelForms, option_terms
+from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
+
+# A sync reported faster than this measured nothing (a clock's resolution).
+MIN_SYNC_S = 1e-6
+SYNC, SYNC_BOUND, PROBE, REPORT = "sync", "sync (lower bound)", "probe", "report"
+STATE_FORMAT = 1
+# A policy is shown the estimate's age in whole steps of this: an age that moved
+# by a fraction of a second is no news to decide on.
+AGE_STEP_S = 5.0
+# An overhead read off one sync is known to about this share of itself.
+FIRST_SPREAD = 0.25
+
+
+# A bandwidth that moved by less than this is no news to a policy: the estimate
+# refines itself with every report message, and each new observation costs the
+# policy a fresh evaluation of every candidate.
+NETWORK_NEWS = 0.01
+
+
+def network_news(old: NetworkObservation | None, new: NetworkObservation) -> bool:
+    """Whether a policy that saw `old` should be shown `new`: its bandwidth moved by
+    NETWORK_NEWS or more, or anything else changed."""
+    if old is None:
+        return True
+    if dataclasses.replace(old, beta_s_per_byte=new.beta_s_per_byte) != new:
+        return True
+    return abs(new.beta_s_per_byte - old.beta_s_per_byte) >= NETWORK_NEWS * old.beta_s_per_byte
+
+
+def ewma(old: float | None, new: float, weight: float) -> float:
+    """Exponentially weighted mean: `new` when there is no `old`."""
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+def relative_change(old: float, new: float) -> float:
+    """|new - old| / old; infinite when old is 0 and new is not."""
+    if old == 0:
+        return 0.0 if new == 0 else math.inf
+    return abs(new - old) / abs(old)
+
+
+@dataclass(frozen=True)
+class LinkEstimateConfig:
+    """How syncs and probes are weighed (see the module docstring)."""
+
+    overhead_max_s: float = 0.1
+    informative: float = 0.3
+    alone_share: float = 0.7
+    change: float = 0.25
+    noise: float = 0.05
+    sigmas: float = 3.0
+    persist: int = 3
+    beta_weight: float = 0.2
+    overhead_weight: float = 0.05
+    max_age_s: float = 30.0
+    bound_window_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
+                     "noise", "sigmas",
+                     "beta_weight", "overhead_weight"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+        for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.persist, int) or self.persist < 1:
+            raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
+
+
+@dataclass
+class CollectiveFit:
+    """One collective's overhead per sync (s) and the mean deviation of its residuals,
+    learned against a confirmed beta; `weight` how many overhead-bound syncs
+    (each weighted by the share of its time its bytes do not explain) stand behind
+    them, capped by the forgetting."""
+
+    overhead_s: float = 0.0
+    spread_s: float = 0.0
+    weight: float = 0.0
+
+    @property
+    def known(self) -> bool:
+        return self.weight >= 1.0
+
+    def learn(self, residual: float, weight: float, memory: float) -> None:
+        if weight <= 0:
+            return
+        share = weight / (min(self.weight, memory) + weight)
+        self.spread_s = self.spread_s + share * (abs(residual - self.overhead_s) - self.spread_s) \
+            if self.weight else 0.0
+        self.overhead_s += share * (residual - self.overhead_s)
+        self.weight = min(self.weight, memory) + weight
+
+
+@dataclass
+class Streak:
+    """Reports in a row that disagree with the estimate the same way (+1 slower,
+    -1 faster): how many, since when, and the slowest beta each could be."""
+
+    direction: int
+    since: float
+    reports: int = 0
+    betas: list[float] = field(default_factory=list)
+    informative: bool = True  # every reading was narrow enough to stand for the path
+    alone: bool = True  # every reading's bytes would explain `alone_share` of its time
+    probe_asked: bool = False
+
+
+@dataclass
+class LinkEstimate:
+    """The estimate of one job's path (see the module docstring). The owner reads
+    `beta_s_per_byte`, `lower_bound`, `confirmed` (when the figure was last
+    confirmed) and `wants_probe` (cleared once it has asked)."""
+
+    config: LinkEstimateConfig = field(default_factory=LinkEstimateConfig)
+    beta_s_per_byte: float | None = None
+    lower_bound: bool = False
+    evidence: str = ""
+    moved_at: float | None = None
+    confirmed: float | None = None
+    wants_probe: bool = False
+    overheads: dict[str, CollectiveFit] = field(default_factory=dict)
+    streak: Streak | None = None
+    probe_pending: float | None = None  # a slower probe read once, to be read again
+    syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
+    aged_ask: float | None = None  # when a probe was last asked for because the figure aged
+    bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
+
+    @property
+    def bandwidth_bps(self) -> float | None:
+        return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    @property
+    def expected_bps(self) -> float | None:
+        """The rate to size a probe by: the slowest the syncs of a move in progress
+        allow (a test sized for the old, faster figure is cut off on a slower
+        link), else the figure."""
+        if self.streak is not None and self.streak.betas:
+            return 8.0 / max(self.streak.betas)
+        return self.bandwidth_bps
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the figure was last confirmed, in whole `AGE_STEP_S`."""
+        if self.confirmed is None:
+            return 0.0
+        return AGE_STEP_S * math.floor(max(0.0, now - self.confirmed) / AGE_STEP_S)
+
+    def observation(self, net: NetworkObservation, now: float) -> NetworkObservation:
+        """`net` (its alpha, nodes and bucket) with this estimate's bandwidth, as of `now`."""
+        assert self.beta_s_per_byte is not None
+        return dataclasses.replace(net, beta_s_per_byte=self.beta_s_per_byte, evidence=self.evidence,
+                                   lower_bound=self.lower_bound, age_s=self.age_s(now))
+
+    # -- syncs -------------------------------------------------------------------
+    def observe_sync(self, collective: str, beta_bytes: float, seconds: float, ts: float,
+                     reports: int = 1) -> None:
+        """`reports` syncs over `collective` that took `seconds` each (their median),
+        moving `beta_bytes` bytes per unit of beta."""
+        if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
+            return
+        if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
+                ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
+            self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
+        fit = self.overheads.setdefault(collective, CollectiveFit())
+        beta = self.beta_s_per_byte
+        if not fit.known and beta is not None and not self.lower_bound and \
+                -self.config.change * beta * beta_bytes <= seconds - beta * beta_bytes <= self.config.overhead_max_s:
+            # a collective new since the figure was confirmed: its overhead is what the figure leaves
+            overhead = max(0.0, seconds - beta * beta_bytes)
+            fit.overhead_s, fit.spread_s, fit.weight = overhead, FIRST_SPREAD * overhead, 1.0
+            return
+        lo, hi = self._overhead_range(fit, seconds)
+        fastest, slowest = max(seconds - hi, 0.0) / beta_bytes, (seconds - lo) / beta_bytes
+        narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
+        if beta is None or (self.lower_bound and narrow):
+            self._set(slowest, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
+            self.wants_probe = not narrow
+            return
+        if self.lower_bound:
+            self._bound(slowest, ts)
+            return
+        margin = self.config.change * beta * beta_bytes
+        if seconds < lo + beta * beta_bytes - margin:
+            self._disagree(-1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+        elif seconds > hi + beta * beta_bytes + margin and slowest > beta * (1 + self.config.change):
+            self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+        else:
+            self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+
+    def _bound(self, beta: float, ts: float) -> None:
+        """A figure only bounded: the fastest bound of the last `bound_window_s` (a
+        windowed maximum of the bandwidth, as BBR keeps): a link that slowed shows
+        as soon as the faster bounds age out of the window."""
+        window = self.config.bound_window_s
+        self.bounds = [(t, b) for t, b in self.bounds if t > ts - window] + [(ts, beta)]
+        figure = min(b for _, b in self.bounds)
+        old = self.beta_s_per_byte
+        if old is None or relative_change(old, figure) >= self.config.change / 2:
+            self.moved_at, self.evidence, self.wants_probe = ts, SYNC_BOUND, True
+        self.beta_s_per_byte = figure
+
+    def _overhead_range(self, fit: CollectiveFit, seconds: float) -> tuple[float, float]:
+        """Where the collective's overhead lies: anywhere up to `overhead_max_s` until it
+        is learned, else its fit within its noise."""
+        if not fit.known:
+            return 0.0, min(seconds, self.config.overhead_max_s)
+        noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
+        return max(0.0, fit.overhead_s - noise), fit.overhead_s + noise
+
+    def _agree(self, fit: CollectiveFit, fastest: float, slowest: float, narrow: bool, seconds: float,
+               beta_bytes: float, ts: float, reports: int) -> None:
+        beta = self.beta_s_per_byte
+        assert beta is not None
+        self.streak = None
+        weight = 1 - (1 - self.config.beta_weight) ** reports
+        if narrow:
+            # the fitted overhead, or none while it is unknown (a bound, not a guess)
+            reading = max(seconds - fit.overhead_s, fastest * beta_bytes) / beta_bytes if fit.known else slowest
+            share = min(1.0, reading * beta_bytes / seconds)
+            self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
+            self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
+        if self.lower_bound:
+            return  # an overhead against a beta only bounded would be only bounded too
+        # the overhead is read where it is most of the time: a wire-bound sync's
+        # residual is the wire's noise, not the host's
+        wire = beta_bytes * self.beta_s_per_byte
+        fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
+                  1 / self.config.overhead_weight)
+
+    def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
+                  beta_bytes: float, ts: float, reports: int) -> None:
+        streak = self.streak
+        if streak is None or streak.direction != direction:
+            streak = self.streak = Streak(direction, ts)
+        streak.reports += reports
+        # a reading that is not narrow says only what surely crossed: its bytes in its time
+        streak.betas.append(slowest if narrow else seconds / beta_bytes)
+        streak.informative = streak.informative and narrow
+        streak.alone = streak.alone and (seconds * self.config.alone_share <= fastest * beta_bytes)
+        self.syncs_agree = False
+        if streak.reports < self.config.persist:
+            return
+        figure = min(streak.betas[-self.config.persist:])  # the fastest the path surely was
+        if direction < 0:
+            self._set(figure, SYNC if streak.informative else SYNC_BOUND, ts,
+                      lower_bound=not streak.informative)
+            self.wants_probe = not streak.informative
+        elif streak.informative and streak.alone:
+            self._set(figure, SYNC, ts, lower_bound=False)
+        elif not streak.probe_asked:
+            streak.probe_asked = self.wants_probe = True
+
+    # -- active figures -----------------------------------------------------------
+    def observe_probe(self, beta: float, ts: float) -> None:
+        """A bandwidth test of the job's path (the slowest of its fresh peers)."""
+        old, change = self.beta_s_per_byte, self.config.change
+        if old is None or (self.lower_bound and beta < old):
+            self._set(beta, PROBE, ts)
+        elif self.streak is not None and self.streak.direction > 0 and beta >= old * (1 + change):
+            # the syncs' slower move, confirmed; the path carried at least what crossed it
+            self._set(min(beta, min(self.streak.betas)), f"{SYNC}+{PROBE}", ts)
+        elif beta <= old / (1 + change):
+            self._set(beta, PROBE, ts)  # faster than the estimate: it carried that much
+        elif beta < old * (1 + change):
+            self.beta_s_per_byte = ewma(old, beta, self.config.beta_weight)
+            self.lower_bound, self.confirmed, self.probe_pending = False, ts, None
+        elif self.syncs_agree:
+            self.probe_pending = None  # the job's own traffic shared the path with the test
+        elif self.probe_pending is not None and relative_change(self.probe_pending, beta) < change:
+            self._set(beta, PROBE, ts)
+        else:  # one slower probe alone: read it again before believing it
+            self.probe_pending, self.wants_probe = beta, True
+
+    def observe_report(self, beta: float, ts: float) -> None:
+        """The job's own figure for its network, taken as it is."""
+        self._set(beta, REPORT, ts)
+
+    def _set(self, beta: float, evidence: str, ts: float, lower_bound: bool = False) -> None:
+        moved = self.beta_s_per_byte is None or relative_change(self.beta_s_per_byte, beta) >= \
+            self.config.change / 2
+        self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
+        self.streak, self.probe_pending, self.syncs_agree = None, None, False
+        self.bounds = [(ts, beta)] if lower_bound else []
+        if not lower_bound:
+            self.confirmed = ts
+        if moved:
+            self.moved_at = ts
+
+    # -- persistence --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = asdict(self)
+        state.pop("config")
+        state["format"] = STATE_FORMAT
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume exactly from `state_dict()`; ValueError naming what is wrong."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
+        try:
+            overheads = {k: CollectiveFit(**v) for k, v in state["overheads"].items()}
+            streak = Streak(**state["streak"]) if state["streak"] else None
+            fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
+                                            "confirmed", "wants_probe", "probe_pending", "syncs_agree",
+                                            "aged_ask")}
+            bounds = [(float(t), float(b)) for t, b in state["bounds"]]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"estimate: damaged state ({exc!r})") from None
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.overheads, self.streak, self.bounds = overheads, streak, bounds
+
+
+class SyncReader:
+    """Reads a job's step reports as syncs of its options: each report's bytes per
+    unit of beta from the cost model's formulas for what it ran (cached per option:
+    the agent ingests tens of thousands of reports a second), and a message's
+    reports as one observation per option (their median time). Reports that
+    overlapped a bandwidth test (`disturbed`) or measured no sync are left out."""
+
+    def __init__(self, layout: GradientLayout, nodes: int, forms: ModelForms | None = None) -> None:
+        self.layout, self.nodes, self.forms = layout, nodes, forms or ModelForms()
+        self._terms: dict[tuple[str, float, str], tuple[str, float]] = {}
+
+    def terms(self, report: StepReport) -> tuple[str, float]:
+        """(the option's collective, the bytes its sync moves per unit of beta)."""
+        key = (report.family, report.param, report.collective)
+        terms = self._terms.get(key)
+        if terms is None:
+            choice = report.choice
+            _, beta_bytes = option_terms(choice.compression, choice.collective, self.layout, self.nodes, self.forms)
+            terms = self._terms[key] = (choice.collective, beta_bytes)
+        return terms
+
+    def observe(self, estimate: LinkEstimate, reports: Iterable[StepReport], ts: float) -> None:
+        by_option: dict[tuple[str, float], list[float]] = {}
+        for r in reports:
+            if not r.disturbed and r.t_sync_s >= MIN_SYNC_S:
+                by_option.setdefault(self.terms(r), []).append(r.t_sync_s)
+        for (collective, beta_bytes), times in by_option.items():
+            estimate.observe_sync(collective, beta_bytes, statistics.median(times), ts, len(times))

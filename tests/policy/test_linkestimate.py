@@ -1,0 +1,255 @@
+"""One job path's estimate from every sync and probe: overheads fitted beside the
+bandwidth, syncs their bytes explain little of as lower bounds, moves taken from
+the syncs where they can stand and confirmed by a probe where they cannot, a host
+that slows moving nothing, and a restored estimate continuing exactly.
+
+The syncs here are the cost model's bytes over a known link plus a known overhead
+per option (as gloo adds), times a deterministic jitter, so every figure has a
+known truth."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from flexcomm.policy.costmodel import option_terms
+from flexcomm.policy.linkestimate import (
+    PROBE,
+    SYNC,
+    SYNC_BOUND,
+    CollectiveFit,
+    LinkEstimate,
+    LinkEstimateConfig,
+    SyncReader,
+    network_news,
+)
+from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation, StepReport
+
+LAYOUT = GradientLayout.flat(4_600_000)
+NODES = 2
+DENSE = ("dense", 0.0, "dense_ring")
+TOPK_TREE = ("topk", 0.033, "art_tree")
+TOPK_AG = ("topk", 0.01, "ag_topk")
+# The per-collective overhead the lab's fits learned (s).
+OVERHEAD = {"dense_ring": 0.003, "art_tree": 0.0053, "ag_topk": 0.0018}
+JITTER = (1.0, 1.08, 0.95, 1.03, 0.98, 1.12, 0.97)
+
+
+def step(option: tuple[str, float, str], bandwidth_bps: float, host: float = 1.0, jitter: float = 1.0,
+         disturbed: bool = False) -> StepReport:
+    """A step of `option` on a link of `bandwidth_bps`, its overhead `host` times slower."""
+    family, param, collective = option
+    _, beta_bytes = option_terms(Compression(family, param), collective, LAYOUT, NODES)
+    t = (OVERHEAD[collective] * host + beta_bytes * 8 / bandwidth_bps) * jitter
+    return StepReport(step=0, family=family, param=param, collective=collective, t_comp_s=0.0, t_sync_s=t,
+                      gain=1.0, disturbed=disturbed)
+
+
+class Path:
+    """A LinkEstimate fed messages of four steps each, 0.2 s apart."""
+
+    def __init__(self, **config: float) -> None:
+        self.estimate = LinkEstimate(LinkEstimateConfig(**config))
+        self.reader = SyncReader(LAYOUT, NODES)
+        self.now = 1000.0
+        self._jitter = itertools.cycle(JITTER)
+
+    def run(self, option: tuple[str, float, str], bandwidth_bps: float, messages: int, host: float = 1.0,
+            per_message: int = 4) -> None:
+        for _ in range(messages):
+            self.now += 0.2
+            reports = [step(option, bandwidth_bps, host, next(self._jitter)) for _ in range(per_message)]
+            self.reader.observe(self.estimate, reports, self.now)
+
+    def probe(self, bandwidth_bps: float) -> None:
+        self.now += 0.3
+        self.estimate.observe_probe(8 / bandwidth_bps, self.now)
+
+    @property
+    def mbps(self) -> float:
+        return self.estimate.bandwidth_bps / 1e6
+
+
+def test_dense_syncs_read_the_link_and_follow_it_both_ways():
+    path = Path()
+    path.run(DENSE, 100e6, 1)  # even a 100 ms overhead would leave the bytes most of the time
+    assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.evidence == SYNC
+    path.probe(100e6)  # agrees: confirms, and the overhead is learned against it
+    path.run(DENSE, 100e6, 5)
+    assert path.mbps == pytest.approx(100, rel=0.1) and path.estimate.overheads["dense_ring"].known
+    assert not path.estimate.lower_bound and path.estimate.confirmed == path.now
+    for bandwidth in (20e6, 500e6, 50e6):
+        path.run(DENSE, bandwidth, 1)  # four reports in one message: the move is taken at once
+        assert path.mbps == pytest.approx(bandwidth / 1e6, rel=0.1)
+        assert not path.estimate.lower_bound or bandwidth > 100e6  # at 500 Mbit/s gloo's share is seen
+
+
+def test_top_k_syncs_on_a_fast_link_are_a_lower_bound_that_asks_for_a_probe():
+    path = Path()
+    path.run(TOPK_AG, 1e9, 3)
+    e = path.estimate
+    assert e.lower_bound and e.evidence == SYNC_BOUND and e.wants_probe
+    assert path.mbps < 1000  # at least what crossed: never more than the link
+    path.probe(950e6)
+    assert path.mbps == pytest.approx(950) and not e.lower_bound and e.evidence == PROBE
+
+
+def test_top_k_syncs_follow_a_slowing_link_alone_where_their_bytes_explain_the_time():
+    path = Path()
+    path.probe(500e6)
+    path.run(TOPK_TREE, 500e6, 30)  # learns the AR tree's overhead against the probed link
+    assert path.estimate.overheads["art_tree"].known
+    path.run(TOPK_TREE, 20e6, 1)
+    assert path.mbps == pytest.approx(20, rel=0.1) and path.estimate.evidence == SYNC
+    assert not path.estimate.lower_bound
+
+
+def test_a_top_k_recovery_is_in_the_estimate_at_once_as_at_least_what_crossed():
+    path = Path()
+    path.run(TOPK_TREE, 20e6, 20)
+    assert path.mbps == pytest.approx(20, rel=0.1)
+    path.run(TOPK_TREE, 500e6, 1)  # one message after the link recovered
+    e = path.estimate
+    assert e.lower_bound and e.wants_probe and 100 < path.mbps <= 500
+    e.wants_probe = False
+    path.probe(480e6)
+    assert path.mbps == pytest.approx(480) and not e.lower_bound
+
+
+def test_a_slower_host_moves_nothing_and_a_probe_that_agrees_keeps_it():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 40)
+    before = path.mbps
+    path.run(TOPK_AG, 1e9, 10, host=3.0)  # two CPU hogs: gloo's own work 3x slower
+    e = path.estimate
+    assert path.mbps == before and e.wants_probe  # not taken alone: a probe must say
+    e.wants_probe = False
+    path.probe(1e9)
+    assert path.mbps == pytest.approx(1000, rel=0.05) and not e.wants_probe
+    path.run(TOPK_AG, 1e9, 40, host=3.0)
+    assert path.mbps == pytest.approx(1000, rel=0.05)
+
+
+def test_a_slower_probe_alone_must_read_it_twice_and_one_sharing_the_link_is_ignored():
+    path = Path()
+    path.run(DENSE, 100e6, 5)
+    path.probe(50e6)  # the job's dense traffic took half of what iperf3 could get
+    assert path.mbps == pytest.approx(100, rel=0.1)
+    lone = Path()
+    lone.probe(100e6)
+    lone.probe(60e6)
+    assert lone.mbps == pytest.approx(100) and lone.estimate.wants_probe
+    lone.probe(58e6)
+    assert lone.mbps == pytest.approx(58) and lone.estimate.evidence == PROBE
+
+
+def test_a_move_confirmed_by_a_probe_takes_the_faster_of_the_two():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 1)  # slower, but Top-k's bytes explain too little to stand alone
+    assert path.mbps == pytest.approx(1000, rel=0.05) and path.estimate.wants_probe
+    path.probe(150e6)  # the test shared the link with the job
+    assert 150 <= path.mbps <= 200 and path.estimate.evidence == f"{SYNC}+{PROBE}"
+
+
+def test_disturbed_steps_and_steps_with_no_sync_are_left_out():
+    path = Path()
+    path.run(DENSE, 100e6, 5)
+    before = path.mbps
+    reports = [step(DENSE, 10e6, disturbed=True) for _ in range(8)]
+    reports.append(StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                              t_sync_s=0.0, gain=1.0))
+    path.reader.observe(path.estimate, reports, path.now + 1)
+    assert path.mbps == before
+
+
+def test_a_message_is_one_observation_per_option():
+    seen = []
+
+    class Recording(LinkEstimate):
+        def observe_sync(self, collective, beta_bytes, seconds, ts, reports=1):
+            seen.append((collective, seconds, reports))
+
+    reports = [step(DENSE, 100e6, jitter=j) for j in (1.0, 1.2, 1.1)] + [step(TOPK_AG, 100e6)] * 2
+    SyncReader(LAYOUT, NODES).observe(Recording(), reports, 1.0)
+    assert [(o, n) for o, _, n in seen] == [("dense_ring", 3), ("ag_topk", 2)]
+    assert seen[0][1] == pytest.approx(step(DENSE, 100e6, jitter=1.1).t_sync_s)  # the median
+
+
+def test_a_restored_estimate_continues_exactly_as_a_never_stopped_twin():
+    twin, path = Path(), Path()
+    for p in (twin, path):
+        p.probe(1e9)
+        p.run(TOPK_AG, 1e9, 20)
+        p.run(TOPK_AG, 1e9, 2, host=3.0)  # a streak in progress
+    restored = LinkEstimate(LinkEstimateConfig())
+    restored.load_state_dict(path.estimate.state_dict())
+    assert restored == path.estimate
+    path.estimate = restored
+    for p in (twin, path):
+        p.run(TOPK_AG, 200e6, 3)
+        p.probe(190e6)
+        p.run(DENSE, 190e6, 3)
+    assert path.estimate.state_dict() == twin.estimate.state_dict()
+
+
+def test_bad_state_and_config_name_the_field():
+    with pytest.raises(ValueError, match=r"^estimate.format:"):
+        LinkEstimate().load_state_dict({"format": 99})
+    with pytest.raises(ValueError, match=r"^estimate: damaged"):
+        LinkEstimate().load_state_dict({"format": 1, "overheads": {"x": {"nope": 1}}})
+    with pytest.raises(ValueError, match=r"^change:"):
+        LinkEstimateConfig(change=0.0)
+    with pytest.raises(ValueError, match=r"^persist:"):
+        LinkEstimateConfig(persist=0)
+    with pytest.raises(ValueError, match=r"^informative:"):
+        LinkEstimateConfig(informative=2.0)
+    assert not CollectiveFit().known
+
+
+def test_a_bandwidth_refined_by_less_than_one_percent_is_no_news():
+    net = NetworkObservation.from_link(1e-4, 100e6, 2)
+    assert network_news(None, net)
+    assert not network_news(net, dataclasses.replace(net, beta_s_per_byte=net.beta_s_per_byte * 1.005))
+    assert network_news(net, dataclasses.replace(net, beta_s_per_byte=net.beta_s_per_byte * 1.02))
+    assert network_news(net, dataclasses.replace(net, lower_bound=True))
+    assert network_news(net, dataclasses.replace(net, age_s=5.0))
+
+
+def test_a_figure_nothing_confirmed_for_max_age_s_asks_for_a_probe_once_per_max_age_s():
+    path = Path(max_age_s=10.0)
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 20)  # Top-k syncs at a gigabit confirm nothing
+    e = path.estimate
+    assert not e.wants_probe and e.age_s(path.now) == 0.0
+    path.run(TOPK_AG, 1e9, 40)  # 8 s more: 12 s since the probe
+    assert e.wants_probe and e.age_s(path.now) == 10.0  # whole steps of AGE_STEP_S
+    e.wants_probe = False
+    path.run(TOPK_AG, 1e9, 10)
+    assert not e.wants_probe  # asked once per max_age_s
+    path.probe(1e9)
+    assert e.age_s(path.now) == 0.0
+
+
+def test_a_figure_only_bounded_follows_a_slower_link_once_the_faster_bounds_age_out():
+    path = Path(bound_window_s=2.0)
+    path.run(TOPK_AG, 1e9, 5)
+    assert path.estimate.lower_bound
+    fast = path.mbps
+    path.run(TOPK_AG, 10e6, 5)  # 1 s: the faster bounds are still in the window
+    assert path.mbps == fast
+    path.run(TOPK_AG, 10e6, 8)  # 1.6 s more
+    assert path.mbps == pytest.approx(10, rel=0.15) and path.estimate.lower_bound
+
+
+def test_a_probe_for_a_slower_move_is_sized_by_the_slowest_the_syncs_allow():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    assert path.estimate.expected_bps == path.estimate.bandwidth_bps
+    path.run(TOPK_AG, 200e6, 1)
+    assert path.estimate.wants_probe and path.estimate.expected_bps < 250e6
