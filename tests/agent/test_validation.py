@@ -106,8 +106,10 @@ def test_bad_policy_options_name_the_option(agent: AgentProcess, options: dict, 
 def test_missing_spec_and_conflicting_spec(agent: AgentProcess) -> None:
     code, details = code_and_details(lambda: agent.stub.RegisterJob(pb.RegisterJobRequest(), timeout=5))
     assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, "spec: missing")
+    # canary is running with another world: refused, naming the id and what differs
     code, details = code_and_details(register(agent, job_id="canary", world_size=4))
-    assert code == grpc.StatusCode.ALREADY_EXISTS and details.startswith("spec.world_size: ")
+    assert code == grpc.StatusCode.ALREADY_EXISTS, details
+    assert details.startswith("spec.job_id: job 'canary' is running with another world_size"), details
 
 
 BAD_REPORTS = [

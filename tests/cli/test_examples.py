@@ -48,6 +48,7 @@ AS_ROOT = [  # in this order, in the namespace at 10.0.0.1 (eth0), its peer at 1
     "flexcomm emulate apply --dev eth0 --rate 50Mbit --db emulation.db",
     "flexcomm emulate show --dev eth0",
     "flexcomm emulate clear --dev eth0",
+    "flexcomm emulate record iperf3.json --out recorded.toml",  # the log the test records first
     "flexcomm lab clean",
 ]
 EXEMPT = {
@@ -55,6 +56,8 @@ EXEMPT = {
         "reads an installed node's /etc/flexcomm; the agent runs above with its own settings, and as a "
         "process in tests/agent",
     "flexcomm lab run --out runs/lab": "the whole lab, ~5 minutes as root; tests/lab/test_run.py runs a short one",
+    "flexcomm emulate record /var/lib/flexcomm/flexcomm.db --peer 10.0.0.2 --window 20s":
+        "reads an installed node's store; tests/emulation/test_record.py records from an agent's store",
     "flexcomm lab calibrate --quick":
         "about 2 minutes as root; tests/lab/test_model_accuracy.py runs a smaller grid through the same code",
 }
@@ -130,6 +133,10 @@ def test_examples_run_as_root(privileged, iperf3_binary, scratch: Path) -> None:
     env = dict(os.environ, FLEXCOMM_DB=str(scratch / "store.db"), FLEXCOMM_STATE_DIR=str(scratch / "state"))
     with netns_pair(run_prefix("fcex"), "10.0.0.0/24") as (here, peer), IperfServer(5201, netns=peer.ns):
         assert (here.address, peer.address, here.ifname) == ("10.0.0.1", "10.0.0.2", "eth0")
+        log = subprocess.run(["ip", "netns", "exec", here.ns, iperf3_binary, "-c", peer.address, "-t", "2",
+                              "-i", "0.5", "--json"], capture_output=True, text=True, timeout=scaled(30))
+        assert log.returncode == 0, log.stdout[-500:] + log.stderr[-500:]
+        (scratch / "iperf3.json").write_text(log.stdout)
         for example in AS_ROOT:
             inside = [] if example == "flexcomm lab clean" else ["ip", "netns", "exec", here.ns]
             run(example, scratch, env, inside)

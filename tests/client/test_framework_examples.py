@@ -33,8 +33,11 @@ def launch(argv: list[str], tmp_path: Path, timeout: float = 240) -> str:
 
 
 def reports(out: str) -> dict[int, dict]:
-    found = [json.loads(line.split("flexcomm-report ", 1)[1]) for line in out.splitlines()
-             if "flexcomm-report " in line]
+    """Each rank's report: the JSON object after each marker. Both ranks share one
+    stdout pipe and torchrun's children write unbuffered (the text and its newline
+    apart), so one rank's report can run on into the other's on one line."""
+    decoder = json.JSONDecoder()
+    found = [decoder.raw_decode(chunk)[0] for chunk in out.split("flexcomm-report ")[1:]]
     return {r["rank"]: r for r in found}
 
 
