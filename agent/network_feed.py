@@ -196,7 +196,10 @@ class NetworkFeed:
     def probe_if_wanted(self, job_id: str) -> None:
         """One bandwidth test when the job's estimate wants one: of the peer tested
         longest ago (one reading confirms or refutes a move; the duty budget has
-        room for a few a minute, not a round of every peer at each move)."""
+        room for a few a minute, not a round of every peer at each move). Without
+        a prober or peers the wish is only cleared: such an estimate was made
+        knowing no probe comes (`LinkEstimateConfig.probes`) and takes a slower
+        move from the syncs alone, as a lower bound."""
         estimate = self.estimator.jobs.get(job_id)
         if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
             return  # without a figure to size it by the test would run whole seconds: the syncs give one

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from flexcomm.policy.linkestimate import LinkEstimate, SyncReader, network_news
+from flexcomm.policy.linkestimate import LinkEstimate, LinkEstimateConfig, SyncReader, network_news
 from flexcomm.policy.types import Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 
@@ -57,7 +57,7 @@ class PolicySource:
                 raise ValueError(f"policy: {type(policy).__name__} has no {method}()")
         self.policy = policy
         self.clock = clock
-        self.estimate = LinkEstimate()
+        self.estimate = LinkEstimate(LinkEstimateConfig(probes=False))  # nothing probes in-process
         self._reader: SyncReader | None = None
 
     def latest(self) -> Decision | None:
