@@ -49,9 +49,11 @@ class DecisionSource(Protocol):
 
 class PolicySource:
     """A `DecisionSource` over an in-process policy: report -> observe_step (and
-    the network estimate), latest -> decide. `clock` stamps the estimate."""
+    the network estimate), latest -> decide. `clock` stamps the estimate: the
+    wall clock, as the agent's, since the estimate is saved in checkpoints and
+    may resume on another host."""
 
-    def __init__(self, policy: Policy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         for method in ("observe_step", "decide"):
             if not callable(getattr(policy, method, None)):
                 raise ValueError(f"policy: {type(policy).__name__} has no {method}()")
