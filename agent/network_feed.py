@@ -61,12 +61,12 @@ def mark_disturbed(reports: Sequence[StepReport], received: float,
                    tests: Iterable[tuple[float, float]]) -> list[StepReport]:
     """`reports` (oldest first, the last ending about when they were `received`)
     with those whose step overlapped one of `tests` ((start, end) times) marked."""
-    spans = [(s - TEST_SLACK_S, e + TEST_SLACK_S) for s, e in tests if e + TEST_SLACK_S >= 0]
+    spans = [(s - TEST_SLACK_S, e + TEST_SLACK_S) for s, e in tests]
     if not spans:
         return list(reports)
     out, end = [], received
     for r in reversed(reports):
-        start = end - max(r.t_compute_s, r.t_comp_s) - r.t_sync_s
+        start = end - r.t_compute_s - r.t_comp_s - r.t_sync_s  # t_compute_s is the step's rest
         hit = any(s < end and start < e for s, e in spans)
         out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
         end = start
@@ -218,11 +218,6 @@ class NetworkFeed:
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:
         return self.estimator.bottleneck(job.job_id, job.spec.world_size, time.time())
-
-    def estimate_state(self, job_id: str) -> dict | None:
-        """What a restart needs to continue the job's estimate exactly."""
-        estimate = self.estimator.jobs.get(job_id)
-        return None if estimate is None else estimate.state_dict()
 
     def peers(self) -> list[PeerPath]:
         return list(self.estimator.peers.values())
