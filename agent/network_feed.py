@@ -128,13 +128,10 @@ class NetworkFeed:
             return False
         return True
 
-    async def forget(self, job: Job, existing: Job | None = None) -> None:
-        """Stop following a job (it ended), or, after a registration the store
-        refused, go back to the job held before (`existing`)."""
+    def forget(self, job: Job) -> None:
+        """Stop following a job (it ended)."""
         self.estimator.remove_job(job.job_id)
         self._readers.pop(job.job_id, None)
-        if existing is not None:
-            await self.add_job(existing)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
