@@ -120,17 +120,17 @@ class JobLifecycle:
                                f"{', '.join(differ)}; set replace to start it anew")
         job = Job(spec, self.create_policy(spec))
         self.jobs.check_room(spec.job_id)
+        # Written (job row and state in one transaction) before it is held: a job
+        # the store did not take is not registered, and the job it would replace
+        # follows its path with its own estimate until then.
+        try:
+            await self.persister.save_registration(job)
+        except Exception as exc:
+            raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
         await self.network.add_job(job)
         net = self.network.bottleneck(job)
         if net is not None:
             job.observe_network(net)
-        # Written (job row and state in one transaction) before it is held: a job
-        # the store did not take is not registered.
-        try:
-            await self.persister.save_registration(job)
-        except Exception as exc:
-            await self.network.forget(job, existing)
-            raise StoreUnavailable(f"store: the job could not be written ({exc}); register again") from None
         self.jobs.add(job)
         if existing is not None:
             self.metrics.forget_job(spec.job_id)
@@ -182,7 +182,7 @@ class JobLifecycle:
         """Take the job out of the agent (listing, probing, metrics) and write its end:
         `reason` is "ended" (its client said so) or "expired" (idle too long)."""
         self.jobs.remove(job.job_id)
-        await self.network.forget(job)
+        self.network.forget(job)
         self.metrics.forget_job(job.job_id)
         self._report_counters.pop(job.job_id, None)
         self.metrics.jobs.set(len(self.jobs))

@@ -61,12 +61,12 @@ def mark_disturbed(reports: Sequence[StepReport], received: float,
                    tests: Iterable[tuple[float, float]]) -> list[StepReport]:
     """`reports` (oldest first, the last ending about when they were `received`)
     with those whose step overlapped one of `tests` ((start, end) times) marked."""
-    spans = [(s - TEST_SLACK_S, e + TEST_SLACK_S) for s, e in tests if e + TEST_SLACK_S >= 0]
+    spans = [(s - TEST_SLACK_S, e + TEST_SLACK_S) for s, e in tests]
     if not spans:
         return list(reports)
     out, end = [], received
     for r in reversed(reports):
-        start = end - max(r.t_compute_s, r.t_comp_s) - r.t_sync_s
+        start = end - r.t_compute_s - r.t_comp_s - r.t_sync_s  # t_compute_s is the step's rest
         hit = any(s < end and start < e for s, e in spans)
         out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
         end = start
@@ -128,13 +128,10 @@ class NetworkFeed:
             return False
         return True
 
-    async def forget(self, job: Job, existing: Job | None = None) -> None:
-        """Stop following a job (it ended), or, after a registration the store
-        refused, go back to the job held before (`existing`)."""
+    def forget(self, job: Job) -> None:
+        """Stop following a job (it ended)."""
         self.estimator.remove_job(job.job_id)
         self._readers.pop(job.job_id, None)
-        if existing is not None:
-            await self.add_job(existing)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
@@ -196,7 +193,10 @@ class NetworkFeed:
     def probe_if_wanted(self, job_id: str) -> None:
         """One bandwidth test when the job's estimate wants one: of the peer tested
         longest ago (one reading confirms or refutes a move; the duty budget has
-        room for a few a minute, not a round of every peer at each move)."""
+        room for a few a minute, not a round of every peer at each move). Without
+        a prober or peers the wish is only cleared: such an estimate was made
+        knowing no probe comes (`LinkEstimateConfig.probes`) and takes a slower
+        move from the syncs alone, as a lower bound."""
         estimate = self.estimator.jobs.get(job_id)
         if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
             return  # without a figure to size it by the test would run whole seconds: the syncs give one
@@ -215,11 +215,6 @@ class NetworkFeed:
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:
         return self.estimator.bottleneck(job.job_id, job.spec.world_size, time.time())
-
-    def estimate_state(self, job_id: str) -> dict | None:
-        """What a restart needs to continue the job's estimate exactly."""
-        estimate = self.estimator.jobs.get(job_id)
-        return None if estimate is None else estimate.state_dict()
 
     def peers(self) -> list[PeerPath]:
         return list(self.estimator.peers.values())

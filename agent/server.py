@@ -45,6 +45,7 @@ from flexcomm.agent.persist import Persister
 from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
 from flexcomm.policy.jobspec import policy_for
+from flexcomm.policy.linkestimate import LinkEstimateConfig
 from flexcomm.probe.estimate import EstimateConfig, Estimator
 from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
@@ -110,7 +111,8 @@ class Agent:
         self.jobs = Jobs(config.max_jobs)
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
-        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s))
+        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s,
+                                                                   link=LinkEstimateConfig(probes=config.probe)))
         self.network = NetworkFeed(estimator, self.metrics,
                                    redecide=lambda job_id: self.lifecycle.refresh_job(job_id))
         self.lifecycle = JobLifecycle(self.jobs, self.network, self.persister, self.metrics, policy_for)

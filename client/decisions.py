@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from flexcomm.policy.linkestimate import LinkEstimate, SyncReader, network_news
+from flexcomm.policy.linkestimate import LinkEstimate, LinkEstimateConfig, SyncReader, network_news
 from flexcomm.policy.types import Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 
@@ -49,15 +49,17 @@ class DecisionSource(Protocol):
 
 class PolicySource:
     """A `DecisionSource` over an in-process policy: report -> observe_step (and
-    the network estimate), latest -> decide. `clock` stamps the estimate."""
+    the network estimate), latest -> decide. `clock` stamps the estimate: the
+    wall clock, as the agent's, since the estimate is saved in checkpoints and
+    may resume on another host."""
 
-    def __init__(self, policy: Policy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
         for method in ("observe_step", "decide"):
             if not callable(getattr(policy, method, None)):
                 raise ValueError(f"policy: {type(policy).__name__} has no {method}()")
         self.policy = policy
         self.clock = clock
-        self.estimate = LinkEstimate()
+        self.estimate = LinkEstimate(LinkEstimateConfig(probes=False))  # nothing probes in-process
         self._reader: SyncReader | None = None
 
     def latest(self) -> Decision | None:

@@ -27,8 +27,10 @@ option. Both are fitted together, with forgetting:
   `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path); else a
-  probe must confirm it (`wants_probe`). Readings in the streak before a change
-  are not blended into the old figure.
+  probe must confirm it (`wants_probe`), and where no probe will come (`probes`
+  off: an in-process policy, an agent that does not probe) the slower figure is
+  taken as a lower bound. Readings in the streak before a change are not blended
+  into the old figure.
 - A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
   hide a 50x move of the link) asks for a probe, once per `max_age_s`.
 - A probe that reads faster, or agrees, confirms; one that reads slower while
@@ -53,7 +55,7 @@ from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
 SYNC, SYNC_BOUND, PROBE, REPORT = "sync", "sync (lower bound)", "probe", "report"
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 # A policy is shown the estimate's age in whole steps of this: an age that moved
 # by a fraction of a second is no news to decide on.
 AGE_STEP_S = 5.0
@@ -104,6 +106,7 @@ class LinkEstimateConfig:
     overhead_weight: float = 0.05
     max_age_s: float = 30.0
     bound_window_s: float = 1.0
+    probes: bool = True  # whether a probe comes when one is wanted
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
@@ -117,6 +120,8 @@ class LinkEstimateConfig:
                 raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
         if not isinstance(self.persist, int) or self.persist < 1:
             raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
+        if not isinstance(self.probes, bool):
+            raise ValueError(f"probes: must be true or false, got {self.probes!r}")
 
 
 @dataclass
@@ -147,12 +152,13 @@ class CollectiveFit:
 @dataclass
 class Streak:
     """Reports in a row that disagree with the estimate the same way (+1 slower,
-    -1 faster): how many, since when, and the slowest beta each could be."""
+    -1 faster): how many, the slowest beta each of the last `persist` could be,
+    and the slowest of them all."""
 
     direction: int
-    since: float
     reports: int = 0
     betas: list[float] = field(default_factory=list)
+    slowest: float = 0.0
     informative: bool = True  # every reading was narrow enough to stand for the path
     alone: bool = True  # every reading's bytes would explain `alone_share` of its time
     probe_asked: bool = False
@@ -187,8 +193,8 @@ class LinkEstimate:
         """The rate to size a probe by: the slowest the syncs of a move in progress
         allow (a test sized for the old, faster figure is cut off on a slower
         link), else the figure."""
-        if self.streak is not None and self.streak.betas:
-            return 8.0 / max(self.streak.betas)
+        if self.streak is not None and self.streak.slowest > 0:
+            return 8.0 / self.streak.slowest
         return self.bandwidth_bps
 
     def age_s(self, now: float) -> float:
@@ -283,22 +289,26 @@ class LinkEstimate:
                   beta_bytes: float, ts: float, reports: int) -> None:
         streak = self.streak
         if streak is None or streak.direction != direction:
-            streak = self.streak = Streak(direction, ts)
+            streak = self.streak = Streak(direction)
         streak.reports += reports
         # a reading that is not narrow says only what surely crossed: its bytes in its time
-        streak.betas.append(slowest if narrow else seconds / beta_bytes)
+        reading = slowest if narrow else seconds / beta_bytes
+        streak.betas = [*streak.betas, reading][-self.config.persist:]
+        streak.slowest = max(streak.slowest, reading)
         streak.informative = streak.informative and narrow
         streak.alone = streak.alone and (seconds * self.config.alone_share <= fastest * beta_bytes)
         self.syncs_agree = False
         if streak.reports < self.config.persist:
             return
-        figure = min(streak.betas[-self.config.persist:])  # the fastest the path surely was
+        figure = min(streak.betas)  # the fastest the path surely was
         if direction < 0:
             self._set(figure, SYNC if streak.informative else SYNC_BOUND, ts,
                       lower_bound=not streak.informative)
             self.wants_probe = not streak.informative
         elif streak.informative and streak.alone:
             self._set(figure, SYNC, ts, lower_bound=False)
+        elif not self.config.probes:
+            self._set(figure, SYNC_BOUND, ts, lower_bound=True)  # no probe will confirm it: a bound
         elif not streak.probe_asked:
             streak.probe_asked = self.wants_probe = True
 
@@ -347,11 +357,11 @@ class LinkEstimate:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly from `state_dict()`; ValueError naming what is wrong."""
-        if state.get("format") != STATE_FORMAT:
+        if state.get("format") not in (1, STATE_FORMAT):
             raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
         try:
             overheads = {k: CollectiveFit(**v) for k, v in state["overheads"].items()}
-            streak = Streak(**state["streak"]) if state["streak"] else None
+            streak = self._streak(state["streak"]) if state["streak"] else None
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
                                             "aged_ask")}
@@ -361,6 +371,14 @@ class LinkEstimate:
         for name, value in fields.items():
             setattr(self, name, value)
         self.overheads, self.streak, self.bounds = overheads, streak, bounds
+
+    def _streak(self, state: dict[str, Any]) -> Streak:
+        """A stored streak; one of format 1 has a `since` and every beta it read."""
+        state = {k: v for k, v in state.items() if k != "since"}
+        betas = [float(b) for b in state.pop("betas")]
+        streak = Streak(**state, betas=betas[-self.config.persist:])
+        streak.slowest = max([streak.slowest, *betas])
+        return streak
 
 
 class SyncReader:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flexcomm.policy.linkestimate import PROBE, LinkEstimate, LinkEstimateConfig, ewma, relative_change
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, check_range
@@ -113,9 +113,11 @@ class Estimator:
 
     def add_job(self, job_id: str, peers: Iterable[str], ts: float) -> LinkEstimate:
         """Follow a job whose syncs cross the paths to `peers` (this host's own
-        addresses already left out); a job added again starts afresh."""
-        self.jobs[job_id] = LinkEstimate(self.config.link)
+        addresses already left out); a job added again starts afresh. A job with
+        no peers gets no probe: its syncs stand alone."""
         self.job_peers[job_id] = tuple(dict.fromkeys(peers))
+        link = self.config.link if self.job_peers[job_id] else replace(self.config.link, probes=False)
+        self.jobs[job_id] = LinkEstimate(link)
         self.started[job_id] = ts
         self.reported_alpha.pop(job_id, None)
         return self.jobs[job_id]

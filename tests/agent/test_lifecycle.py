@@ -2,10 +2,13 @@
 process exits, expires when nobody hears from it, is replaced when its spec
 changes (but never taken by another world while it runs), is refused loudly at
 max_jobs, and a restarted agent resumes only the running ones. Ended jobs leave
-the agent (listing, probing, metrics) while their history stays in the store."""
+the agent (listing, probing, metrics) while their history stays in the store. A
+replacement the store refused leaves the running job its estimate (in-process)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -16,7 +19,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from flexcomm.agent.jobs import Jobs
+from flexcomm.agent.lifecycle import JobLifecycle, StoreUnavailable
+from flexcomm.agent.metrics import Metrics
+from flexcomm.agent.network_feed import NetworkFeed
+from flexcomm.agent.persist import Persister
 from flexcomm.client.agent_client import AgentClient
+from flexcomm.policy.jobspec import JobSpec, policy_for
+from flexcomm.policy.types import StepReport
+from flexcomm.probe.estimate import Estimator
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Measurement, Store
 from support.agent_process import AgentProcess, free_port, job_ids, metrics_text, running, spec, wait_for
@@ -245,3 +256,39 @@ def test_short_jobs_in_a_row_leave_only_the_running_one_listed() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["goal_met"] and result["status_jobs"] == ["long"] and result["with_history"] == 4
+
+
+def test_a_replacement_the_store_refused_leaves_the_running_job_its_estimate(tmp_path: Path, monkeypatch) -> None:
+    """In-process (a real store and network model): the replacing registration's
+    write fails. While it is being written and after, the running job's reports
+    feed the estimate it had, which keeps what it learned."""
+    async def scenario() -> None:
+        persister = Persister(str(tmp_path / "a.db"))
+        await persister.open()
+        jobs = Jobs(4)
+        network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+        lifecycle = JobLifecycle(jobs, network, persister, Metrics(), policy_for)
+        first = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                        policy="dense")
+        running_job = (await lifecycle.register(first, replace=False)).job
+        steps = [StepReport(step=i, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                            t_sync_s=0.05, gain=1.0) for i in range(8)]
+        await lifecycle.ingest(running_job, steps, None)
+        estimate = network.estimator.jobs["j"]
+        learned = estimate.state_dict()
+        assert estimate.beta_s_per_byte is not None and running_job.estimate is estimate
+        held_while_written = []
+
+        def disk_full(*args: object, **kwargs: object) -> None:
+            held_while_written.append(network.estimator.jobs["j"] is estimate)
+            raise OSError("disk full")
+
+        monkeypatch.setattr(persister.store, "save_policy_state", disk_full)
+        with pytest.raises(StoreUnavailable, match="disk full"):
+            await lifecycle.register(dataclasses.replace(first, grad_bytes=8_000_000), replace=True)
+        assert held_while_written == [True]
+        assert jobs.find("j") is running_job and network.estimator.jobs["j"] is estimate
+        assert estimate.state_dict() == learned
+        await persister.close()
+
+    asyncio.run(scenario())

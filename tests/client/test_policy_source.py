@@ -4,6 +4,8 @@ estimate moves. A policy that takes no network is left alone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from flexcomm.client.decisions import PolicySource
@@ -29,6 +31,17 @@ def test_an_in_process_moo_sees_the_link_its_syncs_show():
         source.report(dense_step(step, 20e6, moo))
     assert moo.network.bandwidth_bps == pytest.approx(20e6, rel=0.1)
     assert moo.network.alpha_s == 1e-4 and not moo.network.lower_bound  # the rest as it was given
+
+
+def test_the_estimate_is_stamped_on_the_wall_clock():
+    """It is saved in checkpoints and may resume on another host: a monotonic
+    clock's stamps would mean nothing there."""
+    moo = make_policy("moo", grad_bytes=GRAD_BYTES, nodes=2)
+    moo.observe_network(NetworkObservation.from_link(1e-4, 1e9, 2))
+    source = PolicySource(moo)
+    before = time.time()
+    source.report(dense_step(0, 1e9, moo))
+    assert before <= source.estimate.confirmed <= time.time()
 
 
 def test_a_policy_without_a_network_is_left_alone():

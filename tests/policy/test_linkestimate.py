@@ -253,3 +253,44 @@ def test_a_probe_for_a_slower_move_is_sized_by_the_slowest_the_syncs_allow():
     assert path.estimate.expected_bps == path.estimate.bandwidth_bps
     path.run(TOPK_AG, 200e6, 1)
     assert path.estimate.wants_probe and path.estimate.expected_bps < 250e6
+
+
+def test_a_slower_move_waiting_for_a_probe_keeps_only_the_last_readings():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 100)  # the probe it asked for never comes
+    streak = path.estimate.streak
+    assert path.mbps == pytest.approx(1000, rel=0.05) and streak.probe_asked
+    assert len(streak.betas) == path.estimate.config.persist  # not one per sync
+    assert path.estimate.expected_bps == 8 / streak.slowest < 250e6
+
+
+def test_where_no_probe_comes_a_slower_move_is_taken_as_a_lower_bound():
+    path = Path(probes=False)
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 1)  # Top-k's bytes explain too little to stand alone
+    e = path.estimate
+    assert e.lower_bound and e.evidence == SYNC_BOUND and e.streak is None
+    assert 100 < path.mbps <= 200  # at least what crossed, never more than the link
+    path.run(TOPK_AG, 200e6, 50)  # against the overhead it knows, each sync now reads the path
+    assert path.mbps == pytest.approx(200, rel=0.05) and e.evidence == SYNC and e.streak is None
+    with pytest.raises(ValueError, match=r"^probes:"):
+        LinkEstimateConfig(probes=1)
+
+
+def test_a_stored_estimate_of_the_first_format_loads_its_streak_trimmed():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 1)
+    state = path.estimate.state_dict()
+    streak = state["streak"]
+    betas = [8 / 150e6, 8 / 180e6, 8 / 190e6, *streak["betas"]]  # format 1 kept every one
+    old = {**state, "format": 1, "streak": {k: v for k, v in streak.items() if k != "slowest"}
+           | {"since": 1000.0, "betas": betas}}
+    restored = LinkEstimate(LinkEstimateConfig())
+    restored.load_state_dict(old)
+    assert restored.streak.betas == betas[-3:] and restored.streak.slowest == 8 / 150e6
+    assert restored.beta_s_per_byte == path.estimate.beta_s_per_byte

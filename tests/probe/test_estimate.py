@@ -65,6 +65,12 @@ def test_a_probe_of_a_peer_reaches_only_the_jobs_it_serves():
     assert est.observe(bandwidth("p1", 100e6), ts=2.0) == [] and "a" not in est.started
 
 
+def test_a_job_with_no_peers_gets_an_estimate_that_expects_no_probe():
+    est = Estimator()
+    assert est.add_job("a", ("p1",), ts=0.0).config.probes
+    assert not est.add_job("local", (), ts=0.0).config.probes  # its syncs stand alone
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"^max_probe_age_s:"):
         EstimateConfig(max_probe_age_s=0.0)
