@@ -649,7 +649,7 @@ class MooPolicy:
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
-        self.budget = QualityBudget.from_state(state["budget"])
+        self.budget = QualityBudget.from_state(state["budget"], self.config.budget_rate)
         self.exploring = ExploreBudget.from_state(state["exploring"])
         self.watch = Reconsideration.from_state(state["reconsideration"])
         self._s = _State.from_dict(state["state"])
