@@ -286,6 +286,44 @@ def test_every_ranks_residuals_go_into_the_checkpoint_and_each_rank_gets_its_own
     assert results[0]["norm"] != results[1]["norm"]  # the ranks' residuals differ: rank 0's would not do
 
 
+def checkpoint_before_the_first_step(rank: int, world: int, store: str) -> dict:
+    import torch.distributed as dist
+
+    from flexcomm.client.checkpoint import EveryRank
+    from flexcomm.client.hook import FlexcommState, flexcomm_hook
+
+    dist.destroy_process_group()
+    state = FlexcommState(compression="topk:0.1", control_interval=2)  # before the group, as Lightning builds it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    saved = EveryRank(state).state_dict()  # a checkpoint written before the first step (every rank calls it)
+    restore = EveryRank()
+    restore.load_state_dict(saved)
+    restore.attach(state)
+    train(6, lambda m: (m.register_comm_hook(state, flexcomm_hook), state)[1])
+    after = EveryRank(state).state_dict()["ranks"][rank]  # closes the last step
+    return {"saved": saved, "steps": state.step, "after": sorted(after)}
+
+
+@pytest.mark.slow  # real gloo ranks
+@pytest.mark.timeout(120)
+def test_a_checkpoint_written_before_the_first_step_holds_nothing_and_restores_nothing(tmp_path: Path) -> None:
+    results = run_ranks(2, "client/test_one_line.py:checkpoint_before_the_first_step",
+                        args={"store": str(tmp_path / "store")})
+    for r in results:
+        assert r["saved"] == {"ranks": [{}, {}]}
+        assert r["steps"] == 6 and r["after"] == ["controller", "gradient_step"]
+
+
+def test_a_state_before_its_group_checkpoints_what_it_was_given_to_restore() -> None:
+    from flexcomm.client.hook import FlexcommState
+
+    state = FlexcommState(compression="topk:0.1")  # no process group in this process: not joined
+    assert state.state_dict() == {}
+    given = {"controller": {"step": 7}, "gradient_step": {}}
+    state.load_state_dict(given)
+    assert state.state_dict() == given  # a checkpoint written now keeps it for the resumed run
+
+
 # -- an agent client on another rank ---------------------------------------------------
 def agent_client_on_rank_one(rank: int, world: int, socket: str) -> dict:
     from flexcomm.client.agent_client import AgentClient
