@@ -5,9 +5,10 @@ would send, ||g_c||^2 / ||g_e||^2, read for every candidate off one gradient.
   selection of the largest k, then nested top-k's of what it selected).
 - PowerSGD at rank r: what one PowerSGD iteration sends of each matrix it
   compresses at r, ||P P^T M||^2 with P = orth(M Q), Q warm-started from the
-  last probe of the same bucket, matrix and rank (`WarmFactors`; random factors
-  the first time, from a private generator, so the training's random streams
-  are untouched), plus the tensors it sends dense at r whole.
+  last probe of the same bucket, matrix and rank (`WarmFactors`, the store the
+  compressor keeps its Q in too, checkpointed with the job; random factors the
+  first time, from a private generator, so the training's random streams are
+  untouched), plus the tensors it sends dense at r whole.
 
 Everything is computed on the gradient's device without reading a number back:
 `probe_gains` returns a `ProbedGains` whose tensors travel to the host with no
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize_gram_schmidt
 
 from flexcomm.client.device import Later
 from flexcomm.client.selection import check_flat, k_for, make_selector
@@ -28,6 +30,10 @@ from flexcomm.policy.costmodel import powersgd_compresses
 from flexcomm.policy.types import POWERSGD, TOPK, Compression
 
 Finish = Callable[[list[torch.Tensor]], Any]  # host tensors -> what they mean
+
+# Added to each column norm when orthogonalising: a column of zeros (a gradient
+# that vanished) would otherwise divide by zero.
+ORTHOGONALIZE_EPSILON = 1e-8
 
 
 def squared_norm(x: torch.Tensor) -> torch.Tensor:
@@ -60,43 +66,43 @@ def topk_masses(g: torch.Tensor, ks: Sequence[int], select=None) -> torch.Tensor
 
 
 class WarmFactors:
-    """PowerSGD's warm start for the probes: the Q each (bucket, matrix, rank)
-    ended its last probe with, so each probe is one more PowerSGD iteration, as
-    the running option does once a step. (The best rank-r SVD the probes read
-    before held PowerSGD rank 1 at 0.24-0.53 while its steps delivered
-    0.021-0.055: one iteration from a warm Q is what PowerSGD sends.)"""
+    """PowerSGD's warm start: the Q each key ended its last iteration with, so
+    each iteration starts where the last one ended. The compressor keeps the
+    group's Q per (bucket, rank), flat over the bucket's matrices; the probes
+    (rank 0 alone, so apart from the Q every rank shares) theirs per (bucket,
+    matrix, rank): one more iteration from a warm Q is what PowerSGD sends (the
+    best rank-r SVD the probes read before held PowerSGD rank 1 at 0.24-0.53
+    while its steps delivered 0.021-0.055). Both go into the job's checkpoint."""
 
     def __init__(self) -> None:
-        self.q: dict[tuple[object, int, int], torch.Tensor] = {}
+        self.q: dict[tuple, torch.Tensor] = {}
 
-    def start(self, key: tuple[object, int, int], cols: int, rank: int, like: torch.Tensor,
-              generator: torch.Generator) -> torch.Tensor:
+    def get(self, key: tuple, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """The kept Q for `key` on `device`, flat; None when there is none or it no longer fits."""
         kept = self.q.get(key)
-        if kept is not None and kept.shape == (cols, rank) and kept.device == like.device:
-            return kept
-        return torch.randn(cols, rank, generator=generator, device=like.device)
+        if kept is None or kept.numel() != numel or kept.dtype != dtype:
+            return None
+        return kept.to(device)
 
-    def keep(self, key: tuple[object, int, int], q: torch.Tensor) -> None:
-        self.q[key] = q
+    def keep(self, key: tuple, q: torch.Tensor) -> None:
+        self.q[key] = q.detach().reshape(-1)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": {k: v.clone() for k, v in self.q.items()}}
 
-def orthonormal_columns(p: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Gram-Schmidt over the few columns of `p`, on its device with nothing read
-    back (a QR on a GPU may wait for the host)."""
-    cols: list[torch.Tensor] = []
-    for i in range(p.shape[1]):
-        col = p[:, i]
-        for done in cols:
-            col = col - done * torch.dot(done, col)
-        cols.append(col / col.norm().clamp(min=eps))
-    return torch.stack(cols, dim=1)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q = {tuple(k): v.clone() for k, v in state.get("q", {}).items()}
 
 
 def powersgd_mass(m: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One PowerSGD iteration on matrix `m` from `q` (cols x r): P = orth(m q),
-    Q' = m^T P. Returns (||P P^T m||^2 = ||Q'||^2 as a 0-dim float64 tensor, Q')."""
+    Q' = m^T P. Returns (||P P^T m||^2 = ||Q'||^2 as a 0-dim float64 tensor, Q').
+    P is orthogonalised by PyTorch's Gram-Schmidt at every rank (its
+    `_orthogonalize` takes a QR above rank 2, which on a GPU may wait for the
+    host); either gives the same projection."""
     m32 = m.float()
-    p = orthonormal_columns(m32 @ q.float())
+    p = m32 @ q.float()
+    _orthogonalize_gram_schmidt(p.unsqueeze(0), ORTHOGONALIZE_EPSILON)
     q_next = m32.T @ p
     return squared_norm(q_next.reshape(-1)), q_next
 
@@ -126,7 +132,11 @@ def powersgd_masses(g: torch.Tensor, shapes: Sequence[torch.Size], ranks: Sequen
             used = powersgd_compresses(matrix.shape[0], matrix.shape[1], rank)
             if used:
                 where = (key, i, rank)
-                mass, q = powersgd_mass(matrix, warm.start(where, matrix.shape[1], used, matrix, generator))
+                cols = matrix.shape[1]
+                kept = warm.get(where, cols * used, torch.float32, matrix.device)
+                q = (kept.view(cols, used) if kept is not None
+                     else torch.randn(cols, used, generator=generator, device=matrix.device))
+                mass, q = powersgd_mass(matrix, q)
                 warm.keep(where, q)
                 tensors.append(mass)
                 plan.append(j)

@@ -162,14 +162,20 @@ class Runner:
 
     def state_dict(self) -> dict[str, Any]:
         """Step counter, adopted decision, residuals and compressor state such as
-        PowerSGD's warm-started factors (tensors: use torch.save)."""
+        PowerSGD's warm-started factors (tensors: use torch.save). Before the state
+        joined its group (a checkpoint written before the first step): the state
+        it was given to restore then, else {} (nothing to restore)."""
+        if self._controller is None:
+            return self._restore if self._restore is not None else {}
         return {"controller": self.controller.state_dict(), "gradient_step": self.gradient_step.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what state_dict returned; do it on every rank (before the state
-        joined its group, it is restored when it does)."""
+        joined its group, it is restored when it does). {} restores nothing."""
         if self._controller is None:
-            self._restore = state
+            self._restore = state or None
+            return
+        if not state:
             return
         self.controller.load_state_dict(state["controller"])
         self.gradient_step.load_state_dict(state["gradient_step"])

@@ -84,9 +84,11 @@ class GradientStep:
 
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict(),
-                "compressors": {family: c.state_dict() for family, c in self.compressors.items()}}
+                "compressors": {family: c.state_dict() for family, c in self.compressors.items()},
+                "probe_factors": self.probe_factors.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.memory.load_state_dict(state.get("memory", {}))
         for family, saved in state.get("compressors", {}).items():
             self.compressors[family].load_state_dict(saved)
+        self.probe_factors.load_state_dict(state.get("probe_factors", {}))

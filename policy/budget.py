@@ -34,7 +34,8 @@ MIN_REFERENCE_ERROR = 0.02  # a reference losing less than that is scaled as los
 @dataclass
 class QualityBudget:
     """The run's error budget and its multiplier. `lam` is None until the first
-    choice with known errors sets it (`start`)."""
+    choice with known errors sets it (`start`). `rate` is a setting (the config's
+    budget_rate), the rest is what the run learned: only that is state."""
 
     rate: float = 0.01
     lam: float | None = None
@@ -64,19 +65,13 @@ class QualityBudget:
         """The Lagrangian of one option: its step time plus its error's price."""
         return t_step_s + (self.lam or 0.0) * error
 
-    def describe(self) -> str:
-        if self.lam is None:
-            return "error budget not started"
-        share = self.spent / self.allowed if self.allowed > 0 else 0.0
-        return (f"error budget: spent {share:.0%} of the reference's over {self.steps} steps, "
-                f"price {self.lam:.3g} s per unit of error")
-
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "rate"}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> QualityBudget:
-        return cls(**state)
+    def from_state(cls, state: Mapping[str, Any], rate: float) -> QualityBudget:
+        """The learned state with the `rate` set now (an older state's stored rate is ignored)."""
+        return cls(rate=rate, **{k: v for k, v in state.items() if k != "rate"})
 
 
 __all__ = ["QualityBudget"]

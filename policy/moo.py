@@ -389,46 +389,39 @@ class MooPolicy:
             # An exploration that ran blind measured this same network: it goes on
             # (restarted, the lab's first exploration ran three times).
             self._start_exploration(f"{self.watch.change_reason(net)} while exploring")
-        elif self._s.phase == EXPLOIT and self._worth_probing_up(net):
-            self._probe_up(net)
+        elif self._s.phase == EXPLOIT and (choice := self._worth_probing_up(net)) is not None:
+            self._probe_up(net, choice)
 
-    def _worth_probing_up(self, net: NetworkObservation) -> bool:
-        """The bandwidth is only known to be at least this (or was last confirmed
-        long ago), a lossy option runs, and on a link PROBE_UP_FACTOR times as
-        fast the model would run a lossless one: only running one shows which.
-        Once per PROBE_UP_EVERY steps, and only inside the exploring budget."""
+    def _worth_probing_up(self, net: NetworkObservation) -> Choice | None:
+        """The lossless option to probe up with, if any: the bandwidth is only known
+        to be at least this (or was last confirmed long ago), a lossy option runs,
+        and on a link PROBE_UP_FACTOR times as fast the model would run a lossless
+        one: only running one shows which. Once per PROBE_UP_EVERY steps, and only
+        inside the exploring budget."""
         s = self._s
         if not (net.lower_bound or net.age_s >= PROBE_UP_AGE_S):
-            return False
+            return None
         if s.current is None or not s.current.compression.lossy:
-            return False
+            return None
         if s.probed_up_at is not None and self.exploring.steps_seen - s.probed_up_at < PROBE_UP_EVERY:
-            return False
+            return None
         if self._explore_allowance() < self._item_cost():
-            return False
-        return self._faster_choice(net) is not None
+            return None
+        return self._faster_choice(net)
 
     def _faster_choice(self, net: NetworkObservation) -> Choice | None:
         """The best lossless option if the model, on a link PROBE_UP_FACTOR times
         as fast, would choose it over the running option."""
-        s = self._s
         faster = replace(net, beta_s_per_byte=net.beta_s_per_byte / PROBE_UP_FACTOR)
-        saved = s.net
-        s.net = faster
-        try:
-            rows = self.evaluate(predicted=True)
-        finally:
-            s.net = saved
+        rows = self.evaluate(predicted=True, on=faster)
         if not rows:
             return None
         best = self.choose(rows)
         return best.option if best.option.lossless else None
 
-    def _probe_up(self, net: NetworkObservation) -> None:
-        """Run the best lossless option for one item, as an exploration of one."""
+    def _probe_up(self, net: NetworkObservation, choice: Choice) -> None:
+        """Run `choice`, the best lossless option, for one item, as an exploration of one."""
         s = self._s
-        choice = self._faster_choice(net)
-        assert choice is not None
         s.probed_up_at = self.exploring.steps_seen
         self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
@@ -531,12 +524,13 @@ class MooPolicy:
             self._decision = self._s.current
         return self._decision
 
-    def evaluate(self, *, predicted: bool = False) -> list[Evaluation]:
+    def evaluate(self, *, predicted: bool = False, on: NetworkObservation | None = None) -> list[Evaluation]:
         """Every candidate with the figures the choice would use (skips those with
         no measured nor predictable sync time). predicted=True ignores what was
-        measured: every option as the calibrated model sees it."""
+        measured: every option as the calibrated model sees it. `on`: the network
+        to model the sync times on, when not the one last observed."""
         s = self._s
-        net = self._net()
+        net = on if on is not None else self._net()
         rows = []
         running = self._current_label()
         t_compute = self.t_compute
@@ -655,7 +649,7 @@ class MooPolicy:
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
-        self.budget = QualityBudget.from_state(state["budget"])
+        self.budget = QualityBudget.from_state(state["budget"], self.config.budget_rate)
         self.exploring = ExploreBudget.from_state(state["exploring"])
         self.watch = Reconsideration.from_state(state["reconsideration"])
         self._s = _State.from_dict(state["state"])

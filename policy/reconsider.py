@@ -74,9 +74,12 @@ class Reconsideration:
         self.running_sync, self.running_level = [], []
 
     def ran(self, sync_s: float, per_compute_s: float) -> None:
-        """One step of the running option: its sync time, and that per second of compute."""
+        """One step of the running option: its sync time, and that per second of
+        compute. Its first RUNNING_SAMPLES steps settle the level `fell` compares with."""
         self.running_sync = [*self.running_sync, sync_s][-RUNNING_SAMPLES:]
         self.running_level = [*self.running_level, per_compute_s][-RUNNING_SAMPLES:]
+        if self.settled_level is None and len(self.running_level) >= RUNNING_SAMPLES:
+            self.settled_level = statistics.median(self.running_level)
 
     def sync(self) -> float | None:
         """The running option's sync time: the median of its latest steps, or the
@@ -89,13 +92,9 @@ class Reconsideration:
         """How far the running option's sync per second of compute fell below
         where its first steps put it (a busy host slows compute and sync alike;
         a link moves the ratio). 0 until there is something to compare."""
-        if len(self.running_level) < RUNNING_SAMPLES:
-            return 0.0
-        level = statistics.median(self.running_level)
         if self.settled_level is None:
-            self.settled_level = level
             return 0.0
-        return 1.0 - level / self.settled_level
+        return 1.0 - statistics.median(self.running_level) / self.settled_level
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

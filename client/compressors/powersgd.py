@@ -30,15 +30,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogona
 from flexcomm.client.collectives import Future, Ring
 from flexcomm.client.compressors import Bucket, Payload, nbytes
 from flexcomm.client.device import to_device
-from flexcomm.client.gains import squared_norm
+from flexcomm.client.gains import ORTHOGONALIZE_EPSILON, WarmFactors, squared_norm
 from flexcomm.client.memory import ErrorFeedback
 from flexcomm.client.stats import StepStats, sync_timer, timed
 from flexcomm.policy.costmodel import powersgd_compresses
 from flexcomm.policy.types import POWERSGD, Decision
-
-# Added to each column norm when orthogonalising: a column of zeros (a gradient
-# that vanished) would otherwise divide by zero.
-EPSILON = 1e-8
 
 
 @dataclass
@@ -75,7 +71,7 @@ class PowerSgd:
     def __init__(self, seed: int = 0) -> None:
         # Every rank starts Q from the same seed: PowerSGD's Q is shared state.
         self.seed = seed
-        self.q: dict[tuple[object, int], torch.Tensor] = {}
+        self.warm = WarmFactors()  # the group's Q per (bucket, rank)
 
     def compress(self, bucket: Bucket, g_e: torch.Tensor, decision: Decision, transport: Ring,
                  stats: StepStats) -> Payload:
@@ -90,7 +86,7 @@ class PowerSgd:
         with timed(stats, "t_comp_s", g_e):
             ps = _views(flat_p, [p.shape for p in ps])
             for p in ps:
-                _orthogonalize(p.unsqueeze(0), EPSILON)
+                _orthogonalize(p.unsqueeze(0), ORTHOGONALIZE_EPSILON)
             local_qs = [m.T @ p for m, p in zip(parts.matrices, ps, strict=True)]
             wire = torch.cat([q.reshape(-1) for q in local_qs] + [d.reshape(-1) for d in parts.dense])
         stats.add_norms(c=squared_norm(wire))  # every local Q and the dense tensors: what this rank sends
@@ -134,26 +130,26 @@ class PowerSgd:
         """Last step's Q for (key, rank), orthogonalised (PowerSGD's warm start), or
         a seeded random one when there is none or the bucket changed."""
         shapes = [torch.Size((m.shape[1], r)) for m, r in zip(parts.matrices, parts.ranks, strict=True)]
-        kept = self.q.get((key, rank))
-        if kept is not None and kept.numel() == sum(s.numel() for s in shapes) and kept.dtype == like.dtype:
-            qs = [q.clone() for q in _views(kept.to(like.device), shapes)]
+        kept = self.warm.get((key, rank), sum(s.numel() for s in shapes), like.dtype, like.device)
+        if kept is not None:
+            qs = [q.clone() for q in _views(kept, shapes)]
         else:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + _stable(key) * 1031 + rank)
             drawn = [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]  # the same on any device
             qs = [to_device(q, like.device, like.dtype) for q in drawn]
         for q in qs:
-            _orthogonalize(q.unsqueeze(0), EPSILON)
+            _orthogonalize(q.unsqueeze(0), ORTHOGONALIZE_EPSILON)
         return qs
 
     def _keep_q(self, key: object, rank: int, qs: list[torch.Tensor]) -> None:
         if qs:
-            self.q[(key, rank)] = torch.cat([q.reshape(-1) for q in qs]).detach().clone()
+            self.warm.keep((key, rank), torch.cat([q.reshape(-1) for q in qs]))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"q": {k: v.clone() for k, v in self.q.items()}}
+        return self.warm.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.q = {tuple(k): v.clone() for k, v in state.get("q", {}).items()}
+        self.warm.load_state_dict(state)
 
 
 def _views(flat: torch.Tensor, shapes) -> list[torch.Tensor]:

@@ -161,19 +161,20 @@ def check_powersgd_is_pytorchs(rank: int, world: int) -> list[float]:
 
     from flexcomm.client.collectives import Ring
     from flexcomm.client.compressors import Bucket
-    from flexcomm.client.compressors.powersgd import EPSILON, PowerSgd
+    from flexcomm.client.compressors.powersgd import PowerSgd
+    from flexcomm.client.gains import ORTHOGONALIZE_EPSILON
     from flexcomm.client.stats import StepStats
     from flexcomm.policy.types import Decision
 
     numel = sum(s.numel() for s in SHAPES)
     state = psgd.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2, use_error_feedback=False,
-                               warm_start=True, orthogonalization_epsilon=EPSILON)
+                               warm_start=True, orthogonalization_epsilon=ORTHOGONALIZE_EPSILON)
     state.iter = 2
     ours, ring, decision = PowerSgd(), Ring(None), Decision("powersgd", 2, "dense_ring")
     q0 = torch.randn(48 * 2 + 40 * 2, generator=torch.Generator().manual_seed(9))  # (5, 3) goes dense at rank 2
     state.p_memory_dict[0] = torch.empty(64 * 2 + 30 * 2)
     state.q_memory_dict[0] = q0.clone()
-    ours.q[("b", 2)] = q0.clone()
+    ours.warm.keep(("b", 2), q0.clone())
     errors = []
     for step in range(3):
         g = local_grad(rank, step, numel, world)

@@ -369,7 +369,10 @@ def check_checkpoint_with_powersgd_and_policy(rank: int, world: int) -> dict:
     again.load_state_dict(copy.deepcopy(saved))
     back = again.state_dict()
     q = saved["gradient_step"]["compressors"]["powersgd"]["q"]
+    probed = saved["gradient_step"]["probe_factors"]["q"]  # the probes' warm start (rank 0 probes)
     return {
+        "probe_keys": len(probed),
+        "probe_equal": all(torch.equal(v, back["gradient_step"]["probe_factors"]["q"][k]) for k, v in probed.items()),
         "q_keys": sorted(str(k) for k in q),
         "q_equal": all(torch.equal(v, back["gradient_step"]["compressors"]["powersgd"]["q"][k]) for k, v in q.items()),
         "residuals_equal": all(torch.equal(v, back["gradient_step"]["memory"]["residuals"][k])
@@ -534,8 +537,9 @@ def test_a_checkpoint_keeps_powersgds_factors_and_the_policy(results):
     for rank, res in enumerate(per_rank):
         c = res["checkpoint"]
         assert c["q_keys"] and c["q_equal"] and c["residuals_equal"] and c["policy_equal"], c
-        assert c["step"] == 6
+        assert c["step"] == 6 and c["probe_equal"]
         if rank == 0:
+            assert c["probe_keys"] > 0
             assert c["decision"] == c["original"] and c["decision"].startswith("powersgd")
 
 

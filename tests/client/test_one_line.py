@@ -223,6 +223,7 @@ def test_two_jobs_at_once_on_one_agent_never_share_a_policy(tmp_path: Path, monk
 def state_before_the_group(rank: int, world: int, store: str) -> dict:
     import torch.distributed as dist
 
+    from flexcomm.client.checkpoint import EveryRank
     from flexcomm.client.hook import FlexcommState, flexcomm_hook
     from flexcomm.policy.static import StaticPolicy
     from flexcomm.policy.types import Compression
@@ -232,18 +233,24 @@ def state_before_the_group(rank: int, world: int, store: str) -> dict:
     state = FlexcommState(policy=StaticPolicy(Compression.parse("topk:0.25"), "ag_topk"), control_interval=2)
     before = (state.step, state.decision.label)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    saved = EveryRank(state).state_dict()  # a checkpoint written before the first step (every rank calls it)
+    restore = EveryRank()
+    restore.load_state_dict(saved)
+    restore.attach(state)  # restores nothing
     _, losses = train(20, lambda m: (m.register_comm_hook(state, flexcomm_hook), state)[1])
     ran = state.last_stats().compression.name  # closes the last step
-    return {"before": before, "after": state.decision.label, "steps": state.step, "ran": ran, "losses": losses}
+    return {"before": before, "saved": saved, "after": state.decision.label, "steps": state.step, "ran": ran,
+            "losses": losses}
 
 
 @pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(120)
-def test_a_state_built_before_the_process_group_joins_it_at_its_first_step(tmp_path: Path) -> None:
+def test_a_state_built_before_the_process_group_joins_it_at_its_first_step_and_checkpoints_before_it(
+        tmp_path: Path) -> None:
     results = run_ranks(2, "client/test_one_line.py:state_before_the_group",
                         args={"store": str(tmp_path / "store")})
     for r in results:
-        assert r["before"] == (0, "dense@dense_ring")
+        assert r["before"] == (0, "dense@dense_ring") and r["saved"] == {"ranks": [{}, {}]}
         assert (r["after"], r["steps"], r["ran"]) == ("topk:0.25@ag_topk", 20, "topk:0.25")
         assert sum(r["losses"][-5:]) < sum(r["losses"][:5])
 
@@ -284,6 +291,16 @@ def test_every_ranks_residuals_go_into_the_checkpoint_and_each_rank_gets_its_own
     for r in results:
         assert r["ranks"] == 2 and r["keys"] and r["own"] and r["step"] == 12
     assert results[0]["norm"] != results[1]["norm"]  # the ranks' residuals differ: rank 0's would not do
+
+
+def test_a_state_before_its_group_checkpoints_what_it_was_given_to_restore() -> None:
+    from flexcomm.client.hook import FlexcommState
+
+    state = FlexcommState(compression="topk:0.1")  # no process group in this process: not joined
+    assert state.state_dict() == {}
+    given = {"controller": {"step": 7}, "gradient_step": {}}
+    state.load_state_dict(given)
+    assert state.state_dict() == given  # a checkpoint written now keeps it for the resumed run
 
 
 # -- an agent client on another rank ---------------------------------------------------

@@ -41,7 +41,17 @@ def test_the_price_stays_within_its_range_and_starts_once() -> None:
     for _ in range(100):
         budget.observe(1.0, 0.0)
     assert budget.lam == pytest.approx(0.1 * LAMBDA_RANGE)
-    assert QualityBudget.from_state(json.loads(json.dumps(budget.state_dict()))) == budget
+    assert QualityBudget.from_state(json.loads(json.dumps(budget.state_dict())), rate=1.0) == budget
+
+
+def test_the_rate_is_the_settings_not_the_stored_states() -> None:
+    budget = QualityBudget(rate=0.5)
+    budget.start(0.1)
+    budget.observe(0.3, 0.1)
+    assert "rate" not in budget.state_dict()
+    older = {**budget.state_dict(), "rate": 0.5}  # a state stored with its rate
+    back = QualityBudget.from_state(older, rate=0.02)
+    assert back.rate == 0.02 and (back.lam, back.spent, back.steps) == (budget.lam, budget.spent, budget.steps)
 
 
 def test_before_any_error_is_known_the_price_is_unset() -> None:

@@ -205,6 +205,17 @@ def test_the_switching_margin_comes_from_the_two_fits_compared() -> None:
     assert policy._margin(*[r for r in policy.evaluate() if r.measured][:2]) == policy.config.hysteresis
 
 
+def test_evaluate_models_another_network_when_given_one_and_keeps_its_own() -> None:
+    policy = moo()
+    settle(policy, Job(policy), *SLOW)
+    observed = policy.network
+    faster = replace(observed, beta_s_per_byte=observed.beta_s_per_byte / 10)
+    slow_rows = {r.label: r.raw_sync_s for r in policy.evaluate(predicted=True)}
+    fast_rows = {r.label: r.raw_sync_s for r in policy.evaluate(predicted=True, on=faster)}
+    assert policy.network == observed
+    assert all(fast_rows[label] < slow for label, slow in slow_rows.items())
+
+
 def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     policy = moo(explore_max=3)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))

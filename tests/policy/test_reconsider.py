@@ -24,8 +24,11 @@ def test_the_running_figure_is_the_chosen_one_then_the_median_of_its_steps() -> 
 def test_a_busy_host_is_no_fall_but_a_faster_link_is() -> None:
     watch = Reconsideration()
     watch.chose(None)
-    for _ in range(RUNNING_SAMPLES):
+    for _ in range(RUNNING_SAMPLES - 1):
         watch.ran(0.2, 0.2 / 0.02)
+    assert watch.fell() == 0.0 and watch.settled_level is None  # asking settles nothing
+    watch.ran(0.2, 0.2 / 0.02)
+    assert watch.settled_level == pytest.approx(10.0)  # its first steps settle it
     assert watch.fell() == 0.0  # where its first steps put it
     for _ in range(RUNNING_SAMPLES):  # host twice as busy: compute and sync both double
         watch.ran(0.4, 0.4 / 0.04)
