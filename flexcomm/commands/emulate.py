@@ -344,7 +344,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     path = Path(args.log)
     try:
-        head = path.open("rb").read(16)
+        with path.open("rb") as f:
+            head = f.read(16)
     except OSError as exc:
         raise ValueError(f"log: cannot read {path}: {exc.strerror}") from None
     kind = args.format if args.format != "auto" else (
@@ -383,7 +384,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def _stored_bandwidth(path: Any, peer: str | None) -> tuple[list[tuple[float, float]], str]:
     """(ts, goodput) of a peer's successful bandwidth probes in a store, oldest
-    first, read without changing the file."""
+    first, read without changing the file (sqlite3 read-only: `Store` opens a
+    store for writing and migrates it, and this may be a running agent's)."""
     import sqlite3
 
     from flexcomm.store.records import BANDWIDTH

@@ -34,20 +34,31 @@ def describe(pid: int) -> str:
         return "?"
 
 
-def end(pid: int) -> None:
-    """SIGKILL `pid`, and its whole process group when it leads one of its own
-    (lab runs and gloo ranks start new sessions); then reap it."""
-    try:
-        if os.getpgid(pid) == pid and pid != os.getpgrp():
-            os.killpg(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(500):  # SIGKILL is quick unless the kernel holds the process (D state)
+def end(pid: int, grace_s: float = 2.0) -> None:
+    """SIGTERM `pid`, and its whole process group when it leads one of its own
+    (lab runs and gloo ranks start new sessions), so that an agent or a lab run
+    restores what it shaped; SIGKILL it if it is still there after `grace_s`;
+    then reap it."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            if os.getpgid(pid) == pid and pid != os.getpgrp():
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        if _reaped(pid, wait_s):
+            return
+
+
+def _reaped(pid: int, wait_s: float) -> bool:
+    """Whether `pid` exited (and was reaped) within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
         try:
             if os.waitpid(pid, os.WNOHANG) != (0, 0):
-                return
+                return True
         except ChildProcessError:  # reaped by its Popen meanwhile
-            return
+            return True
         time.sleep(0.01)
+    return False
