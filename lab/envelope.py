@@ -34,19 +34,28 @@ SKIP_SHARE = 0.10  # the start of a run, where every curve is steep, is left out
 WALK_LIMIT_S = 1e6  # a target no choice reaches within this is never reached
 
 
-def curve_at(evals: list[dict[str, Any]], metric: str, t: float) -> float | None:
-    """The figure of the last evaluation at or before `t` (None: none yet)."""
-    times = [e["t"] for e in evals]
-    i = bisect.bisect_right(times, t) - 1
-    return evals[i][metric] if i >= 0 else None
+class Curve:
+    """One run's figure as a step function of time: the figure of the last
+    evaluation at or before t. The times are listed once, so reading it at
+    every moment of the envelope costs a bisection, not a fresh list."""
+
+    def __init__(self, evals: list[dict[str, Any]], metric: str) -> None:
+        self.times = [e["t"] for e in evals]
+        self.values = [e[metric] for e in evals]
+
+    def at(self, t: float) -> float | None:
+        """None: no evaluation yet at `t`."""
+        i = bisect.bisect_right(self.times, t) - 1
+        return self.values[i] if i >= 0 else None
 
 
 def envelope(fixed: list[list[dict[str, Any]]], metric: str) -> list[tuple[float, float]]:
     """(t, best figure of any fixed run by t) at every evaluation time of any of them."""
     better = min if metric == "loss" else max
+    curves = [Curve(evals, metric) for evals in fixed]
     points = []
-    for t in sorted({e["t"] for evals in fixed for e in evals}):
-        known = [v for evals in fixed if (v := curve_at(evals, metric, t)) is not None]
+    for t in sorted({t for curve in curves for t in curve.times}):
+        known = [v for curve in curves if (v := curve.at(t)) is not None]
         if known:
             points.append((t, better(known)))
     return points
@@ -59,10 +68,10 @@ def distance(adaptive: list[dict[str, Any]], env: list[tuple[float, float]], met
     if not adaptive or not env:
         return {"worst": None, "median": None}
     start = SKIP_SHARE * adaptive[-1]["t"]
-    env_evals = [{"t": t, metric: v} for t, v in env]
+    best_by = Curve([{"t": t, metric: v} for t, v in env], metric)
     gaps = []
     for e in adaptive:
-        best = curve_at(env_evals, metric, e["t"])
+        best = best_by.at(e["t"])
         if e["t"] >= start and best is not None:
             gaps.append(e[metric] - best if metric == "loss" else 100.0 * (best - e[metric]))
     if not gaps:

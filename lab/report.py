@@ -6,7 +6,8 @@
 - `workload`, `schedule`, and `settings`: the target and its metric, every
   target of the run by name (a number given, or the tight target's value),
   equal_time and equal_time_s (the seconds every policy is read at: the budget,
-  or the pacesetter's time, or for an equal-steps run dense's median),
+  or the pacesetter's time the runner gave the others (config.json's
+  paced_budget_s), or for an equal-steps run dense's median),
   budget_s, pacesetter, nodes, steps, repeats, shaped and reason_unshaped,
   decisions.
 - `policies`: policy name -> its figures: time_to_target_s (training seconds
@@ -394,15 +395,16 @@ def resolve_targets(config: dict[str, Any], runs: list[PolicyRun]) -> dict[str, 
 
 
 def equal_time(config: dict[str, Any], runs: list[PolicyRun]) -> float | None:
-    """The seconds every policy is read at: the budget, else the pacesetter's
-    first run's training time, else (an equal-steps run) dense's median."""
+    """The seconds every policy is read at: the budget given, else the one the
+    runner took from the pacesetter (config's paced_budget_s; None when no
+    pacesetter run finished), else (an equal-steps run) dense's median."""
     if config.get("budget_s"):
         return float(config["budget_s"])
-    pacer = config.get("pacesetter") or "dense"
-    times = [r.steps[-1]["t"] for r in runs if r.label == pacer and r.steps]
-    if not times:
-        return None
-    return times[0] if config.get("pacesetter") else statistics.median(times)
+    if config.get("pacesetter"):
+        paced = config.get("paced_budget_s")
+        return float(paced) if paced is not None else None
+    times = [r.steps[-1]["t"] for r in runs if r.label == "dense" and r.steps]
+    return statistics.median(times) if times else None
 
 
 def build_summary(out: Path) -> LabSummary:

@@ -201,6 +201,7 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> LabSumma
                                   budget_s)
                 if budget_s is None and spec.label == cfg.pacesetter:
                     budget_s = trained_seconds(pdir)
+                    record_setting(out, "paced_budget_s", budget_s)
                     progress({"kind": "budget", "policy": spec.label, "budget_s": budget_s})
             except LabError as exc:  # the other policies still run and are reported
                 (policy_dir(out, spec.label, repeat) / FAILED).write_text(str(exc))
@@ -224,6 +225,15 @@ def run_order(cfg: LabConfig) -> list[tuple[int, int, PolicySpec]]:
     again; the pacesetter first."""
     order = sorted(enumerate(cfg.policies), key=lambda p: p[1].label != cfg.pacesetter)
     return [(r, i, spec) for r in range(cfg.repeats) for i, spec in order]
+
+
+def record_setting(out: Path, name: str, value: Any) -> None:
+    """Add a setting the run decided (not given) to its config.json, so the
+    report reads what the run used rather than working it out again."""
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config[name] = value
+    path.write_text(json.dumps(config, indent=1))
 
 
 def trained_seconds(pdir: Path) -> float:

@@ -18,9 +18,12 @@ in training; the start record's `compute_s` is rank 0's median: what a step
 would cost if communication were free.
 
 With `budget_s`, every rank trains until rank 0's training clock reaches the
-budget (rank 0 decides and broadcasts it before each step, off the clock), so
-policies compare at equal training time; otherwise it trains `steps` steps.
-Either way the last step is evaluated.
+budget, so policies compare at equal training time; otherwise it trains `steps`
+steps. Either way the last step is evaluated. Rank 0 reads its clock against the
+budget only every few steps, closer as the budget nears, and broadcasts when to
+look next (off the clock): a broadcast before every step put one round trip of
+the slow link into the hook's wall time of every step, and so into the compute
+time the policy's step-time model is told.
 
 At an epoch boundary, when `epoch_ack` is set, rank 0 waits (up to
 `epoch_ack_timeout_s`) until the runner has written an epoch number >= the new
@@ -57,6 +60,7 @@ from flexcomm.lab.workload import (
 )
 
 COMPUTE_PROBE_STEPS = 8  # the first is a warm-up and not counted
+STOP_LOOK_INTERVAL = 10  # steps between rank 0's looks at the budget while it is far
 
 
 @dataclass
@@ -128,29 +132,60 @@ class Records:
             self._file.close()
 
 
+def next_look(step: int, now: float, budget_s: float, step_s: float | None,
+              interval: int = STOP_LOOK_INTERVAL) -> int:
+    """The step before which rank 0 next reads its clock against the budget,
+    looking at `step` with `now` seconds trained at `step_s` a step lately
+    (None: not known yet); `step` itself means stop now. Looks are `interval`
+    steps apart while the budget is far, and close in as it nears (a quarter of
+    the steps it has left, then every step), so training still stops at the
+    first step that starts past the budget unless its steps slow down more than
+    fourfold within a look."""
+    if now >= budget_s:
+        return step
+    if step_s is None or step_s <= 0:
+        return step + 1
+    steps_left = (budget_s - now) / step_s
+    return step + max(1, min(interval, int(steps_left / 4)))
+
+
 class StopRule:
     """Whether training is over before the next step, the same answer on every
-    rank: after `steps` steps, or once rank 0's clock reaches `budget_s` (rank 0
-    broadcasts its answer; the broadcast is kept off the training clock)."""
+    rank: after `steps` steps, or once rank 0's clock reaches `budget_s`. Rank 0
+    reads its clock only at the steps `next_look` names and broadcasts the next
+    such step (its own step: stop), so most steps cost no collective; the
+    broadcast is kept off the training clock. Every rank calls it with the same
+    steps, so every rank joins the same broadcasts."""
 
-    def __init__(self, cfg: TrainConfig, clock: TrainClock) -> None:
+    def __init__(self, cfg: TrainConfig, clock: TrainClock, rank: int) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.rank = rank
         self.done = False
+        self.look_at = 0
+        self._last_look: tuple[int, float] | None = None  # rank 0: (step, clock) at the last look
 
     def __call__(self, step: int) -> bool:
         if self.done:
             return True
         if self.cfg.budget_s <= 0:
             self.done = step >= self.cfg.steps
-        else:
-            self.done = self.clock.pause_for(self._budget_spent)
+        elif step == self.look_at:
+            self.look_at = self.clock.pause_for(self._look, step)
+            self.done = self.look_at == step
         return self.done
 
-    def _budget_spent(self) -> bool:
-        flag = torch.tensor([int(self.clock.now() >= self.cfg.budget_s)])
-        dist.broadcast(flag, src=0)  # rank 0's clock decides for everyone
-        return bool(flag.item())
+    def _look(self, step: int) -> int:
+        answer = torch.tensor([0], dtype=torch.int64)
+        if self.rank == 0:
+            now = self.clock.now()
+            step_s = None
+            if self._last_look is not None and step > self._last_look[0]:
+                step_s = (now - self._last_look[1]) / (step - self._last_look[0])
+            self._last_look = (step, now)
+            answer[0] = next_look(step, now, self.cfg.budget_s, step_s)
+        dist.broadcast(answer, src=0)  # rank 0's clock decides for everyone
+        return int(answer.item())
 
 
 def wait_for_epoch_ack(path: str, epoch: int, timeout_s: float) -> bool:
@@ -230,7 +265,7 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
                   time=time.time())
     dist.barrier()
     clock = TrainClock()
-    stop = StopRule(cfg, clock)
+    stop = StopRule(cfg, clock, rank)
     step = evaluated = epoch = 0
     while not stop(step):
         if rank == 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flexcomm.emulation.schedule import parse_schedule
-from flexcomm.lab.envelope import distance, envelope, headroom, modelled_time
+from flexcomm.lab.envelope import Curve, distance, envelope, headroom, modelled_time
 
 TWO_PHASES = parse_schedule('''
 [[step]]
@@ -22,6 +22,13 @@ SLOW, FAST = 20e6, 1e9
 
 def evals(*points: tuple[float, float]) -> list[dict]:
     return [{"t": t, "loss": loss} for t, loss in points]
+
+
+def test_a_curve_reads_the_last_evaluation_at_or_before_a_moment() -> None:
+    curve = Curve(evals((1, 3.0), (3, 2.0), (3, 1.9), (5, 1.8)), "loss")
+    assert curve.at(0.5) is None  # nothing evaluated yet
+    assert [curve.at(t) for t in (1, 2.9, 3, 4, 5, 99)] == [3.0, 3.0, 1.9, 1.9, 1.8, 1.8]
+    assert Curve([], "loss").at(1.0) is None
 
 
 def test_the_envelope_is_the_best_any_fixed_choice_had_by_then() -> None:

@@ -18,6 +18,7 @@ from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
 from flexcomm.lab.plan import (
     ALL_POLICIES,
     DEFAULT_POLICIES,
+    FAILED,
     SCHEDULES_DIR,
     named_schedules,
     parse_policies,
@@ -248,14 +249,19 @@ def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
     assert "10 Mbit/s: 12.19/9.564, 13.0 s" in format_table(summary)
 
 
-def write_config(out: Path, policies: str, **settings: object) -> None:
+def write_config(out: Path, policies: str, paced_budget_s: float | None = None,
+                 **settings: object) -> None:
+    """config.json as the runner leaves it (with the budget it took from the
+    pacesetter, when given)."""
     cfg = LabConfig(out=out, policies=parse_policies(policies), **settings)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+    paced = {} if paced_budget_s is None else {"paced_budget_s": paced_budget_s}
+    (out / "config.json").write_text(json.dumps(cfg.to_dict() | paced))
 
 
 def test_a_loss_target_counts_exploring_steps_and_the_free_communication_limit(
         tmp_path: Path) -> None:
-    write_config(tmp_path, "dense topk-0.01 moo", workload=WorkloadSpec(name="lm"), target=2.5)
+    write_config(tmp_path, "dense topk-0.01 moo", workload=WorkloadSpec(name="lm"), target=2.5,
+                 paced_budget_s=4.2)  # dense's time
     write_run(tmp_path, "dense", (0.1, 2.0), (1.0, 1.0), [0.2] * 4,
               losses=[3.0, 2.6, 2.5, 2.4], compute_s=0.05)
     write_run(tmp_path, "topk-0.01", (0.1, 0.2), (0.01, 0.01), [0.2] * 4,
@@ -323,6 +329,23 @@ def test_repeats_give_medians_spreads_and_say_within_noise(tmp_path: Path) -> No
     assert "medians of 3 repeats" in format_table(summary)
 
 
+def test_equal_time_is_the_budget_the_runner_gave_not_a_failed_pacesetters(tmp_path: Path) -> None:
+    """The pacesetter failed part-way in repeat 0 (its steps are on file); the
+    runner took the budget from repeat 1 and wrote it to config.json."""
+    write_config(tmp_path, "dense moo", target=0.9, repeats=2, paced_budget_s=0.3)
+    for repeat in range(2):
+        dense_slow_s = 0.05 if repeat == 0 else 0.1  # repeat 0 ended at 0.2 s, repeat 1 at 0.3 s
+        write_run(tmp_path, "dense", (0.05, dense_slow_s), (1.0, 1.0), [0.5, 0.8, 0.92, 0.95],
+                  repeat=repeat)
+        write_run(tmp_path, "moo", (0.1, 0.1), (1.0, 0.01), [0.5, 0.6, 0.7, 0.8], repeat=repeat)
+    (policy_dir(tmp_path, "dense", 0) / FAILED).write_text("rank 1 exited with code -9")
+    summary = build_summary(tmp_path)
+    assert summary.settings.equal_time_s == 0.3  # not the failed repeat 0's 0.2 s
+    assert summary.policies["moo"].at_equal_time["accuracy"] == 0.7  # its eval at t=0.3
+    write_config(tmp_path, "dense moo", target=0.9, repeats=2)  # no pacesetter run finished
+    assert build_summary(tmp_path).settings.equal_time_s is None
+
+
 def test_the_summary_round_trips_through_json_and_keeps_policies_apart(tmp_path: Path) -> None:
     write_config(tmp_path, "dense topk-0.01 moo", target=0.9, repeats=2, schedule_text=(
         '[[step]]\nduration = "10s"\nrate = "1Gbit"\n\n[[step]]\nduration = "10s"\n'
@@ -374,7 +397,9 @@ def test_loopback_lab_says_unshaped_and_reports_at_equal_time(tmp_path: Path) ->
     lab, dense, local = (summary["settings"], summary["policies"]["dense"],
                          summary["policies"]["localsgd"])
     assert lab["shaped"] is False and lab["equal_time"] and lab["pacesetter"] == "dense"
-    assert dense["steps"] == 12 and lab["equal_time_s"] == pytest.approx(dense["wall_s"])
+    # the time the runner gave the others: dense's end record, at or after its last step
+    budget_s = json.loads((out / "config.json").read_text())["paced_budget_s"]
+    assert dense["steps"] == 12 and lab["equal_time_s"] == budget_s >= dense["wall_s"]
     # localsgd stopped at the first step that ended past dense's time
     steps = [json.loads(line) for line in (policy_dir(out, "localsgd") / "records.jsonl")
              .read_text().splitlines() if '"kind": "step"' in line]
