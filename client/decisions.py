@@ -74,6 +74,7 @@ class PolicySource:
         if not isinstance(net, NetworkObservation) or not isinstance(layout, GradientLayout):
             return  # a policy that takes no network, or was given none to start from
         now = self.clock()
+        self.estimate.bucket = net.bucket  # the link's token bucket, as the policy prices it
         if self._reader is None or self._reader.nodes != net.nodes:
             self._reader = SyncReader(layout, net.nodes, getattr(self.policy, "forms", None))
         if self.estimate.beta_s_per_byte is None:

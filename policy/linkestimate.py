@@ -14,8 +14,10 @@ option. Both are fitted together, with forgetting:
   the share of its time its bytes do not explain (squared), with the spread of
   their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
   host's gloo spends tens of milliseconds a collective).
-- So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k. The
-  upper bound always holds (the path carried at least B_k bytes in t). When the
+- So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k, the
+  wire time read through the link's token bucket where one is configured (a
+  message after idle runs at the peak while its credit lasts, as the cost model
+  prices it). The upper bound always holds (the path carried at least B_k bytes in t). When the
   interval is narrow (the bytes explain most of the time) the sync reads the path
   and moves the estimate, weighted by that share; when it is wide the sync is a
   lower bound on the bandwidth, never ignored: an estimate slower than what
@@ -50,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flexcomm.policy.costmodel import ModelForms, option_terms
-from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
+from flexcomm.policy.types import PLAIN_LINK, GradientLayout, LinkBucket, NetworkObservation, StepReport
 
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
@@ -107,17 +109,24 @@ class LinkEstimateConfig:
     max_age_s: float = 30.0
     bound_window_s: float = 1.0
     probes: bool = True  # whether a probe comes when one is wanted
+    # What a link passes at line rate after idle: TCP hands the NIC up to 64 KB at
+    # once (GSO/TSO), and shapers and policers let a burst of that through; the
+    # lab's HTB links passed 16 KB segments so, and Top-k syncs of a few KB read
+    # 67 Mbit/s "at least" on a 10 Mbit/s link.
+    burst_bytes: float = 65536.0
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
-                     "noise", "sigmas",
-                     "beta_weight", "overhead_weight"):
+                     "noise", "sigmas", "beta_weight", "overhead_weight"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
+        if not (isinstance(self.burst_bytes, (int, float)) and math.isfinite(self.burst_bytes)
+                and self.burst_bytes >= 0):
+            raise ValueError(f"burst_bytes: must be finite and >= 0, got {self.burst_bytes!r}")
         if not isinstance(self.persist, int) or self.persist < 1:
             raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
         if not isinstance(self.probes, bool):
@@ -171,6 +180,7 @@ class LinkEstimate:
     confirmed) and `wants_probe` (cleared once it has asked)."""
 
     config: LinkEstimateConfig = field(default_factory=LinkEstimateConfig)
+    bucket: LinkBucket = PLAIN_LINK  # the link's token bucket (configured, as the cost model's)
     beta_s_per_byte: float | None = None
     lower_bound: bool = False
     evidence: str = ""
@@ -221,26 +231,30 @@ class LinkEstimate:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
         fit = self.overheads.setdefault(collective, CollectiveFit())
         beta = self.beta_s_per_byte
-        if not fit.known and beta is not None and not self.lower_bound and \
-                -self.config.change * beta * beta_bytes <= seconds - beta * beta_bytes <= self.config.overhead_max_s:
+        wire = None if beta is None else self._wire_s(beta, beta_bytes)
+        if not fit.known and wire is not None and not self.lower_bound and \
+                -self.config.change * wire <= seconds - wire <= self.config.overhead_max_s:
             # a collective new since the figure was confirmed: its overhead is what the figure leaves
-            overhead = max(0.0, seconds - beta * beta_bytes)
+            overhead = max(0.0, seconds - wire)
             fit.overhead_s, fit.spread_s, fit.weight = overhead, FIRST_SPREAD * overhead, 1.0
             return
         lo, hi = self._overhead_range(fit, seconds)
-        fastest, slowest = max(seconds - hi, 0.0) / beta_bytes, (seconds - lo) / beta_bytes
+        fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
-        if beta is None or (self.lower_bound and narrow):
-            self._set(slowest, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
+        bound = slowest if narrow else self._bound_beta(seconds - lo, beta_bytes)
+        if beta is None or wire is None or (self.lower_bound and narrow):
+            if bound is not None:
+                self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
             self.wants_probe = not narrow
             return
         if self.lower_bound:
-            self._bound(slowest, ts)
+            if bound is not None:
+                self._bound(bound, ts)
             return
-        margin = self.config.change * beta * beta_bytes
-        if seconds < lo + beta * beta_bytes - margin:
+        margin = self.config.change * wire
+        if seconds < lo + wire - margin:
             self._disagree(-1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
-        elif seconds > hi + beta * beta_bytes + margin and slowest > beta * (1 + self.config.change):
+        elif seconds > hi + wire + margin and slowest > beta * (1 + self.config.change):
             self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
@@ -265,6 +279,22 @@ class LinkEstimate:
         noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
         return max(0.0, fit.overhead_s - noise), fit.overhead_s + noise
 
+    def _wire_s(self, beta: float, beta_bytes: float) -> float:
+        """How long `beta_bytes` take on the wire at `beta`, through the link's token
+        bucket (a message after idle runs at the peak while its credit lasts)."""
+        return self.bucket.seconds(beta * beta_bytes)
+
+    def _beta(self, wire_s: float, beta_bytes: float) -> float:
+        """The beta at which `beta_bytes` take `wire_s` on the wire (`_wire_s` inverted)."""
+        return self.bucket.at_rate_s(wire_s) / beta_bytes
+
+    def _bound_beta(self, wire_s: float, beta_bytes: float) -> float | None:
+        """The slowest beta a sync its bytes explain little of allows: its bytes
+        crossed in at most `wire_s` (through the configured bucket). None for a sync
+        no larger than `burst_bytes`, which a shaped or policed link passes at line
+        rate after idle: its time says nothing of the rate."""
+        return self._beta(wire_s, beta_bytes) if beta_bytes > self.config.burst_bytes and wire_s > 0 else None
+
     def _agree(self, fit: CollectiveFit, fastest: float, slowest: float, narrow: bool, seconds: float,
                beta_bytes: float, ts: float, reports: int) -> None:
         beta = self.beta_s_per_byte
@@ -273,30 +303,34 @@ class LinkEstimate:
         weight = 1 - (1 - self.config.beta_weight) ** reports
         if narrow:
             # the fitted overhead, or none while it is unknown (a bound, not a guess)
-            reading = max(seconds - fit.overhead_s, fastest * beta_bytes) / beta_bytes if fit.known else slowest
-            share = min(1.0, reading * beta_bytes / seconds)
+            reading = self._beta(max(seconds - fit.overhead_s, self._wire_s(fastest, beta_bytes)), beta_bytes) \
+                if fit.known else slowest
+            share = min(1.0, self._wire_s(reading, beta_bytes) / seconds)
             self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
         if self.lower_bound:
             return  # an overhead against a beta only bounded would be only bounded too
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's
-        wire = beta_bytes * self.beta_s_per_byte
+        wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
         fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
                   1 / self.config.overhead_weight)
 
     def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
                   beta_bytes: float, ts: float, reports: int) -> None:
+        # a reading that is not narrow says only what surely crossed: its bytes in its
+        # time; one within the link's burst says nothing of the rate
+        reading = slowest if narrow else self._bound_beta(seconds, beta_bytes)
+        if reading is None:
+            return
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction)
         streak.reports += reports
-        # a reading that is not narrow says only what surely crossed: its bytes in its time
-        reading = slowest if narrow else seconds / beta_bytes
         streak.betas = [*streak.betas, reading][-self.config.persist:]
         streak.slowest = max(streak.slowest, reading)
         streak.informative = streak.informative and narrow
-        streak.alone = streak.alone and (seconds * self.config.alone_share <= fastest * beta_bytes)
+        streak.alone = streak.alone and (seconds * self.config.alone_share <= self._wire_s(fastest, beta_bytes))
         self.syncs_agree = False
         if streak.reports < self.config.persist:
             return
@@ -352,6 +386,7 @@ class LinkEstimate:
     def state_dict(self) -> dict[str, Any]:
         state = asdict(self)
         state.pop("config")
+        state.pop("bucket")
         state["format"] = STATE_FORMAT
         return state
 

@@ -117,7 +117,7 @@ class Estimator:
         no peers gets no probe: its syncs stand alone."""
         self.job_peers[job_id] = tuple(dict.fromkeys(peers))
         link = self.config.link if self.job_peers[job_id] else replace(self.config.link, probes=False)
-        self.jobs[job_id] = LinkEstimate(link)
+        self.jobs[job_id] = LinkEstimate(link, self.bucket)
         self.started[job_id] = ts
         self.reported_alpha.pop(job_id, None)
         return self.jobs[job_id]

@@ -5,7 +5,8 @@ that slows moving nothing, and a restored estimate continuing exactly.
 
 The syncs here are the cost model's bytes over a known link plus a known overhead
 per option (as gloo adds), times a deterministic jitter, so every figure has a
-known truth."""
+known truth. The link passes no burst after idle (`burst_bytes=0`) unless a test
+says otherwise."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from flexcomm.policy.linkestimate import (
     SyncReader,
     network_news,
 )
-from flexcomm.policy.types import Compression, GradientLayout, NetworkObservation, StepReport
+from flexcomm.policy.types import PLAIN_LINK, Compression, GradientLayout, LinkBucket, NetworkObservation, StepReport
 
 LAYOUT = GradientLayout.flat(4_600_000)
 NODES = 2
@@ -51,7 +52,7 @@ class Path:
     """A LinkEstimate fed messages of four steps each, 0.2 s apart."""
 
     def __init__(self, **config: float) -> None:
-        self.estimate = LinkEstimate(LinkEstimateConfig(**config))
+        self.estimate = LinkEstimate(LinkEstimateConfig(**{"burst_bytes": 0.0, **config}))
         self.reader = SyncReader(LAYOUT, NODES)
         self.now = 1000.0
         self._jitter = itertools.cycle(JITTER)
@@ -84,6 +85,36 @@ def test_dense_syncs_read_the_link_and_follow_it_both_ways():
         path.run(DENSE, bandwidth, 1)  # four reports in one message: the move is taken at once
         assert path.mbps == pytest.approx(bandwidth / 1e6, rel=0.1)
         assert not path.estimate.lower_bound or bandwidth > 100e6  # at 500 Mbit/s gloo's share is seen
+
+
+def test_syncs_over_a_token_bucket_link_read_its_rate_not_its_burst():
+    # The lab's HTB at 10 Mbit/s: 16 KB of credit, a 1.2x ceil. A 125 KB sync takes
+    # 100 ms at the rate but 87 ms through the bucket after idle.
+    bucket, beta, beta_bytes = LinkBucket(1.2, 0.013), 8 / 10e6, 125_000
+    seconds = OVERHEAD["ag_topk"] + bucket.seconds(beta * beta_bytes)
+    read = {}
+    for link in (bucket, PLAIN_LINK):
+        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0), link)
+        estimate.observe_probe(beta, 0.0)
+        for i in range(30):
+            estimate.observe_sync("ag_topk", beta_bytes, seconds, 0.2 * (i + 1))
+        read[link] = estimate.bandwidth_bps / 1e6
+    assert read[bucket] == pytest.approx(10, rel=0.02)
+    assert read[PLAIN_LINK] > 10.8  # read as a plain link, the burst looks like a faster path
+
+
+def test_a_sync_within_the_links_burst_says_nothing_of_its_rate():
+    # Confirmed at 8 Mbit/s; then Top-k syncs of 4 KB in 0.5 ms: 65 Mbit/s "at least"
+    # if the bytes had crossed at the rate, but a burst after idle carries them at
+    # line rate. A 256 KB sync as fast does show the path is at least that fast.
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 8e6, 0.0)
+    for i in range(10):
+        estimate.observe_sync("ag_topk", 4096, 0.0005, 0.2 * (i + 1))
+    assert estimate.bandwidth_bps == pytest.approx(8e6) and not estimate.lower_bound
+    for i in range(10, 20):
+        estimate.observe_sync("ag_topk", 262_144, 0.0305, 0.2 * (i + 1))
+    assert estimate.bandwidth_bps > 60e6  # 256 KB in 30.5 ms: at least 68 Mbit/s
 
 
 def test_top_k_syncs_on_a_fast_link_are_a_lower_bound_that_asks_for_a_probe():
@@ -186,7 +217,7 @@ def test_a_restored_estimate_continues_exactly_as_a_never_stopped_twin():
         p.probe(1e9)
         p.run(TOPK_AG, 1e9, 20)
         p.run(TOPK_AG, 1e9, 2, host=3.0)  # a streak in progress
-    restored = LinkEstimate(LinkEstimateConfig())
+    restored = LinkEstimate(path.estimate.config)  # the settings are the agent's, not the state's
     restored.load_state_dict(path.estimate.state_dict())
     assert restored == path.estimate
     path.estimate = restored
