@@ -245,7 +245,8 @@ class LinkEstimate:
         if beta is None or wire is None or (self.lower_bound and narrow):
             if bound is not None:
                 self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
-            self.wants_probe = not narrow
+            # a first figure keeps the owner's wish to probe the paths as they are
+            self.wants_probe = (beta is None and self.wants_probe) or not narrow
             return
         if self.lower_bound:
             if bound is not None:
