@@ -52,7 +52,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flexcomm.policy.costmodel import ModelForms, option_terms
-from flexcomm.policy.types import PLAIN_LINK, GradientLayout, LinkBucket, NetworkObservation, StepReport
+from flexcomm.policy.types import (
+    PLAIN_LINK,
+    GradientLayout,
+    LinkBucket,
+    NetworkObservation,
+    StepReport,
+    check_range,
+)
 
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
@@ -116,17 +123,11 @@ class LinkEstimateConfig:
     burst_bytes: float = 65536.0
 
     def __post_init__(self) -> None:
-        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "informative", "alone_share", "change",
-                     "noise", "sigmas", "beta_weight", "overhead_weight"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}: must be finite and > 0, got {v!r}")
+        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas"):
+            check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
-            if getattr(self, name) > 1:
-                raise ValueError(f"{name}: must be <= 1, got {getattr(self, name)!r}")
-        if not (isinstance(self.burst_bytes, (int, float)) and math.isfinite(self.burst_bytes)
-                and self.burst_bytes >= 0):
-            raise ValueError(f"burst_bytes: must be finite and >= 0, got {self.burst_bytes!r}")
+            check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
+        check_range("burst_bytes", self.burst_bytes, 0.0, math.inf)
         if not isinstance(self.persist, int) or self.persist < 1:
             raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
         if not isinstance(self.probes, bool):
