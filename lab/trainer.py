@@ -151,11 +151,14 @@ def next_look(step: int, now: float, budget_s: float, step_s: float | None,
 
 class StopRule:
     """Whether training is over before the next step, the same answer on every
-    rank: after `steps` steps, or once rank 0's clock reaches `budget_s`. Rank 0
-    reads its clock only at the steps `next_look` names and broadcasts the next
-    such step (its own step: stop), so most steps cost no collective; the
-    broadcast is kept off the training clock. Every rank calls it with the same
-    steps, so every rank joins the same broadcasts."""
+    rank: after `steps` steps, or once the last step rank 0 trained ended at or
+    past `budget_s` of its training clock. Rank 0 compares only at the steps
+    `next_look` names and broadcasts the next such step (its own step: stop), so
+    most steps cost no collective; the broadcast is kept off the training clock.
+    Every rank calls it with the same steps, so every rank joins the same
+    broadcasts. The comparison uses the clock as the last step ended, not as the
+    look begins: the records written between the two are not training, and a
+    look that read them could stop before the step that reaches the budget."""
 
     def __init__(self, cfg: TrainConfig, clock: TrainClock, rank: int) -> None:
         self.cfg = cfg
@@ -165,20 +168,20 @@ class StopRule:
         self.look_at = 0
         self._last_look: tuple[int, float] | None = None  # rank 0: (step, clock) at the last look
 
-    def __call__(self, step: int) -> bool:
+    def __call__(self, step: int, trained_s: float) -> bool:
+        """`trained_s`: the training clock when step `step - 1` ended."""
         if self.done:
             return True
         if self.cfg.budget_s <= 0:
             self.done = step >= self.cfg.steps
         elif step == self.look_at:
-            self.look_at = self.clock.pause_for(self._look, step)
+            self.look_at = self.clock.pause_for(self._look, step, trained_s)
             self.done = self.look_at == step
         return self.done
 
-    def _look(self, step: int) -> int:
+    def _look(self, step: int, now: float) -> int:
         answer = torch.tensor([0], dtype=torch.int64)
         if self.rank == 0:
-            now = self.clock.now()
             step_s = None
             if self._last_look is not None and step > self._last_look[0]:
                 step_s = (now - self._last_look[1]) / (step - self._last_look[0])
@@ -267,11 +270,12 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
     clock = TrainClock()
     stop = StopRule(cfg, clock, rank)
     step = evaluated = epoch = 0
-    while not stop(step):
+    trained_s = 0.0
+    while not stop(step, trained_s):
         if rank == 0:
             _enter_epoch(cfg, records, clock, epoch, step)
         for x, y in loader.epoch(epoch):
-            if stop(step):
+            if stop(step, trained_s):
                 break
             t0, wall = clock.now(), time.time()
             optimizer.zero_grad(set_to_none=True)
@@ -279,8 +283,9 @@ def _train_loop(cfg: TrainConfig, rank: int) -> None:
             loss.backward()
             optimizer.step()
             stats = sync.after_step(step, epoch)
-            records.write("step", step=step, epoch=epoch, t=clock.now(), wall=wall,
-                          step_s=clock.now() - t0, loss=float(loss.detach()), **stats)
+            trained_s = clock.now()
+            records.write("step", step=step, epoch=epoch, t=trained_s, wall=wall,
+                          step_s=trained_s - t0, loss=float(loss.detach()), **stats)
             step += 1
             if rank == 0 and step % cfg.eval_every == 0:
                 evaluated = _evaluate(records, clock, model, data, step, epoch)

@@ -60,20 +60,41 @@ def stop_on_budget(rank: int, world: int, budget_s: float) -> dict:
     class CountingStopRule(StopRule):
         """The trainer's rule, noting each step at which it broadcast."""
 
-        def _look(self, step: int) -> int:
+        def _look(self, step: int, now: float) -> int:
             looked.append(step)
-            return super()._look(step)
+            return super()._look(step, now)
 
     cfg = TrainConfig(policy="dense", world=world, master_addr="", master_port=0, records="",
                       budget_s=budget_s)
     clock = TrainClock()
     rule = CountingStopRule(cfg, clock, rank)
-    step = 0
-    while not rule(step):
-        assert not rule(step)  # asked again at the same step (an epoch's end): no broadcast
+    step, trained_s = 0, 0.0
+    while not rule(step, trained_s):
+        assert not rule(step, trained_s)  # asked again at the same step (an epoch's end): no broadcast
         time.sleep(0.002 if rank == 0 else 0.004)  # the ranks' clocks differ; rank 0's decides
+        trained_s = clock.now()
         step += 1
     return {"stop": step, "looked": looked}
+
+
+def test_the_rule_compares_the_clock_as_the_last_step_ended_not_as_it_looks() -> None:
+    """Time spent between a step's end and the next look (writing records) is
+    not a step: a step that ended just short of the budget is followed by one
+    more, however long the look is delayed."""
+    from flexcomm.lab.trainer import StopRule, TrainClock, TrainConfig
+
+    class OneRank(StopRule):
+        def _look(self, step: int, now: float) -> int:
+            return next_look(step, now, self.cfg.budget_s, None)  # rank 0 alone: no broadcast
+
+    cfg = TrainConfig(policy="dense", world=1, master_addr="", master_port=0, records="",
+                      budget_s=0.05)
+    clock = TrainClock()
+    rule = OneRank(cfg, clock, 0)
+    assert not rule(0, 0.0)
+    time.sleep(0.06)  # the clock passes the budget between the step's end and the look
+    assert not rule(1, 0.049)  # the last step ended short of the budget: one more
+    assert rule(2, 0.051)
 
 
 @pytest.mark.timeout(120)
