@@ -51,7 +51,7 @@ from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
-from flexcomm.policy.budget import QualityBudget
+from flexcomm.policy.budget import QualityBudget, reference_price
 from flexcomm.policy.costmodel import (
     Calibration,
     CompressionCost,
@@ -99,6 +99,7 @@ STATE_FORMAT = 8
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
+PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen unmeasured
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
@@ -456,7 +457,7 @@ class MooPolicy:
         if self.budget.lam is None and self.config.objective == "budget":
             rows = self.evaluate()
             if rows and all(r.gain is not None for r in rows):
-                self.budget.start(self._reference_step(rows))
+                self.budget.start(self._starting_price(rows))
         self.exploring.observe(self._spent_exploring(label))
         if self._runs_current(report):
             s.phase_steps += 1
@@ -567,7 +568,8 @@ class MooPolicy:
         if any(r.gain is None for r in rows):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            return min(rows, key=lambda r: (self._cost(r, rows), r.option))
+            lam = self._price(rows)
+            return min(rows, key=lambda r: (_cost(r, lam), r.option))
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
@@ -582,21 +584,30 @@ class MooPolicy:
         if any(r.gain is None for r in rows):
             return sorted(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            return sorted(rows, key=lambda r: (self._cost(r, rows), r.option))
+            lam = self._price(rows)
+            return sorted(rows, key=lambda r: (_cost(r, lam), r.option))
         if self.config.objective == "progress":
             return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
         scores = self._asf([_objectives(r) for r in rows])
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
 
-    def _cost(self, row: Evaluation, rows: list[Evaluation]) -> float:
-        """The row's step time plus the price of its error under the run's budget.
-        Read only: before the budget's price is set (it is set on the first step
-        with known errors), the reference's step time among `rows` stands in."""
-        assert row.gain is not None
-        lam = self.budget.lam
-        if lam is None:
-            lam = self._reference_step(rows)
-        return row.t_step_s + lam * (1.0 - row.gain)
+    def _price(self, rows: list[Evaluation]) -> float:
+        """The run's price of error. Read only: before the budget's price is set
+        (on the first step with known errors), the starting price among `rows`
+        stands in."""
+        return self.budget.price if self.budget.price is not None else self._starting_price(rows)
+
+    def _starting_price(self, rows: list[Evaluation]) -> float:
+        """The price at which the least-cost choice among `rows` loses no more
+        than the reference (budget.reference_price), or, where no option trades
+        time for error, the reference's step time (an error of the whole
+        gradient then costs one such step)."""
+        ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
+        if ref_gain is not None:
+            lam = reference_price([(r.t_step_s, 1.0 - (r.gain or 0.0)) for r in rows], 1.0 - ref_gain)
+            if lam is not None and lam > 0:
+                return lam
+        return self._reference_step(rows)
 
     def _reference_step(self, rows: list[Evaluation]) -> float:
         """The step time of the reference among `rows` (the fastest of its
@@ -795,7 +806,7 @@ class MooPolicy:
         measures on the network as it now is."""
         s = self._s
         s.sync = {}
-        self.watch.chose(None)
+        self.watch.chose(self._current_label(), None)
         self._rebase()
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
@@ -872,19 +883,14 @@ class MooPolicy:
         self.watch.settle_on(net)
 
     def _choose(self) -> Evaluation:
-        # Predictions plan what to explore; choices are made among what was
-        # measured since the network last changed (a stale or optimistic model
-        # must not pull the job onto an option nobody has timed).
         rows = self.evaluate()
-        measured = [r for r in rows if r.measured]
-        rows = measured or rows
         if not rows:  # nothing measured and no network: stay where we are
             cur = self._s.current
             option = cur.choice if cur else self._warmup_option()
             if cur is None:
                 self._set_current(option, "nothing measured and no network known")
             return Evaluation(option, 0, 0, 0, None, False)
-        best = self.choose(rows)
+        rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
         if current is not None and current != best and self._not_worth_switching(
                 current, best, rows, self._margin(current, best)):
@@ -892,6 +898,31 @@ class MooPolicy:
         if current != best:
             self._set_current(best.option, self.explain(best, self.evaluate()), best)
         return best
+
+    def _best_trusted(self, rows: list[Evaluation]) -> tuple[list[Evaluation], Evaluation]:
+        """The rows a choice may be made among, and the best of them: what was
+        measured since the network last changed, and a lossless option predicted
+        by a calibrated fit (PREDICTION_TRUSTED pairs: bf16 over the ring once
+        dense has run there) when it beats the best measured by more than that
+        fit's error. A lossless option's figures are its sync alone; a lossy
+        one's delivered gain is known only once it runs, so it is measured
+        first. Measured options only: the job alternated between the two it had
+        timed (dense, Top-k 0.033) with bf16 predicted at half dense's step.
+        Any prediction: a stale or uncalibrated model pulled the job onto
+        options nobody had timed."""
+        measured = [r for r in rows if r.measured]
+        if not measured:
+            return rows, self.choose(rows)
+        best = self.choose(measured)
+        trusted = [r for r in rows if r.measured or (r.option.lossless and self._fit_is_calibrated(r))]
+        challenger = self.choose(trusted)
+        if challenger.measured or self._close(best, challenger, trusted, self._margin(challenger)):
+            return measured, best
+        return trusted, challenger
+
+    def _fit_is_calibrated(self, row: Evaluation) -> bool:
+        key = calibration_key(row.option.compression, row.option.collective)
+        return self.calibration.observations(key) >= PREDICTION_TRUSTED
 
     def _margin(self, *rows: Evaluation) -> float:
         """How much better an option must look to switch to it: the hysteresis, or
@@ -922,7 +953,8 @@ class MooPolicy:
         """Not worth a switch: by the budget's cost when choosing by it (and the
         gains are known), else on both objectives."""
         if self.config.objective == "budget" and all(r.gain is not None for r in rows):
-            return self._cost(current, rows) <= self._cost(best, rows) * (1 + margin)
+            lam = self._price(rows)
+            return _cost(current, lam) <= _cost(best, lam) * (1 + margin)
         return _within(current, best, margin)
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -939,7 +971,9 @@ class MooPolicy:
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        self.watch.chose(row.t_sync_s if row is not None and row.measured else None)
+        measured = row is not None and row.measured
+        level = row.t_sync_s / self.t_compute if measured and self.t_compute > 0 else None
+        self.watch.chose(option.label, row.t_sync_s if measured else None, level)
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
@@ -976,7 +1010,7 @@ class MooPolicy:
         """The budget rule in its own terms: the least step time plus the price of
         the error, the price set by what the run spent against the reference."""
         known = [r for r in rows if r.gain is not None]
-        lam = self.budget.lam if self.budget.lam is not None else self._reference_step(known or [best])
+        lam = self._price(known or [best])
         ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
         ref = (f"reference {self.reference.name}" +
                (f" (error {1 - ref_gain:.2f})" if ref_gain is not None else ""))
@@ -984,9 +1018,15 @@ class MooPolicy:
             price = (f"the price the run's spending set: {self.budget.spent / self.budget.allowed:.0%} "
                      f"of the reference's error spent over {self.budget.steps} steps")
         else:
-            price = "the price the reference's step time sets before the run has spent any"
+            price = "the price at which the choice keeps within the reference, before the run has spent any"
         return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
                 f"error budget: {ref}, {price}")
+
+
+def _cost(row: Evaluation, lam: float) -> float:
+    """The row's step time plus the price of its error at `lam` seconds per unit."""
+    assert row.gain is not None
+    return row.t_step_s + lam * (1.0 - row.gain)
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

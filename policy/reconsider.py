@@ -33,10 +33,15 @@ class Reconsideration:
     settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
     running_level: list[float] = field(default_factory=list)  # the same per second of their compute
+    running: str | None = None  # the running option's label
+    levels: dict[str, float] = field(default_factory=dict)  # each option's settled level on this network
 
     def settle_on(self, net: NetworkObservation | None) -> None:
-        """The choice is settled on `net` (None: no network known)."""
+        """The choice is settled on `net` (None: no network known); the levels
+        options settled at before are of another network."""
         self.settled = True
+        self.levels = {}
+        self.settled_level = None
         self.alpha_s = net.alpha_s if net else None
         self.beta_s_per_byte = net.beta_s_per_byte if net else None
 
@@ -68,9 +73,14 @@ class Reconsideration:
         return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {old_alpha * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
-    def chose(self, sync_s: float | None) -> None:
-        """A new option runs, chosen on `sync_s` when that was measured."""
-        self.chosen_sync, self.settled_level = sync_s, None
+    def chose(self, label: str | None, sync_s: float | None, level: float | None = None) -> None:
+        """Option `label` runs, chosen on `sync_s` when that was measured (`level`:
+        that per second of compute). Its syncs are compared with the level it
+        settled at on this network before, else the one it was chosen on, else
+        its first steps': a link that sped up just as the budget switched
+        options is then still seen."""
+        self.running, self.chosen_sync = label, sync_s
+        self.settled_level = self.levels.get(label, level) if label else level
         self.running_sync, self.running_level = [], []
 
     def ran(self, sync_s: float, per_compute_s: float) -> None:
@@ -80,6 +90,8 @@ class Reconsideration:
         self.running_level = [*self.running_level, per_compute_s][-RUNNING_SAMPLES:]
         if self.settled_level is None and len(self.running_level) >= RUNNING_SAMPLES:
             self.settled_level = statistics.median(self.running_level)
+            if self.running:
+                self.levels[self.running] = self.settled_level
 
     def sync(self) -> float | None:
         """The running option's sync time: the median of its latest steps, or the
@@ -92,7 +104,7 @@ class Reconsideration:
         """How far the running option's sync per second of compute fell below
         where its first steps put it (a busy host slows compute and sync alike;
         a link moves the ratio). 0 until there is something to compare."""
-        if self.settled_level is None:
+        if self.settled_level is None or len(self.running_level) < RUNNING_SAMPLES:
             return 0.0
         return 1.0 - statistics.median(self.running_level) / self.settled_level
 

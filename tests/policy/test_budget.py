@@ -5,10 +5,11 @@ against what the reference compression would have spent on the same gradients.""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from flexcomm.policy.budget import LAMBDA_RANGE, QualityBudget
+from flexcomm.policy.budget import BALANCE_GAIN, LAMBDA_RANGE, QualityBudget, least_cost, reference_price
 from flexcomm.policy.moo import MooConfig, MooPolicy
 from flexcomm.policy.types import Choice, Compression, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
@@ -99,3 +100,25 @@ def test_a_gain_read_every_tenth_step_settles_as_fast_in_steps_as_one_read_every
             policy.observe_step(StepReport(step=step, family="dense", param=0, collective="dense_ring", t_comp_s=0.0,
                                            t_sync_s=0.05, gain=1.0, gains={"topk:0.1": gain}))
     assert tenth._s.gains["topk:0.1"] == pytest.approx(every._s.gains["topk:0.1"], abs=0.05)
+
+
+def test_the_starting_price_is_where_the_least_cost_choice_keeps_within_the_reference() -> None:
+    # (step seconds, error): bf16, Top-k 0.1, Top-k 0.033, PowerSGD rank 1
+    options = [(0.030, 0.0), (0.015, 0.6), (0.008, 0.8), (0.006, 0.95)]
+    lam = reference_price(options, reference_error=0.8)
+    assert lam is not None and least_cost(options, lam) == (0.008, 0.8)  # the fastest within 0.8
+    assert least_cost(options, lam * 0.8) == (0.008, 0.8)  # inside its interval, not at an edge
+    assert least_cost(options, reference_price(options, 0.5)) == (0.030, 0.0)  # Top-k 0.1 is off the hull
+    assert reference_price([(0.010, 0.0), (0.030, 0.5)], 0.6) is None  # nothing trades time for error
+
+
+def test_an_overspent_run_pays_more_at_once_and_a_saving_one_less() -> None:
+    budget = QualityBudget(rate=0.0)  # the balance alone, no per-step drift
+    budget.start(0.1)
+    assert budget.price == pytest.approx(0.1)
+    for _ in range(100):
+        budget.observe(0.6, 0.3)
+    assert budget.lam == pytest.approx(0.1) and budget.price == pytest.approx(0.1 * math.exp(BALANCE_GAIN * 30 / 60))
+    for _ in range(400):
+        budget.observe(0.0, 0.3)
+    assert budget.price < 0.1

@@ -92,8 +92,10 @@ def test_a_known_network_warms_up_on_what_it_favours() -> None:
 
 
 def test_a_network_change_explores_only_when_it_would_change_the_choice() -> None:
-    policy = moo()
-    job = Job(policy)
+    # Lossless options only: with lossy ones the budget's price settles where two
+    # options cost the same, and the job alternates between them by design.
+    policy = moo(families=("dense", "bf16"))
+    job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.005}[c.family])
     settle(policy, job, 1e-3, 100e6)
     chosen, before = policy.decide().label, policy.explorations
     # 12% less bandwidth: past the change threshold, but the same option stays best.
@@ -162,8 +164,9 @@ def test_an_explored_item_is_charged_the_steps_the_job_ran_it() -> None:
     links = [FAST, SLOW]
     for i in range(8):
         job.run(30, *links[i % 2])
-    # Agreements every 5 steps: a 2-step item ran 5, and the plan is charged that.
-    assert policy._item_cost() >= 4
+    # Agreements every 5 steps: a 2-step item ran 5 (the last item, the one the job
+    # went on to run, only its 2), and the next plan is charged that.
+    assert policy._item_cost() > policy.config.explore_steps
 
 
 def test_with_the_budget_spent_the_policy_runs_what_the_model_predicts_and_measures_nothing_else() -> None:
@@ -478,7 +481,7 @@ def test_brief_sync_noise_does_not_start_an_exploration() -> None:
     before = policy.explorations
     # Two steps 2x slower (a loaded machine), then back: a move must persist.
     job.run(20, 1e-3, 100e6, noise=lambda step: 2.0 if step % 20 in (0, 1) else 1.0, observe=False)
-    assert policy.explorations == before and job.switches(20) == 0
+    assert policy.explorations == before and not any(job.exploring[-20:])
 
 
 def test_a_noisy_host_on_a_steady_network_rarely_explores() -> None:

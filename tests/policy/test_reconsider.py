@@ -13,7 +13,7 @@ from flexcomm.policy.types import NetworkObservation
 
 def test_the_running_figure_is_the_chosen_one_then_the_median_of_its_steps() -> None:
     watch = Reconsideration()
-    watch.chose(0.10)
+    watch.chose("a", 0.10)
     for sync in (0.1, 0.1, 5.0, 0.1):  # one slow step among them
         watch.ran(sync, sync / 0.02)
         assert watch.sync() == 0.10
@@ -23,7 +23,7 @@ def test_the_running_figure_is_the_chosen_one_then_the_median_of_its_steps() -> 
 
 def test_a_busy_host_is_no_fall_but_a_faster_link_is() -> None:
     watch = Reconsideration()
-    watch.chose(None)
+    watch.chose("a", None)
     for _ in range(RUNNING_SAMPLES - 1):
         watch.ran(0.2, 0.2 / 0.02)
     assert watch.fell() == 0.0 and watch.settled_level is None  # asking settles nothing
@@ -48,3 +48,21 @@ def test_a_blind_settlement_takes_the_first_network_as_news_and_states_round_tri
     assert not watch.moved(net, 0.1, 1e-4) and watch.got_faster(NetworkObservation.from_link(1e-3, 250e6, 4))
     assert "bandwidth 100 -> 50 Mbit/s" in watch.change_reason(NetworkObservation.from_link(1e-3, 50e6, 4))
     assert Reconsideration.from_state(json.loads(json.dumps(watch.state_dict()))) == watch
+
+
+def test_an_option_chosen_again_keeps_the_level_it_settled_at_on_this_network() -> None:
+    # The budget switches between two options; the link speeds up just after a switch.
+    watch = Reconsideration()
+    watch.settle_on(NetworkObservation.from_link(1e-3, 20e6, 4))
+    watch.chose("a", None)
+    for _ in range(RUNNING_SAMPLES):
+        watch.ran(0.2, 0.2 / 0.02)
+    watch.chose("b", 0.1, 0.1 / 0.02)  # chosen on a measured figure: that is its level
+    assert watch.settled_level == pytest.approx(5.0)
+    watch.chose("a", None)
+    for _ in range(RUNNING_SAMPLES):  # the link four times as fast, from a's first step back
+        watch.ran(0.05, 0.05 / 0.02)
+    assert watch.fell() == pytest.approx(0.75)
+    watch.settle_on(NetworkObservation.from_link(1e-3, 80e6, 4))  # another network: levels start over
+    watch.chose("a", None)
+    assert watch.settled_level is None
