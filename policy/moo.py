@@ -4,11 +4,12 @@ Candidates are options, a compression over a collective (a `Choice`): dense and
 bf16 over the dense collectives, PowerSGD at each of `ranks`, Top-k at each CR of
 the geometric grid c_high..c_low over each Top-k collective. Each option has a
 step time t_step = t_compute + t_comp + t_sync and a compression error 1 - gain.
-By default (objective "budget", policy.budget) the choice is the least
-t_step + lam * error, one price lam for the whole run that keeps the run's error
-within what `quality_reference` would have spent; "asf" (an achievement
-scalarising function on the Pareto front, weights time/gain 0.6/0.4) and
-"progress" (gain / t_step) stay selectable.
+By default (objective "budget", policy.budget) the choice is the fastest
+option whose error is within what a step may deliver: the error
+`quality_reference` would have delivered, plus what the run saved so far spread
+over the next steps; "asf" (an achievement scalarising function on the Pareto
+front, weights time/gain 0.6/0.4) and "progress" (gain / t_step) stay
+selectable.
 
 Where each figure comes from:
 - t_sync: measured for the options run since the network last changed (the
@@ -51,7 +52,7 @@ from functools import cached_property
 from typing import Any
 
 from flexcomm.policy import pareto
-from flexcomm.policy.budget import QualityBudget, reference_price
+from flexcomm.policy.budget import QualityBudget
 from flexcomm.policy.costmodel import (
     Calibration,
     CompressionCost,
@@ -95,11 +96,15 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 8
+STATE_FORMAT = 9
 COMPUTE_SAMPLES = 9
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
 PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen unmeasured
+# A running option keeps running while its error exceeds the allowance by less than
+# this share of the reference's error: the budget is then spent in blocks. Without
+# the band a simulated noisy host switched 243 times in 3,000 steps, with it 60.
+ERROR_BAND = 0.25
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
@@ -143,7 +148,7 @@ class MooConfig:
     dense_collectives: tuple[str, ...] = (DENSE_RING,)
     objective: str = "budget"
     quality_reference: str = "topk:0.1"
-    budget_rate: float = 0.01
+    budget_payback_steps: int = 100
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
@@ -190,7 +195,6 @@ class MooConfig:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: unknown objective {self.objective!r} (one of {', '.join(OBJECTIVES)})")
         Compression.parse(self.quality_reference, "quality_reference")
-        check_range("budget_rate", self.budget_rate, 0, 1)
         check_root(self.root)
         check_range("weight_time", self.weight_time, 0, 1)
         check_range("weight_gain", self.weight_gain, 0, 1)
@@ -203,7 +207,7 @@ class MooConfig:
         check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
         check_range("explore_share", self.explore_share, 0, 1)
         check_range("explore_prune", self.explore_prune, 1, 1e6)
-        for name, low in (("warmup_steps", 0), ("explore_steps", 1),
+        for name, low in (("warmup_steps", 0), ("explore_steps", 1), ("budget_payback_steps", 1),
                           ("explore_horizon", 0), ("explore_max", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000:
@@ -323,7 +327,7 @@ class MooPolicy:
         self.layout = layout or GradientLayout.flat(grad_bytes)
         self.config = config or MooConfig()
         self.calibration = Calibration()
-        self.budget = QualityBudget(self.config.budget_rate)
+        self.budget = QualityBudget(self.config.budget_payback_steps)
         self.exploring = ExploreBudget()
         self.watch = Reconsideration()
         self._s = _State()
@@ -454,10 +458,6 @@ class MooPolicy:
         if timed and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
-        if self.budget.lam is None and self.config.objective == "budget":
-            rows = self.evaluate()
-            if rows and all(r.gain is not None for r in rows):
-                self.budget.start(self._starting_price(rows))
         self.exploring.observe(self._spent_exploring(label))
         if self._runs_current(report):
             s.phase_steps += 1
@@ -565,11 +565,11 @@ class MooPolicy:
         progress. Unknown gains leave time as the only objective."""
         if not rows:
             raise ValueError("rows: nothing to choose from")
-        if any(r.gain is None for r in rows):
+        allowance = self._allowance()
+        if any(r.gain is None for r in rows) or (self.config.objective == "budget" and allowance is None):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            lam = self._price(rows)
-            return min(rows, key=lambda r: (_cost(r, lam), r.option))
+            return _fastest_within(rows, allowance, self.config.hysteresis)
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
@@ -581,39 +581,25 @@ class MooPolicy:
     def ranking(self, rows: list[Evaluation]) -> list[Evaluation]:
         """`rows` best first, by the objective choose() uses (dominated ones after
         the front), for planning what to measure."""
-        if any(r.gain is None for r in rows):
+        allowance = self._allowance()
+        if any(r.gain is None for r in rows) or (self.config.objective == "budget" and allowance is None):
             return sorted(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            lam = self._price(rows)
-            return sorted(rows, key=lambda r: (_cost(r, lam), r.option))
+            return sorted(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
         if self.config.objective == "progress":
             return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
         scores = self._asf([_objectives(r) for r in rows])
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
 
-    def _price(self, rows: list[Evaluation]) -> float:
-        """The run's price of error. Read only: before the budget's price is set
-        (on the first step with known errors), the starting price among `rows`
-        stands in."""
-        return self.budget.price if self.budget.price is not None else self._starting_price(rows)
+    def _allowance(self) -> float | None:
+        """The error a step may deliver now (policy.budget), or None while the
+        reference's error is not known yet."""
+        ref = self._reference_error()
+        return None if ref is None else self.budget.allowance(ref)
 
-    def _starting_price(self, rows: list[Evaluation]) -> float:
-        """The price at which the least-cost choice among `rows` loses no more
-        than the reference (budget.reference_price), or, where no option trades
-        time for error, the reference's step time (an error of the whole
-        gradient then costs one such step)."""
+    def _reference_error(self) -> float | None:
         ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
-        if ref_gain is not None:
-            lam = reference_price([(r.t_step_s, 1.0 - (r.gain or 0.0)) for r in rows], 1.0 - ref_gain)
-            if lam is not None and lam > 0:
-                return lam
-        return self._reference_step(rows)
-
-    def _reference_step(self, rows: list[Evaluation]) -> float:
-        """The step time of the reference among `rows` (the fastest of its
-        collectives), or the fastest row's when it is not among them."""
-        mine = [r.t_step_s for r in rows if r.option.compression == self.reference]
-        return min(mine) if mine else min(r.t_step_s for r in rows)
+        return None if ref_gain is None else 1.0 - ref_gain
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
         return pareto.asf_scores(points, (self.config.weight_time, self.config.weight_gain))
@@ -653,14 +639,14 @@ class MooPolicy:
         self._decision = None
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
-            self.budget = QualityBudget(self.config.budget_rate)
+            self.budget = QualityBudget(self.config.budget_payback_steps)
             self.exploring = ExploreBudget()
             self.watch = Reconsideration()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
-        self.budget = QualityBudget.from_state(state["budget"], self.config.budget_rate)
+        self.budget = QualityBudget.from_state(state["budget"], self.config.budget_payback_steps)
         self.exploring = ExploreBudget.from_state(state["exploring"])
         self.watch = Reconsideration.from_state(state["reconsideration"])
         self._s = _State.from_dict(state["state"])
@@ -834,7 +820,7 @@ class MooPolicy:
     def _exploration_plan(self, with_lossless: bool) -> list[tuple[str, bool]]:
         """What to measure, as (label, exploring) pairs: the option the model ranks
         first and the running one cost nothing (the job would run them anyway);
-        the next ones, within explore_prune of the fastest predicted step, as many
+        the next ones, within explore_prune of the first choice's predicted step, as many
         as explore_max and the exploring share allow. With the budget spent, only
         the free ones: the policy runs what the model predicts best and stays."""
         cfg = self.config
@@ -844,9 +830,8 @@ class MooPolicy:
             rows = [Evaluation(o, 0.0, 0.0, 0.0, None, False) for o in picks]
             free = {self._current_label()}
         else:
-            fastest = min(r.t_step_s for r in rows)
             ranked = self.ranking(rows)
-            rows = [r for r in ranked if r.t_step_s <= fastest * cfg.explore_prune]
+            rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * cfg.explore_prune]
             if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
             free = {rows[0].label, self._current_label()}
@@ -952,9 +937,12 @@ class MooPolicy:
     def _close(self, current: Evaluation, best: Evaluation, rows: list[Evaluation], margin: float) -> bool:
         """Not worth a switch: by the budget's cost when choosing by it (and the
         gains are known), else on both objectives."""
-        if self.config.objective == "budget" and all(r.gain is not None for r in rows):
-            lam = self._price(rows)
-            return _cost(current, lam) <= _cost(best, lam) * (1 + margin)
+        allowance = self._allowance()
+        if self.config.objective == "budget" and allowance is not None and all(r.gain is not None for r in rows):
+            # Within the allowance and its band, or losing no more than the best does.
+            limit = max(allowance + ERROR_BAND * self._reference_error(), 1.0 - (best.gain or 0.0))
+            within = 1.0 - (current.gain or 0.0) <= limit * (1 + margin)
+            return within and current.t_step_s <= best.t_step_s * (1 + margin)
         return _within(current, best, margin)
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -971,9 +959,7 @@ class MooPolicy:
         s.phase_steps = 0
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
-        measured = row is not None and row.measured
-        level = row.t_sync_s / self.t_compute if measured and self.t_compute > 0 else None
-        self.watch.chose(option.label, row.t_sync_s if measured else None, level)
+        self.watch.chose(option.label, row.t_sync_s if row is not None and row.measured else None)
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,
@@ -999,34 +985,44 @@ class MooPolicy:
         if best.gain is None:
             basis = "time only (gains unknown)"
         elif self.config.objective == "budget":
-            basis = self._explain_budget(best, rows)
+            basis = self._explain_budget(best)
         else:
             basis = f"{self.config.objective} on the Pareto front"
         vs = f"; vs {', '.join(others)}" if others else ""
         return (f"{best.label}: step {figures(best)} (sync {best.t_sync_s:.3g} s, comp {best.t_comp_s:.3g} s)"
                 f"{vs}; {basis}")
 
-    def _explain_budget(self, best: Evaluation, rows: list[Evaluation]) -> str:
-        """The budget rule in its own terms: the least step time plus the price of
-        the error, the price set by what the run spent against the reference."""
-        known = [r for r in rows if r.gain is not None]
-        lam = self._price(known or [best])
+    def _explain_budget(self, best: Evaluation) -> str:
+        """The budget rule in its own terms: the fastest option within the error
+        a step may deliver, that allowance set by the reference and what the run
+        saved or overspent."""
+        allowance = self._allowance()
         ref_gain = 1.0 if not self.reference.lossy else self._s.gains.get(self.reference.name)
         ref = (f"reference {self.reference.name}" +
                (f" (error {1 - ref_gain:.2f})" if ref_gain is not None else ""))
-        if self.budget.steps > 1 and self.budget.allowed > 0:
-            price = (f"the price the run's spending set: {self.budget.spent / self.budget.allowed:.0%} "
-                     f"of the reference's error spent over {self.budget.steps} steps")
-        else:
-            price = "the price at which the choice keeps within the reference, before the run has spent any"
-        return (f"least step time + {lam:.3g} s x error (error {1 - (best.gain or 0):.2f}); "
-                f"error budget: {ref}, {price}")
+        spent = (f"{self.budget.spent / self.budget.allowed:.0%} of the reference's error spent over "
+                 f"{self.budget.steps} steps" if self.budget.allowed > 0 else "nothing spent yet")
+        within = f"{allowance:.2f}" if allowance is not None else "unknown"
+        return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}); "
+                f"{ref}, {spent}")
 
 
-def _cost(row: Evaluation, lam: float) -> float:
-    """The row's step time plus the price of its error at `lam` seconds per unit."""
-    assert row.gain is not None
-    return row.t_step_s + lam * (1.0 - row.gain)
+def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:
+    """Within the allowance first, fastest first; then the rest, least error first."""
+    error = 1.0 - (r.gain or 0.0)
+    return (0, r.t_step_s, error) if error <= allowance else (1, error, r.t_step_s)
+
+
+def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float) -> Evaluation:
+    """The fastest row whose error is within `allowance`, the one losing least among
+    those within `hysteresis` of that time (so where compression buys no time the
+    run saves its budget); with none within, the one losing least."""
+    within = [r for r in rows if 1.0 - (r.gain or 0.0) <= allowance]
+    if not within:
+        return min(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
+    fastest = min(r.t_step_s for r in within)
+    near = [r for r in within if r.t_step_s <= fastest * (1 + hysteresis)]
+    return min(near, key=lambda r: (1.0 - (r.gain or 0.0), r.t_step_s, r.option))
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

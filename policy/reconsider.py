@@ -22,6 +22,7 @@ from typing import Any
 from flexcomm.policy.types import NetworkObservation
 
 RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
+LEFT_SAMPLES = 2  # steps an option left sooner (an exploring item) must have run to keep its level
 
 
 @dataclass
@@ -38,10 +39,11 @@ class Reconsideration:
 
     def settle_on(self, net: NetworkObservation | None) -> None:
         """The choice is settled on `net` (None: no network known); the levels
-        options settled at before are of another network."""
+        and syncs seen before are of another network."""
         self.settled = True
         self.levels = {}
         self.settled_level = None
+        self.running_sync, self.running_level = [], []
         self.alpha_s = net.alpha_s if net else None
         self.beta_s_per_byte = net.beta_s_per_byte if net else None
 
@@ -73,14 +75,16 @@ class Reconsideration:
         return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {old_alpha * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
-    def chose(self, label: str | None, sync_s: float | None, level: float | None = None) -> None:
-        """Option `label` runs, chosen on `sync_s` when that was measured (`level`:
-        that per second of compute). Its syncs are compared with the level it
-        settled at on this network before, else the one it was chosen on, else
-        its first steps': a link that sped up just as the budget switched
-        options is then still seen."""
+    def chose(self, label: str | None, sync_s: float | None) -> None:
+        """Option `label` runs, chosen on `sync_s` when that was measured. Its
+        syncs are compared with the level it showed on this network before (its
+        first RUNNING_SAMPLES steps, or the steps it ran when it was left
+        sooner, as an exploring item), else with its first steps now: a link
+        that sped up just as the budget switched options is then still seen."""
+        if self.running and self.running not in self.levels and len(self.running_level) >= LEFT_SAMPLES:
+            self.levels[self.running] = statistics.median(self.running_level)
         self.running, self.chosen_sync = label, sync_s
-        self.settled_level = self.levels.get(label, level) if label else level
+        self.settled_level = self.levels.get(label) if label else None
         self.running_sync, self.running_level = [], []
 
     def ran(self, sync_s: float, per_compute_s: float) -> None:

@@ -93,5 +93,7 @@ def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compress
             assert job.job_id.startswith(f"two-nodes-{addresses[0]}-29400-") and job.end_reason == "ended"
             wait_for(lambda: store.measurements(peer=addresses[1], kind="bandwidth"), 30, "a bandwidth probe")
             probe = store.measurements(peer=addresses[1], kind="bandwidth")[0]
-        assert probe.ok and 10e6 < probe.bandwidth_bps < 30e6, probe
+        # The shaped 20 Mbit/s path, not an unshaped one; the test shares the link with
+        # the job's syncs, which can take half of it (a run read 9.97 Mbit/s).
+        assert probe.ok and 5e6 < probe.bandwidth_bps < 30e6, probe
         assert f"iperf3 {addresses[1]}:5201" in agents[1].log.read_text()

@@ -57,9 +57,11 @@ def test_an_option_chosen_again_keeps_the_level_it_settled_at_on_this_network() 
     watch.chose("a", None)
     for _ in range(RUNNING_SAMPLES):
         watch.ran(0.2, 0.2 / 0.02)
-    watch.chose("b", 0.1, 0.1 / 0.02)  # chosen on a measured figure: that is its level
-    assert watch.settled_level == pytest.approx(5.0)
+    watch.chose("b", None)  # an exploring item: two steps, then back
+    for _ in range(2):
+        watch.ran(0.1, 0.1 / 0.02)
     watch.chose("a", None)
+    assert watch.levels == {"a": pytest.approx(10.0), "b": pytest.approx(5.0)}
     for _ in range(RUNNING_SAMPLES):  # the link four times as fast, from a's first step back
         watch.ran(0.05, 0.05 / 0.02)
     assert watch.fell() == pytest.approx(0.75)
