@@ -22,6 +22,8 @@ option. Both are fitted together, with forgetting:
   and moves the estimate, weighted by that share; when it is wide the sync is a
   lower bound on the bandwidth, never ignored: an estimate slower than what
   crossed is raised to it, flagged `lower_bound`.
+- A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
+  or policed link passes it at line rate after idle, so its time is overhead.
 - While the figure is only a lower bound it is the fastest bound of the last
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
   shows as soon as the faster bounds age out.
@@ -230,6 +232,13 @@ class LinkEstimate:
         if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
+        if beta_bytes <= self.config.burst_bytes:
+            # A shaped or policed link passes a burst after idle at line rate: the
+            # sync's time is its overhead and says nothing of the rate, neither as a
+            # reading nor as a bound (the lab's Top-k syncs of 3-25 KB on a 20 Mbit/s
+            # link read anything from 4.8 to 472 Mbit/s, and every such move sent
+            # the MOO exploring again).
+            return
         fit = self.overheads.setdefault(collective, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
@@ -292,10 +301,8 @@ class LinkEstimate:
 
     def _bound_beta(self, wire_s: float, beta_bytes: float) -> float | None:
         """The slowest beta a sync its bytes explain little of allows: its bytes
-        crossed in at most `wire_s` (through the configured bucket). None for a sync
-        no larger than `burst_bytes`, which a shaped or policed link passes at line
-        rate after idle: its time says nothing of the rate."""
-        return self._beta(wire_s, beta_bytes) if beta_bytes > self.config.burst_bytes and wire_s > 0 else None
+        crossed in at most `wire_s` (through the configured bucket)."""
+        return self._beta(wire_s, beta_bytes) if wire_s > 0 else None
 
     def _agree(self, fit: CollectiveFit, fastest: float, slowest: float, narrow: bool, seconds: float,
                beta_bytes: float, ts: float, reports: int) -> None:
@@ -320,8 +327,7 @@ class LinkEstimate:
 
     def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
                   beta_bytes: float, ts: float, reports: int) -> None:
-        # a reading that is not narrow says only what surely crossed: its bytes in its
-        # time; one within the link's burst says nothing of the rate
+        # a reading that is not narrow says only what surely crossed: its bytes in its time
         reading = slowest if narrow else self._bound_beta(seconds, beta_bytes)
         if reading is None:
             return
