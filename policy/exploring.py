@@ -4,8 +4,8 @@ measure them, charged as the job actually ran them.
 The job adopts a decision at its agreements only (every K steps), so an option
 planned for 2 steps runs until the next agreement: in the lab a 2-step item ran
 4-6 steps with agreements every 2 steps. The budget counts every step the job
-ran on an explored option and charges each item of the next plan what an item
-of the last one cost.
+ran on an explored option and charges each item of the next plan the most an
+item has cost so far.
 
 Pure and deterministic; its state is plain data.
 """
@@ -23,7 +23,7 @@ class ExploreBudget:
     steps_seen: int = 0
     spent: int = 0  # steps run on an option only to measure it
     spent_before: int = 0  # `spent` when the last plan started
-    item_steps: float = 0.0  # what an explored item of the last plan ran (0: not yet seen)
+    item_steps: float = 0.0  # the most an explored item has run (0: not yet seen)
 
     def observe(self, exploring: bool) -> None:
         """One step of the job; `exploring` when it ran an option only to measure it."""
@@ -41,9 +41,14 @@ class ExploreBudget:
         return max(float(planned_steps), self.item_steps)
 
     def plan_started(self, explored_items_before: int) -> None:
-        """A new plan starts; the last one had `explored_items_before` explored items."""
+        """A new plan starts; the last one had `explored_items_before` explored items.
+        An item is charged the most one has cost so far: the share is a ceiling, and
+        the last plan's own figure swung (its last item, the one the job went on
+        running, stops counting when the plan ends), so a plan charged 2 steps an
+        item ran 5 and broke the share."""
         if explored_items_before:
-            self.item_steps = (self.spent - self.spent_before) / explored_items_before
+            last = (self.spent - self.spent_before) / explored_items_before
+            self.item_steps = max(self.item_steps, last)
         self.spent_before = self.spent
 
     def state_dict(self) -> dict[str, Any]:

@@ -106,9 +106,12 @@ LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed o
 # (0 for a fit never observed) measured option after option on a steady network.
 UNTIMED_MARGIN = 1.0
 PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen unmeasured
-# A running option keeps running while its error exceeds the allowance by less than
-# this share of the reference's error: the budget is then spent in blocks. Without
-# the band a simulated noisy host switched 243 times in 3,000 steps, with it 60.
+# A new choice may lose this share of the reference's error more than the
+# allowance, and a running option twice that: options' errors are few and far
+# apart (lossless at 0, the lossy ones near the reference's or above), so a strict
+# allowance sent a job 7% of the reference's error in debt to bf16 at 10 Mbit/s, ten
+# times slower, to repay it; and without the running option's wider band a
+# simulated noisy host switched 243 times in 3,000 steps.
 ERROR_BAND = 0.25
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
@@ -288,6 +291,7 @@ class _State:
     phase_steps: int = 0
     plan: list[tuple[str, bool]] = field(default_factory=list)  # (option label, exploring) to measure
     plan_index: int = 0
+    explored_before: list[str] = field(default_factory=list)  # the last plan's explored options
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
@@ -433,13 +437,10 @@ class MooPolicy:
         """Run `choice`, the best lossless option, for one item, as an exploration of one."""
         s = self._s
         s.probed_up_at = self.exploring.steps_seen
-        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
                  f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
                  f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
-        running = self._current_label()
-        s.plan = [(choice.label, True), (running, False)]
-        s.plan_index = 0
+        self._new_plan([(choice.label, True), (self._current_label(), False)])
         s.sync = {}
         s.explorations += 1
         s.phase = EXPLORE
@@ -596,10 +597,11 @@ class MooPolicy:
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
 
     def _allowance(self) -> float | None:
-        """The error a step may deliver now (policy.budget), or None while the
-        reference's error is not known yet."""
+        """The error a newly chosen option may deliver: what a step may deliver now
+        (policy.budget) and ERROR_BAND of the reference's error more; None while
+        the reference's error is not known yet."""
         ref = self._reference_error()
-        return None if ref is None else self.budget.allowance(ref)
+        return None if ref is None else self.budget.allowance(ref) + ERROR_BAND * ref
 
     def _reference_error(self) -> float | None:
         """The error the reference delivers: as its steps delivered it over its best
@@ -729,13 +731,13 @@ class MooPolicy:
 
     def _spent_exploring(self, label: str) -> bool:
         """A step run only to measure its option: the running exploring option, or
-        one the last plan explored that the job still runs until its next agreement
+        one this plan or the one before it explored that the job still runs until its next agreement
         (the client adopts a decision every control interval, so an option measured
         runs on after the policy moved on; those steps are spent all the same)."""
         s = self._s
         if s.current is not None and label == self._current_label():
             return s.current.exploring
-        return any(item == label and exploring for item, exploring in s.plan or ())
+        return any(item == label and exploring for item, exploring in s.plan) or label in s.explored_before
 
     def _runs_current(self, report: StepReport) -> bool:
         return report.choice.label == self._current_label()
@@ -787,9 +789,8 @@ class MooPolicy:
         if best.measured or best.label == current.label or self._close(current, best, rows, margin):
             return
         s = self._s
-        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = f"the model puts {best.label} ahead at {best.t_step_s:.3g} s a step, untimed"
-        s.plan, s.plan_index = [(best.label, False), (current.label, False)], 0
+        self._new_plan([(best.label, False), (current.label, False)])
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
@@ -837,10 +838,8 @@ class MooPolicy:
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
         s = self._s
-        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
         s.why = why
-        s.plan = self._exploration_plan(with_lossless or self.watch.got_faster(self._net()))
-        s.plan_index = 0
+        self._new_plan(self._exploration_plan(with_lossless or self.watch.got_faster(self._net())))
         s.sync = {}
         self._rebase()  # what a move during the exploration is judged against
         if not s.plan:  # nothing to predict with and no exploring left: stay
@@ -850,6 +849,14 @@ class MooPolicy:
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
+
+    def _new_plan(self, plan: list[tuple[str, bool]]) -> None:
+        """Measure `plan` from its first item. The last plan's explored options stay
+        charged while the job runs them on until its next agreement."""
+        s = self._s
+        self.exploring.plan_started(sum(1 for _, exploring in s.plan if exploring))
+        s.explored_before = [label for label, exploring in s.plan if exploring]
+        s.plan, s.plan_index = plan, 0
 
     def _explore_allowance(self) -> int:
         return self.exploring.allowance(self.config.explore_share, self.config.explore_horizon)
@@ -979,7 +986,7 @@ class MooPolicy:
         gains are known), else on both objectives."""
         allowance = self._allowance()
         if self.config.objective == "budget" and allowance is not None and all(r.gain is not None for r in rows):
-            # Within the allowance and its band, or losing no more than the best does.
+            # Within the allowance and the running option's band, or losing no more than the best.
             limit = max(allowance + ERROR_BAND * self._reference_error(), 1.0 - (best.gain or 0.0))
             within = 1.0 - (current.gain or 0.0) <= limit * (1 + margin)
             return within and current.t_step_s <= best.t_step_s * (1 + margin)

@@ -45,14 +45,16 @@ def test_the_budget_state_round_trips_and_takes_the_setting_as_it_is_now() -> No
     assert back.payback_steps == 20 and (back.spent, back.allowed, back.steps) == (0.3, 0.1, 1)
 
 
-def test_the_choice_is_never_slower_than_the_reference_when_the_run_is_not_in_debt() -> None:
+def test_the_choice_is_never_slower_than_the_reference() -> None:
     # On a slow link, with the reference among the options measured.
     policy = moo()
     job = Job(policy)
     job.run(200, *SLOW)
     reference = next(r for r in policy.evaluate() if r.label == "topk:0.011@ag_topk")
     chosen = next(r for r in policy.evaluate() if r.label == policy.decide().label)
-    assert policy.budget.saved >= 0 and chosen.t_step_s <= reference.t_step_s, policy.decide().reason
+    assert chosen.t_step_s <= reference.t_step_s, policy.decide().reason
+    # within what the error bands let it run on ahead of the allowance
+    assert policy.budget.spent <= 1.15 * policy.budget.allowed, policy.budget
 
 
 @pytest.mark.parametrize("slow_first", [False, True])
