@@ -105,6 +105,10 @@ LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed o
 # better: fits in the lab were off by up to 0.80, and a margin of the fits' own error
 # (0 for a fit never observed) measured option after option on a steady network.
 UNTIMED_MARGIN = 1.0
+# A step keeps at least this share of what the reference keeps, whatever the run
+# saved: on savings (the allowance up to twice the reference's error) a digits lab
+# ran Top-k 0.001 over the AR tree, which delivered a gain of 0.00.
+MIN_KEPT = 0.5
 # The collective a fixed choice of a lossy family runs over: what users pick, as the lab's rivals.
 REFERENCE_COLLECTIVE = {TOPK: AG_TOPK, POWERSGD: DENSE_RING}
 PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen unmeasured
@@ -603,7 +607,7 @@ class MooPolicy:
         (policy.budget) and ERROR_BAND of the reference's error more; None while
         the reference's error is not known yet."""
         ref = self._reference_error()
-        return None if ref is None else self.budget.allowance(ref) + ERROR_BAND * ref
+        return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, _error_cap(ref))
 
     def _reference_error(self) -> float | None:
         """The error the reference delivers as a user would run it (over
@@ -993,7 +997,8 @@ class MooPolicy:
         allowance = self._allowance()
         if self.config.objective == "budget" and allowance is not None and all(r.gain is not None for r in rows):
             # Within the allowance and the running option's band, or losing no more than the best.
-            limit = max(allowance + ERROR_BAND * self._reference_error(), 1.0 - (best.gain or 0.0))
+            ref = self._reference_error()
+            limit = max(min(allowance + ERROR_BAND * ref, _error_cap(ref)), 1.0 - (best.gain or 0.0))
             within = 1.0 - (current.gain or 0.0) <= limit * (1 + margin)
             return within and current.t_step_s <= best.t_step_s * (1 + margin)
         return _within(current, best, margin)
@@ -1056,6 +1061,12 @@ class MooPolicy:
         within = f"{allowance:.2f}" if allowance is not None else "unknown"
         return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}); "
                 f"{ref}, {spent}")
+
+
+def _error_cap(reference_error: float) -> float:
+    """The most error any step may deliver, whatever the run saved: a step keeps at
+    least MIN_KEPT of what the reference keeps."""
+    return 1.0 - MIN_KEPT * (1.0 - reference_error)
 
 
 def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:

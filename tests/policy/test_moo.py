@@ -594,3 +594,13 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_timed_without_a_network_m
     assert len(lossless) <= 2 + LOOK_AGAIN_STEPS + policy.config.explore_steps, job.decisions
     assert policy.decide().compression.lossy, policy.decide().reason
     assert "untimed" in policy._s.why
+
+
+def test_whatever_the_run_saved_a_step_keeps_half_of_what_the_reference_keeps() -> None:
+    policy = moo()
+    policy._s.gains["topk:0.011"] = 0.6  # the reference loses 0.4
+    for _ in range(1000):
+        policy.budget.observe(0.0, 0.4)  # a long lossless stretch: savings to spend
+    rows = [_row("topk:0.001@art_tree", 0.010, 0.15),  # delivers little: within twice the reference's error
+            _row("topk:0.011@ag_topk", 0.030, 0.35), _row("bf16@dense_ring", 0.250, 1.0)]
+    assert policy.choose(rows).label == "topk:0.011@ag_topk"
