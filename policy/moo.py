@@ -515,7 +515,11 @@ class MooPolicy:
         if report.compression.lossy and label in self._labels:
             self._smooth_gain(s.delivered, label, report.gain, report.step)
         reference = self._reference_error()
-        if reference is not None:
+        # Exploring steps are bounded by their own share, not charged to the quality
+        # budget: the short lab's first exploration (Top-k over the AR collectives,
+        # delivering little) left the run 17% in debt, and the debt kept the
+        # reference itself out of the allowance through a 10 Mbit/s phase.
+        if reference is not None and not self._spent_exploring(label):
             self.budget.observe(1.0 - report.gain, reference)
 
     def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
@@ -547,6 +551,7 @@ class MooPolicy:
         running = self._current_label()
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
+        delivery = self._delivery_ratios()
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
@@ -561,11 +566,34 @@ class MooPolicy:
             else:
                 continue
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
-            gain = (s.delivered.get(option.label, s.gains.get(option.compression.name))
-                    if option.compression.lossy else 1.0)
+            gain = self._expected_gain(option, delivery) if option.compression.lossy else 1.0
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
+
+    def _delivery_ratios(self) -> dict[tuple[str, str], float]:
+        """Per (family, collective), what the options that ran delivered over what
+        their probes read (the median, at most 1): PowerSGD's probes (the best
+        rank-r approximation of rank 0's gradient) read 0.5 where its steps
+        delivered 0.2, and the Top-k AR collectives' non-root ranks send little."""
+        s, ratios = self._s, {}
+        for label, delivered in s.delivered.items():
+            choice = Choice.parse(label)
+            probed = s.gains.get(choice.compression.name)
+            if probed:
+                ratios.setdefault((choice.compression.family, choice.collective), []).append(delivered / probed)
+        return {k: min(1.0, statistics.median(v)) for k, v in ratios.items()}
+
+    def _expected_gain(self, option: Choice, delivery: Mapping[tuple[str, str], float]) -> float | None:
+        """What a lossy option's steps deliver: measured once it ran, else its probes'
+        reading scaled as its family's options over its collective delivered (an
+        untimed PowerSGD rank, rated by its probes, was tried and rejected again
+        and again while the job ran bf16 at 10 Mbit/s)."""
+        s = self._s
+        if option.label in s.delivered:
+            return s.delivered[option.label]
+        probed = s.gains.get(option.compression.name)
+        return None if probed is None else probed * delivery.get((option.compression.family, option.collective), 1.0)
 
     @property
     def t_compute(self) -> float:
@@ -963,8 +991,12 @@ class MooPolicy:
         return trusted, challenger
 
     def _fit_is_calibrated(self, row: Evaluation) -> bool:
+        """The fit has PREDICTION_TRUSTED pairs and its latest steps agree with it:
+        steps far off its prediction (outliers, not yet learned) mean the network
+        it predicts on is not the one the job runs on (the short lab chose dense,
+        predicted at 75 ms from a stale fast link, where bf16 had just run 311 ms)."""
         key = calibration_key(row.option.compression, row.option.collective)
-        return self.calibration.observations(key) >= PREDICTION_TRUSTED
+        return self.calibration.observations(key) >= PREDICTION_TRUSTED and not self._s.outliers.get(key)
 
     def _margin(self, *rows: Evaluation) -> float:
         """How much better an option must look to switch to it: the hysteresis, or

@@ -92,3 +92,18 @@ def test_a_gain_read_every_tenth_step_settles_as_fast_in_steps_as_one_read_every
             policy.observe_step(StepReport(step=step, family="dense", param=0, collective="dense_ring", t_comp_s=0.0,
                                            t_sync_s=0.05, gain=1.0, gains={"topk:0.1": gain}))
     assert tenth._s.gains["topk:0.1"] == pytest.approx(every._s.gains["topk:0.1"], abs=0.05)
+
+
+def test_an_untimed_option_is_expected_to_deliver_as_its_siblings_did() -> None:
+    # PowerSGD rank 4 ran and delivered 0.2 where its probes read 0.5: an untimed
+    # rank 2, read at 0.4 by its probes, is expected to deliver 0.16, not 0.4.
+    policy = moo()
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    for step in range(60):
+        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=0.0, t_sync_s=0.05, gain=0.2,
+                                       gains={"powersgd:4": 0.5, "powersgd:2": 0.4, "topk:0.1": 0.9}))
+    gains = {r.label: r.gain for r in policy.evaluate(predicted=True)}
+    assert gains["powersgd:4@dense_ring"] == pytest.approx(0.2, abs=0.01)
+    assert gains["powersgd:2@dense_ring"] == pytest.approx(0.16, abs=0.01)
+    assert gains["topk:0.1@ag_topk"] == pytest.approx(0.9, abs=0.01)  # another family: as probed
