@@ -123,6 +123,7 @@ PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more w
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
 SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
+SYNC_ROSE = 0.5  # the running option's sync this much above where it settled: the others' figures are stale
 MAX_CANDIDATE_CRS = MAX_PROBES
 
 
@@ -637,6 +638,11 @@ class MooPolicy:
         ref = self._reference_error()
         return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, _error_cap(ref))
 
+    def _reference_label(self) -> str | None:
+        """The reference as a user runs it (a choice's label), None when lossless."""
+        ref = self.reference
+        return Choice(ref, REFERENCE_COLLECTIVE[ref.family]).label if ref.lossy else None
+
     def _reference_error(self) -> float | None:
         """The error the reference delivers as a user would run it (over
         REFERENCE_COLLECTIVE) once it ran so, else as the probes read it off rank
@@ -650,8 +656,7 @@ class MooPolicy:
         ref = self.reference
         if not ref.lossy:
             return 0.0
-        label = Choice(ref, REFERENCE_COLLECTIVE[ref.family]).label
-        gain = self._s.delivered.get(label, self._s.gains.get(ref.name))
+        gain = self._s.delivered.get(self._reference_label(), self._s.gains.get(ref.name))
         return None if gain is None else 1.0 - gain
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
@@ -806,7 +811,7 @@ class MooPolicy:
             if fell and self._explore_allowance() >= self._item_cost():
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
-            elif s.phase_steps % LOOK_AGAIN_STEPS == 0:
+            elif s.phase_steps % LOOK_AGAIN_STEPS == 0 and not self._sync_rose():
                 self._measure_an_untimed_first_choice()
 
     def _measure_an_untimed_first_choice(self) -> None:
@@ -822,9 +827,13 @@ class MooPolicy:
         current = self._current_row(rows)
         if current is None or any(r.gain is None for r in rows):
             return
-        best = self.choose(rows)
-        margin = max(UNTIMED_MARGIN, self._margin(current, best))
-        if best.measured or best.label == current.label or self._close(current, best, rows, margin):
+        # The rule's first choice, else the reference as a user runs it: within the
+        # budget by definition (the short lab timed Top-k 0.033 on three collectives,
+        # over the budget as delivered, and ran bf16 at 10 Mbit/s, never Top-k 0.1).
+        reference = [r for r in rows if r.label == self._reference_label()]
+        best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
+                     and not self._close(current, r, rows, max(UNTIMED_MARGIN, self._margin(current, r)))), None)
+        if best is None:
             return
         s = self._s
         s.why = f"the model puts {best.label} ahead at {best.t_step_s:.3g} s a step, untimed"
@@ -832,6 +841,9 @@ class MooPolicy:
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
+
+    def _sync_rose(self) -> bool:
+        return -self.watch.fell() > SYNC_ROSE
 
     def _lossy_sync_fell(self) -> float:
         """How far the running lossy option's sync fell (per second of compute)
@@ -919,7 +931,8 @@ class MooPolicy:
             rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * cfg.explore_prune]
             if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
-            free = {rows[0].label, self._current_label()}
+            rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label()), None))
+            free = {rows[0].label, self._current_label(), self._reference_label()}
         budget, cost = self._explore_allowance(), self._item_cost()
         plan: list[tuple[str, bool]] = []
         for r in rows:
@@ -962,6 +975,12 @@ class MooPolicy:
             return Evaluation(option, 0, 0, 0, None, False)
         rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
+        if current is not None and self._sync_rose():
+            # The running option's sync rose per second of compute: the link slowed
+            # before any estimate says so, and the others' figures ran on the faster
+            # one (the short lab switched to bf16 on its fast-link 8 ms and ran it at
+            # 330 ms through 10 Mbit/s). Hold until the network is observed.
+            return current
         if current is not None and current != best and self._not_worth_switching(
                 current, best, rows, self._margin(current, best)):
             return current
@@ -1139,8 +1158,14 @@ def _with_best_lossless(rows: list[Evaluation], ranked: list[Evaluation]) -> lis
     choice), unless one is there already."""
     if any(r.option.lossless for r in rows):
         return rows
-    best = next((r for r in ranked if r.option.lossless), None)
-    return rows if best is None else [rows[0], best, *rows[1:]]
+    return _with_second(rows, next((r for r in ranked if r.option.lossless), None))
+
+
+def _with_second(rows: list[Evaluation], row: Evaluation | None) -> list[Evaluation]:
+    """`rows` with `row` second (after the model's first choice), unless it is there."""
+    if row is None or any(r.label == row.label for r in rows):
+        return rows
+    return [rows[0], row, *rows[1:]]
 
 
 __all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "candidate_crs"]

@@ -101,13 +101,17 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     assert set(phases) == {FAST, SLOW}
     fast, slow = phases[FAST], phases[SLOW]
     assert fast["steps"] == 44 and slow["steps"] == 44
-    assert (fast["compression"], fast["collective"]) != (slow["compression"], slow["collective"])
     assert Compression.parse(slow["compression"]).lossy, "on the slow link the most-run choice should compress"
     # Fixed Top-k's steps got slower on the slow link: the shaping was real. CR 0.1
     # (about 150 KB a step), so the message outlasts the shaper's burst many times
     # over; at CR 0.01 (15 KB) it fits the 16 KB bucket and the difference is noise.
     fixed = {p["rate_bps"]: p for p in summary["policies"]["topk-0.1"]["phases"]}
     assert fixed[SLOW]["mean_step_s"] > fixed[FAST]["mean_step_s"]
+    # On each link the MOO keeps up with the budget's reference run fixed (Top-k 0.1,
+    # which it may also choose where it is fastest): bf16 through the slow phase
+    # ran 1.9x its step. Exploring and the switch at the change cost some.
+    for rate in (FAST, SLOW):
+        assert phases[rate]["mean_step_s"] <= 1.5 * fixed[rate]["mean_step_s"], (rate, phases[rate], fixed[rate])
     # The agent's estimate was recorded beside the shaped rate, and followed the drop
     # to within 25% of the slow link's goodput. (Within 10% in 5 s of every change is
     # a goal the lab's estimate_tracking measures and the estimator does not reach

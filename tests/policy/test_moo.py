@@ -151,7 +151,9 @@ def test_exploring_never_exceeds_its_share(control_interval: int) -> None:
     for i in range(50):
         job.run(30, *links[i % len(links)])
         assert sum(job.exploring) <= policy.config.explore_share * max(job.step, 100) + control_interval
-    assert sum(job.exploring) == pytest.approx(policy.explore_steps, abs=control_interval)
+    # the policy's own count never falls short of what the job ran (it may charge more:
+    # a replaced plan's explored options stay charged until the job's next agreement)
+    assert policy.explore_steps >= sum(job.exploring) - control_interval
     assert policy.explorations >= 5
 
 
@@ -235,8 +237,11 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     assert policy.phase == EXPLORE and len(policy._s.plan) == 3
     ranking = policy.ranking(policy.evaluate(predicted=True))
     ranked = [r.label for r in ranking if r.t_step_s <= ranking[0].t_step_s * policy.config.explore_prune]
-    # the model's first choice is measured as the job would run it; the next two explore
-    assert policy._s.plan == [(ranked[0], ranked[0] == "bf16@dense_ring"), (ranked[1], True), (ranked[2], True)]
+    # the reference as a user runs it comes second, within the budget by definition
+    ranked = [ranked[0], "topk:0.011@ag_topk", *(label for label in ranked[1:] if label != "topk:0.011@ag_topk")]
+    # the model's first choice and the reference are measured as the job would run
+    # them (no exploring steps); the next one explores
+    assert policy._s.plan == [(ranked[0], ranked[0] == "bf16@dense_ring"), (ranked[1], False), (ranked[2], True)]
 
 
 def test_no_network_explores_one_option_per_family() -> None:
