@@ -123,7 +123,6 @@ PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more w
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
 SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
-SYNC_ROSE = 0.5  # the running option's sync this much above where it settled: the others' figures are stale
 MAX_CANDIDATE_CRS = MAX_PROBES
 
 
@@ -811,7 +810,7 @@ class MooPolicy:
             if fell and self._explore_allowance() >= self._item_cost():
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
-            elif s.phase_steps % LOOK_AGAIN_STEPS == 0 and not self._sync_rose():
+            elif s.phase_steps % LOOK_AGAIN_STEPS == 0:
                 self._measure_an_untimed_first_choice()
 
     def _measure_an_untimed_first_choice(self) -> None:
@@ -841,9 +840,6 @@ class MooPolicy:
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
-
-    def _sync_rose(self) -> bool:
-        return -self.watch.fell() > SYNC_ROSE
 
     def _lossy_sync_fell(self) -> float:
         """How far the running lossy option's sync fell (per second of compute)
@@ -975,12 +971,6 @@ class MooPolicy:
             return Evaluation(option, 0, 0, 0, None, False)
         rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
-        if current is not None and self._sync_rose():
-            # The running option's sync rose per second of compute: the link slowed
-            # before any estimate says so, and the others' figures ran on the faster
-            # one (the short lab switched to bf16 on its fast-link 8 ms and ran it at
-            # 330 ms through 10 Mbit/s). Hold until the network is observed.
-            return current
         if current is not None and current != best and self._not_worth_switching(
                 current, best, rows, self._margin(current, best)):
             return current
