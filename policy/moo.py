@@ -457,10 +457,11 @@ class MooPolicy:
         self._decision = None
         if report.t_compute_s > 0:
             s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
-        self._observe_gains(report)
+        label = report.choice.label
+        exploring = self._spent_exploring(label)
+        self._observe_gains(report, exploring)
         # Only candidates' figures are kept: a report may name any option, and what
         # no candidate reads would grow the state without bound.
-        label = report.choice.label
         candidate = label in self._labels
         if candidate and report.family != DENSE:
             name = report.compression.name
@@ -470,7 +471,7 @@ class MooPolicy:
         if timed and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
-        self.exploring.observe(self._spent_exploring(label))
+        self.exploring.observe(exploring)
         if self._runs_current(report):
             s.phase_steps += 1
             if timed:
@@ -499,7 +500,7 @@ class MooPolicy:
         outliers.pop(key, None)
         self.calibration.observe(key, raw, report.t_sync_s)
 
-    def _observe_gains(self, report: StepReport) -> None:
+    def _observe_gains(self, report: StepReport, exploring: bool) -> None:
         """Two figures per gain: what a compression's probes read off a gradient
         (keyed by compression), and what the steps of a choice applied (keyed by
         choice: AR-Topk over a tree does not deliver what Top-k over AllGather does).
@@ -519,7 +520,7 @@ class MooPolicy:
         # budget: the short lab's first exploration (Top-k over the AR collectives,
         # delivering little) left the run 17% in debt, and the debt kept the
         # reference itself out of the allowance through a 10 Mbit/s phase.
-        if reference is not None and not self._spent_exploring(label):
+        if reference is not None and not exploring:
             self.budget.observe(1.0 - report.gain, reference)
 
     def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
