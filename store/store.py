@@ -105,7 +105,7 @@ class Store:
             raise ValueError(f"db: cannot open {self.path}: {exc}") from None
         try:
             self.db = sqlite_utils.Database(conn, execute_plugins=False)
-            self._open()
+            self._open_patiently()
         except sqlite3.OperationalError as exc:  # locked, read-only, I/O: not the file's fault
             conn.close()
             raise ValueError(f"db: cannot use {self.path}: {exc}") from None
@@ -115,6 +115,23 @@ class Store:
         except BaseException:
             conn.close()
             raise
+
+    def _open_patiently(self) -> None:
+        """`_open`, tried again while another process holds the file. Two processes
+        switching a new file to WAL at once can deadlock on the lock upgrade, and
+        SQLite then answers "database is locked" at once, without the busy timeout.
+        Opening is idempotent (the migration re-reads its version under the write lock)."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = 0.005
+        while True:
+            try:
+                self._open()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.25)
 
     def _open(self) -> None:
         where = str(self.path)

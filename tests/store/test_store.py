@@ -276,6 +276,38 @@ def test_processes_creating_and_writing_one_store_at_once_all_succeed(tmp_path):
         assert len(rows) == 20 and {m.peer for m in rows} == {"p0", "p1", "p2", "p3"}
 
 
+def test_open_tries_again_when_another_process_holds_the_lock_upgrade(tmp_path, monkeypatch):
+    # Two processes switching one new file to WAL can deadlock on the lock upgrade;
+    # SQLite answers "locked" at once then, without the busy timeout. Hard to time
+    # between real processes (the test above races them), so the answer is injected.
+    from flexcomm.store import store as store_module
+
+    real_open, calls = store_module.Store._open, []
+
+    def locked_twice(self):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        real_open(self)
+
+    monkeypatch.setattr(store_module.Store, "_open", locked_twice)
+    with Store(tmp_path / "s.db") as s:
+        assert s.version == LATEST_VERSION
+    assert len(calls) == 3
+
+
+def test_open_gives_up_on_a_lock_held_past_the_busy_timeout_in_one_line(tmp_path, monkeypatch):
+    from flexcomm.store import store as store_module
+
+    def always_locked(self):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(store_module.Store, "_open", always_locked)
+    with pytest.raises(ValueError, match=r"^db: cannot use .*s\.db: database is locked$"):
+        Store(tmp_path / "s.db")
+
+
 def test_concurrent_store_on_same_file_sees_commits(tmp_path):
     path = tmp_path / "two.db"
     with Store(path) as a, Store(path) as b:
