@@ -20,6 +20,7 @@ sends them again has them twice: at least once, never lost).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -29,11 +30,12 @@ from typing import Any
 import grpc
 
 from flexcomm.agent.jobs import JobNotFound, Jobs
-from flexcomm.agent.lifecycle import JobLifecycle, SpecConflict, StoreUnavailable
+from flexcomm.agent.lifecycle import INGEST_SLICE, JobLifecycle, SpecConflict, StoreUnavailable
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
 from flexcomm.policy.jobspec import JobSpec
+from flexcomm.policy.types import StepReport
 from flexcomm.probe.estimate import PeerPath
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
@@ -135,6 +137,17 @@ def server_stream(fn: Callable) -> Callable:
     return wrapper
 
 
+async def _validated_reports(request: pb.ReportStepsRequest) -> list[StepReport]:
+    """A message's reports, all checked before any is taken, INGEST_SLICE at a
+    time with the loop serving others between them."""
+    reports: list[StepReport] = []
+    for start in range(0, max(1, len(request.reports)), INGEST_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        reports += validate.reports(request, start, start + INGEST_SLICE)
+    return reports
+
+
 class AgentService(pb_grpc.AgentServicer):
     """The Agent API over `lifecycle` (registration, ingest, end) and what the
     read-only calls read: the jobs, the network feed, the persister's history."""
@@ -175,7 +188,7 @@ class AgentService(pb_grpc.AgentServicer):
         async for request in request_iterator:
             if request.job_id or job is None:
                 job = self.jobs.get(validate.job_id(request.job_id))
-            reports = validate.reports(request)
+            reports = await _validated_reports(request)
             network = validate.network(request.network) if request.HasField("network") else None
             job.touch()
             accepted += await self.lifecycle.ingest(job, reports, network)

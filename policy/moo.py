@@ -488,7 +488,7 @@ class MooPolicy:
         if net is None:
             return
         key = calibration_key(report.compression, report.collective)
-        raw = option_sync_time(report.compression, report.collective, self.layout, net, self.forms)
+        raw = link_time(self._terms(report.choice, net.nodes), net)
         outliers = self._s.outliers
         if self.calibration.observations(key):
             ratio = report.t_sync_s / max(self.calibration.apply(key, raw), 1e-12)
@@ -640,6 +640,10 @@ class MooPolicy:
 
     def _reference_label(self) -> str | None:
         """The reference as a user runs it (a choice's label), None when lossless."""
+        return self._reference_choice_label
+
+    @cached_property
+    def _reference_choice_label(self) -> str | None:
         ref = self.reference
         return Choice(ref, REFERENCE_COLLECTIVE[ref.family]).label if ref.lossy else None
 
@@ -691,7 +695,7 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels", "reference"):
+        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_choice_label"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
         self._decision = None

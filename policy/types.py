@@ -21,6 +21,7 @@ reads `topk:0.01@ag_topk` (a `Choice`).
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
@@ -157,6 +158,16 @@ class Compression:
         """The compression a text form names ("topk:0.01", "powersgd:2", "bf16")."""
         if not isinstance(text, str):
             raise ValueError(f"{field_name}: expected text such as topk:0.01 or powersgd:2, got {text!r}")
+        known = _PARSED.get(text)
+        if known is not None:
+            return known
+        parsed = cls._parse(text, field_name)
+        if len(_PARSED) < MAX_PARSED:
+            _PARSED[text] = parsed
+        return parsed
+
+    @classmethod
+    def _parse(cls, text: str, field_name: str) -> Compression:
         family, sep, value = text.strip().partition(":")
         check_family(family, field_name)
         if not sep:
@@ -174,6 +185,11 @@ class Compression:
         except ValueError as exc:
             raise ValueError(f"{field_name}: {text!r}: {str(exc).partition(': ')[2]}") from None
 
+
+# Every step report names its probes' gains by text: each text is parsed once (the
+# agent's ingest spent a fifth of its time parsing the same few names).
+MAX_PARSED = 1024
+_PARSED: dict[str, Compression] = {}
 
 DENSE_FP32 = Compression(DENSE)
 
@@ -216,6 +232,13 @@ class Choice:
     @property
     def lossless(self) -> bool:
         return not self.compression.lossy
+
+
+@functools.lru_cache(maxsize=1024)
+def _choice(family: str, param: float, collective: str) -> Choice:
+    """One Choice per (family, param, collective) seen: every report and decision
+    names one of a few, and building each anew cost the agent's ingest a tenth."""
+    return Choice.of(family, param, collective)
 
 
 MAX_LAYOUT_MATRICES = 1 << 16
@@ -572,11 +595,11 @@ class StepReport:
 
     @property
     def compression(self) -> Compression:
-        return Compression(self.family, self.param)
+        return self.choice.compression
 
-    @property
+    @cached_property
     def choice(self) -> Choice:
-        return Choice(self.compression, self.collective)
+        return _choice(self.family, self.param, self.collective)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -640,11 +663,11 @@ class Decision:
 
     @property
     def compression(self) -> Compression:
-        return Compression(self.family, self.param)
+        return self.choice.compression
 
-    @property
+    @cached_property
     def choice(self) -> Choice:
-        return Choice(self.compression, self.collective)
+        return _choice(self.family, self.param, self.collective)
 
     @property
     def label(self) -> str:

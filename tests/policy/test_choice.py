@@ -52,3 +52,20 @@ def test_same_choice_compares_choice_and_root() -> None:
     assert a.same_choice(Decision.of(a.choice, root="star", version=5, reason="b"))
     assert not a.same_choice(Decision.of(a.choice, root="var"))
     assert not a.same_choice(Decision.of(Choice.parse("topk:0.01@art_tree"), root="star"))
+
+
+def test_a_text_parsed_again_is_the_same_object_and_a_bad_one_fails_every_time() -> None:
+    # The agent parses each report's gain names; each text is parsed once.
+    assert Compression.parse("topk:0.01") is Compression.parse("topk:0.01")
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^gains: 'topk:2'"):
+            Compression.parse("topk:2", "gains")
+
+
+def test_reports_of_one_choice_share_it_and_still_check_their_fields() -> None:
+    a = StepReport(step=1, family="topk", param=0.01, collective="ag_topk", t_comp_s=0, t_sync_s=0.1, gain=0.5)
+    b = StepReport(step=2, family="topk", param=0.01, collective="ag_topk", t_comp_s=0, t_sync_s=0.1, gain=0.5)
+    assert a.choice is b.choice and a.compression == Compression("topk", 0.01)
+    with pytest.raises(ValueError, match="param"):
+        StepReport(step=3, family="powersgd", param=True, collective="dense_ring", t_comp_s=0, t_sync_s=0.1,
+                   gain=0.5)
