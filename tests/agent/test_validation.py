@@ -321,4 +321,7 @@ def test_after_the_storm_the_agent_is_healthy_and_its_store_intact(agent: AgentP
         assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert store.load_policy_state("canary")["decision"]["version"] == 1
     agent.start()
-    assert agent.stub.GetDecision(pb.JobRef(job_id="canary"), timeout=5).version == 1
+    try:
+        assert agent.stub.GetDecision(pb.JobRef(job_id="canary"), timeout=5).version == 1
+    finally:
+        agent.stop()  # started by this test: ended by it (the module's fixture ended the first)
