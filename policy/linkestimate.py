@@ -102,6 +102,13 @@ def relative_change(old: float, new: float) -> float:
     return abs(new - old) / abs(old)
 
 
+# What a link passes at line rate after idle: TCP hands the NIC up to 64 KB at
+# once (GSO/TSO), and shapers and policers let a burst of that through; the lab's
+# HTB links passed 16 KB segments so, and Top-k syncs of a few KB read 67 Mbit/s
+# "at least" on a 10 Mbit/s link. A sync of no more says nothing of the link.
+BURST_BYTES = 65536.0
+
+
 @dataclass(frozen=True)
 class LinkEstimateConfig:
     """How syncs and probes are weighed (see the module docstring)."""
@@ -118,11 +125,7 @@ class LinkEstimateConfig:
     max_age_s: float = 30.0
     bound_window_s: float = 1.0
     probes: bool = True  # whether a probe comes when one is wanted
-    # What a link passes at line rate after idle: TCP hands the NIC up to 64 KB at
-    # once (GSO/TSO), and shapers and policers let a burst of that through; the
-    # lab's HTB links passed 16 KB segments so, and Top-k syncs of a few KB read
-    # 67 Mbit/s "at least" on a 10 Mbit/s link.
-    burst_bytes: float = 65536.0
+    burst_bytes: float = BURST_BYTES
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas"):

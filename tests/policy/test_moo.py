@@ -609,3 +609,16 @@ def test_whatever_the_run_saved_a_step_keeps_half_of_what_the_reference_keeps() 
     rows = [_row("topk:0.001@art_tree", 0.010, 0.15),  # delivers little: within twice the reference's error
             _row("topk:0.011@ag_topk", 0.030, 0.35), _row("bf16@dense_ring", 0.250, 1.0)]
     assert policy.choose(rows).label == "topk:0.011@ag_topk"
+
+
+def test_a_fall_of_a_sync_within_the_links_burst_measures_nothing() -> None:
+    # An 84 KB gradient: Top-k's syncs move a few KB, which a shaped link passes at
+    # line rate after idle; their times are overhead and host noise, not the link.
+    small = GradientLayout(((100, 100),) * 2, 1000, 4)
+    policy = MooPolicy(small.grad_bytes, MooConfig(quality_reference="topk:0.011", explore_share=0.1), small)
+    job = Job(policy, small, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
+    settle(policy, job, *SLOW)
+    assert policy.decide().compression.lossy
+    before = policy.explorations
+    job.run(12, *FAST, observe=False)
+    assert policy.explorations == before, policy._s.why
