@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
+
+from flexcomm.policy.types import plain_fields
 
 
 @dataclass
@@ -52,7 +54,7 @@ class ExploreBudget:
         self.spent_before = self.spent
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain_fields(self)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> ExploreBudget:

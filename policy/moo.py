@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -93,6 +93,7 @@ from flexcomm.policy.types import (
     check_pairing,
     check_range,
     check_root,
+    plain_fields,
 )
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
@@ -263,7 +264,7 @@ class MooConfig:
         return cls(**check_options(options, cls, "MOO"))
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = plain_fields(self)
         for key in ("families", "collectives", "dense_collectives", "ranks"):
             d[key] = list(getattr(self, key))
         return d
@@ -316,9 +317,11 @@ class _State:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the decision and the networks by their own to_dict."""
-        d = asdict(self)
+        d = plain_fields(self)
         d["current"] = self.current.to_dict() if self.current else None
         d["plan"] = [[label, exploring] for label, exploring in self.plan]
+        for key in ("net", "observed"):
+            d[key] = d[key].to_dict() if d[key] is not None else None
         return d
 
     @classmethod

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from flexcomm.policy.types import NetworkObservation
+from flexcomm.policy.types import NetworkObservation, plain_fields
 
 RUNNING_SAMPLES = 5  # the running option's sync time is the median of its latest steps
 LEFT_SAMPLES = 2  # steps an option left sooner (an exploring item) must have run to keep its level
@@ -113,7 +113,7 @@ class Reconsideration:
         return 1.0 - statistics.median(self.running_level) / self.settled_level
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain_fields(self)
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Reconsideration:

@@ -120,6 +120,21 @@ def check_pairing(family: str, collective: str, field_name: str = "collective") 
     return collective
 
 
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, each list or dict among them copied one
+    level (their items are numbers and text). `asdict`'s deep copy took most of
+    the ~0.4 ms an agent spent on its event loop saving one MOO job's state."""
+    return {f.name: _copied(getattr(obj, f.name)) for f in fields(obj)}
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
 @dataclass(frozen=True, order=True)
 class Compression:
     """A compressor family and its parameter (see the module docstring)."""
@@ -531,7 +546,9 @@ class NetworkObservation:
                    bucket=bucket)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = plain_fields(self)
+        d["bucket"] = plain_fields(self.bucket)
+        return d
 
 
 def _check_gains(gains: Mapping[str, float], field_name: str = "gains") -> dict[str, float]:
@@ -679,7 +696,7 @@ class Decision:
         return other is not None and (self.choice, self.root) == (other.choice, other.root)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = plain_fields(self)
         d["probes"] = list(self.probes)
         return d
 
