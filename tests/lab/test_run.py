@@ -101,7 +101,10 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     assert set(phases) == {FAST, SLOW}
     fast, slow = phases[FAST], phases[SLOW]
     assert fast["steps"] == 44 and slow["steps"] == 44
-    assert Compression.parse(slow["compression"]).lossy, "on the slow link the most-run choice should compress"
+    # On the slow link it sends less than dense. Top-k 0.1 over AllGather on 4 nodes
+    # moves about as many bytes as bf16 over the ring, so either may be the choice
+    # there (one run in five beside two CPU hogs ran bf16 at 1.27x fixed Top-k's step).
+    assert Compression.parse(slow["compression"]).family != "dense", slow
     # Fixed Top-k's steps got slower on the slow link: the shaping was real. CR 0.1
     # (about 150 KB a step), so the message outlasts the shaper's burst many times
     # over; at CR 0.01 (15 KB) it fits the 16 KB bucket and the difference is noise.
