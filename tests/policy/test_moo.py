@@ -622,3 +622,18 @@ def test_a_fall_of_a_sync_within_the_links_burst_measures_nothing() -> None:
     before = policy.explorations
     job.run(12, *FAST, observe=False)
     assert policy.explorations == before, policy._s.why
+
+
+def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
+    # 0.5 s of compute a step: on a fast link dense saves bf16's cast, 0.7% of a
+    # step, inside the model's margin. Both run on the new link, the faster stays.
+    small = GradientLayout(((500, 500),), 0, 4)
+    policy = MooPolicy(small.grad_bytes, MooConfig(families=("dense", "bf16")), small)
+    job = Job(policy, small, t_compute=0.5)
+    settle(policy, job, *SLOW)
+    assert policy.decide().label == "bf16@dense_ring"
+    policy.observe_network(NetworkObservation.from_link(*FAST, 4))
+    assert "too close to call: measuring both" in policy._s.why
+    assert policy._s.plan == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
+    job.run(10, *FAST)
+    assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
