@@ -292,12 +292,28 @@ class _Fit:
     def apply(self, predicted: float) -> float:
         if self.n == 0:
             return predicted
-        slope, overhead = self.line()
-        return slope * predicted + overhead
+        affine = self._affine()
+        if affine is not None:
+            slope, overhead = affine
+            return slope * predicted + overhead
+        # No spread to tell a ratio from a per-call overhead: the two readings
+        # agree at the predictions seen and part away from them, and the faster
+        # one is taken, so that an option is measured rather than ruled out on
+        # an extrapolation. As a ratio, a fit from a fast link, where gloo's
+        # per-call cost dominates (Top-k over AllGather 4.9 ms measured against
+        # ~1 ms predicted), put Top-k five times too slow on a slow link (the
+        # short lab kept bf16 through 10 Mbit/s at 1.7x Top-k's step); as an
+        # overhead, a fit from a slow link puts dense far too slow on a fast one.
+        mx, my = self.x / self.w, self.y / self.w
+        return min(self.xy / self.xx * predicted, predicted + max(0.0, my - mx))
 
     def line(self) -> tuple[float, float]:
-        """(slope, overhead) of the fit: affine when the predictions seen spread and
-        the overhead comes out >= 0, else a ratio through the origin."""
+        """(slope, overhead) of the fit where the predictions seen spread (an
+        affine fit whose overhead comes out >= 0), else the ratio through the
+        origin (which `apply` weighs against an overhead)."""
+        return self._affine() or (self.xy / self.xx, 0.0)
+
+    def _affine(self) -> tuple[float, float] | None:
         mx, my = self.x / self.w, self.y / self.w
         var = self.xx / self.w - mx * mx
         if self.n >= 3 and var > (0.05 * mx) ** 2:
@@ -305,7 +321,7 @@ class _Fit:
             overhead = my - slope * mx
             if slope > 0 and overhead >= 0:
                 return slope, overhead
-        return self.xy / self.xx, 0.0
+        return None
 
 
 class Calibration:

@@ -344,3 +344,17 @@ def test_compressions_read_and_write_their_text_form() -> None:
     d = Decision("powersgd", 4, "dense_ring", probes=("topk:0.1", "powersgd:2"), exploring=True)
     assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
     assert d.label == "powersgd:4@dense_ring"
+
+
+def test_a_fit_seen_at_one_point_extrapolates_the_faster_way() -> None:
+    # A steady link: every prediction the same, so slope and overhead cannot be told
+    # apart. From a fast link (per-call cost dominating) to a slow one, the gap is
+    # overhead; from a slow link (the model's bandwidth 15% off) to a fast one, a ratio.
+    fast, slow = Calibration(), Calibration()
+    for _ in range(5):
+        fast.observe("ag_topk", 0.001, 0.005)
+        slow.observe("dense_ring", 0.5, 0.575)
+    assert fast.apply("ag_topk", 0.001) == pytest.approx(0.005)
+    assert fast.apply("ag_topk", 0.5) == pytest.approx(0.504)  # as a ratio: 2.5
+    assert slow.apply("dense_ring", 0.5) == pytest.approx(0.575)
+    assert slow.apply("dense_ring", 0.001) == pytest.approx(0.00115)  # as an overhead: 0.076
