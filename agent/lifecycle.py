@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,14 @@ log = logging.getLogger("flexcomm.agent.lifecycle")
 # Reports checked, or fed to a policy, between two turns of the event loop: a
 # 4,096-report message would otherwise hold every other RPC. 128 take ~2-3 ms.
 INGEST_SLICE = 128
+
+
+async def in_turns(n: int) -> AsyncIterator[slice]:
+    """[0, n) in slices of INGEST_SLICE, the event loop serving others between them."""
+    for start in range(0, n, INGEST_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        yield slice(start, start + INGEST_SLICE)
 
 
 class SpecConflict(ValueError):
@@ -151,10 +159,8 @@ class JobLifecycle:
         epoch_before, received = job.last_epoch, time.time()
         reports = self.network.disturbed(job, reports, received)
         n = 0
-        for start in range(0, len(reports), INGEST_SLICE):
-            if start:
-                await asyncio.sleep(0)
-            n += job.ingest(reports[start:start + INGEST_SLICE], self._policy_error(job))
+        async for part in in_turns(len(reports)):
+            n += job.ingest(reports[part], self._policy_error(job))
         if n:
             counter = self._report_counters.get(job.job_id)
             if counter is None:

@@ -20,7 +20,6 @@ sends them again has them twice: at least once, never lost).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import grpc
 
 from flexcomm.agent.jobs import JobNotFound, Jobs
-from flexcomm.agent.lifecycle import INGEST_SLICE, JobLifecycle, SpecConflict, StoreUnavailable
+from flexcomm.agent.lifecycle import JobLifecycle, SpecConflict, StoreUnavailable, in_turns
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import JobNetwork, NetworkFeed
 from flexcomm.agent.persist import Persister
@@ -138,13 +137,10 @@ def server_stream(fn: Callable) -> Callable:
 
 
 async def _validated_reports(request: pb.ReportStepsRequest) -> list[StepReport]:
-    """A message's reports, all checked before any is taken, INGEST_SLICE at a
-    time with the loop serving others between them."""
+    """A message's reports, all checked before any is taken, a slice a turn of the loop."""
     reports: list[StepReport] = []
-    for start in range(0, max(1, len(request.reports)), INGEST_SLICE):
-        if start:
-            await asyncio.sleep(0)
-        reports += validate.reports(request, start, start + INGEST_SLICE)
+    async for part in in_turns(len(request.reports)):
+        reports += validate.reports(request, part.start, part.stop)
     return reports
 
 

@@ -642,12 +642,9 @@ class MooPolicy:
         ref = self._reference_error()
         return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, _error_cap(ref))
 
+    @cached_property
     def _reference_label(self) -> str | None:
         """The reference as a user runs it (a choice's label), None when lossless."""
-        return self._reference_choice_label
-
-    @cached_property
-    def _reference_choice_label(self) -> str | None:
         ref = self.reference
         return Choice(ref, REFERENCE_COLLECTIVE[ref.family]).label if ref.lossy else None
 
@@ -664,7 +661,7 @@ class MooPolicy:
         ref = self.reference
         if not ref.lossy:
             return 0.0
-        gain = self._s.delivered.get(self._reference_label(), self._s.gains.get(ref.name))
+        gain = self._s.delivered.get(self._reference_label, self._s.gains.get(ref.name))
         return None if gain is None else 1.0 - gain
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
@@ -699,7 +696,7 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_choice_label"):
+        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_label"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
         self._decision = None
@@ -838,7 +835,7 @@ class MooPolicy:
         # The rule's first choice, else the reference as a user runs it: within the
         # budget by definition (the short lab timed Top-k 0.033 on three collectives,
         # over the budget as delivered, and ran bf16 at 10 Mbit/s, never Top-k 0.1).
-        reference = [r for r in rows if r.label == self._reference_label()]
+        reference = [r for r in rows if r.label == self._reference_label]
         best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
                      and not self._close(current, r, rows, max(UNTIMED_MARGIN, self._margin(current, r)))), None)
         if best is None:
@@ -956,8 +953,8 @@ class MooPolicy:
             rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * cfg.explore_prune]
             if with_lossless:
                 rows = _with_best_lossless(rows, ranked)
-            rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label()), None))
-            free = {rows[0].label, self._current_label(), self._reference_label()}
+            rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label), None))
+            free = {rows[0].label, self._current_label(), self._reference_label}
         budget, cost = self._explore_allowance(), self._item_cost()
         plan: list[tuple[str, bool]] = []
         for r in rows:
