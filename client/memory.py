@@ -27,6 +27,8 @@ class ErrorFeedback:
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         self.residual = torch.zeros(numel, dtype=dtype, device=device)
+        # `residual[indices] = 0` copies the 0 from the host, which waits for a GPU.
+        self._zero = torch.zeros((), dtype=dtype, device=device)
         # False while the residual is known to be all zeros (dense steps skip it).
         self.dirty = False
 
@@ -41,7 +43,7 @@ class ErrorFeedback:
 
     def sent_at(self, indices: torch.Tensor) -> None:
         """residual = g_e - g_c, where g_c is g_e at `indices` and zero elsewhere."""
-        self.residual[indices] = 0
+        self.residual.index_put_((indices,), self._zero)
 
     def sent(self, approximation: torch.Tensor) -> None:
         """residual = g_e - approximation (a tensor of the residual's shape, or a

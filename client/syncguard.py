@@ -7,7 +7,8 @@ so the step stalls. Two nets, because each sees what the other cannot:
 - Python-level reads on this thread, on any device: `bool(t)`, `int(t)`,
   `float(t)`, `t.item()`, `t.tolist()`, `t.numpy()`, `nonzero()` (its size
   depends on the data), indexing with a boolean mask, `masked_select`, `unique`
-  (a `TorchFunctionMode`, so it works on CPU tensors too, where tests run).
+  (a `TorchFunctionMode`, so it works on CPU tensors too, where tests run);
+  also `t[indices] = 0`, whose number is copied from the host with a blocking copy.
 - On CUDA, every synchronizing CUDA call (a blocking copy to or from the host
   included): `torch.cuda.set_sync_debug_mode("warn")`, with each such warning
   that reaches Python (this thread or a collective's callback) turned into the
@@ -44,9 +45,19 @@ class HostSyncError(RuntimeError):
     """Code that must not wait for the device read a tensor on the host."""
 
 
-def _is_mask(index: Any) -> bool:
+def _tensors_in(index: Any) -> list[torch.Tensor]:
     items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+    return [i for i in items if isinstance(i, torch.Tensor)]
+
+
+def _is_mask(index: Any) -> bool:
+    return any(i.dtype == torch.bool for i in _tensors_in(index))
+
+
+def _puts_host_number(args: tuple) -> bool:
+    """`t[index_tensor] = 0`: the number becomes a host tensor, and index_put_
+    copies it to t's GPU with a blocking copy (a device tensor as the value does not)."""
+    return len(args) > 2 and bool(_tensors_in(args[1])) and isinstance(args[2], int | float | bool)
 
 
 class _NoHostReads(TorchFunctionMode):
@@ -54,6 +65,9 @@ class _NoHostReads(TorchFunctionMode):
         if func in _READS or (func in _INDEXING and len(args) > 1 and _is_mask(args[1])):
             name = getattr(func, "__name__", str(func))
             raise HostSyncError(f"host sync: {name} reads a tensor's data on the host")
+        if func is torch.Tensor.__setitem__ and _puts_host_number(args):
+            raise HostSyncError("host sync: t[indices] = number copies the number from the host "
+                                "(use index_put_ with a device tensor)")
         return func(*args, **(kwargs or {}))
 
 

@@ -65,7 +65,9 @@ def test_the_guard_catches_host_reads():
     k = k_for(g.numel(), 0.01)
     with no_host_sync():
         SyncFreeSelector()(g, k)
+    with no_host_sync():
+        g.index_put_((torch.tensor([1, 2]),), torch.zeros(()))
     for read in (lambda: FastSelector()(g, k), lambda: float(g.sum()), lambda: g[g > 0], lambda: g.nonzero(),
-                 lambda: g.sum().item(), lambda: int(g.argmax())):
+                 lambda: g.sum().item(), lambda: int(g.argmax()), lambda: g.__setitem__(torch.tensor([1, 2]), 0)):
         with pytest.raises(HostSyncError, match=r"^host sync: "), no_host_sync():
             read()
