@@ -26,6 +26,7 @@ torch.topk on CPU (>= 2x on a GPU), >= 0.99 of the mass. The last printed line
 is one JSON object.
 
     .venv/bin/python bench/compress.py [--numel N] [--repeats R] [--device cuda] [--selector S]
+        [--candidates auto|torch|triton] [--datasets DIR]
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from flexcomm.client.candidates import triton_available
 from flexcomm.client.memory import ErrorFeedback
-from flexcomm.client.selection import SELECTORS, k_for, make_selector
+from flexcomm.client.selection import SELECTORS, SyncFreeSelector, k_for, make_selector
 
 CRS = (0.1, 0.01, 0.001)
 TAIL_DOF = 2.0  # Student's t degrees of freedom of the synthetic gradient
@@ -51,16 +54,22 @@ def heavy_tailed(numel: int) -> torch.Tensor:
     return torch.randn(numel) / torch.sqrt(chi2 / TAIL_DOF)
 
 
-def lab_gradients(name: str) -> dict[int, torch.Tensor]:
+def lab_gradients(name: str, datasets: str | None = None) -> dict[int, torch.Tensor]:
     """Workload `name`'s flat gradient at each of LAB_STEPS, training as one lab
-    rank does (its default model, batch, optimizer and learning rate)."""
+    rank does (its default model, batch, optimizer and learning rate). With
+    `datasets`, the workload's data is read from that folder when there (a GPU
+    machine without scikit-learn), else built and written there."""
     from flexcomm.lab.plan import WORKLOAD_DEFAULTS
     from flexcomm.lab.trainer import TrainConfig, make_optimizer
     from flexcomm.lab.workload import ShardLoader, WorkloadSpec, build_model, load_dataset, loss_of
 
     spec = WorkloadSpec(name=name)
     defaults = WORKLOAD_DEFAULTS[name]
-    data = load_dataset(spec)
+    cache = None
+    if datasets is not None:
+        Path(datasets).mkdir(parents=True, exist_ok=True)
+        cache = Path(datasets) / f"{name}.pt"
+    data = load_dataset(spec, cache=cache)
     model = build_model(spec, data.features, data.classes)
     optimizer = make_optimizer(TrainConfig(policy="static", world=1, master_addr="", master_port=0, records="",
                                            optimizer=defaults["optimizer"], lr=defaults["lr"]), model)
@@ -123,11 +132,23 @@ def counts(selector) -> tuple[int, int]:
     return selector.calls, selector.misses if hasattr(selector, "misses") else selector.fallbacks
 
 
-def bench_cr(g: torch.Tensor, cr: float, repeats: int, selector: str) -> dict:
+CANDIDATES = {"auto": None, "torch": False, "triton": True}  # the sync-free selector's candidate kernels
+
+
+def fast_selector(selector: str, candidates: str):
+    """Selector `selector`, its sync-free part (if any) finding candidates as `candidates` says."""
+    fast = make_selector(selector)
+    sync_free = getattr(fast, "device", fast)
+    if isinstance(sync_free, SyncFreeSelector):
+        sync_free.triton = CANDIDATES[candidates]
+    return fast
+
+
+def bench_cr(g: torch.Tensor, cr: float, repeats: int, selector: str, candidates: str = "auto") -> dict:
     """Times, mass share and fallbacks at `cr`; the fast selector's counts cover
     the timed runs and the mass check."""
     k = k_for(g.numel(), cr)
-    fast = make_selector(selector)
+    fast = fast_selector(selector, candidates)
     fns = {
         "pass": lambda: g.abs(),
         "topk": lambda: torch.topk(g.abs(), k, sorted=False),
@@ -174,6 +195,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA events time each run)")
     ap.add_argument("--selector", default="auto", choices=[s for s in SELECTORS if s != "exact"],
                     help="the selector of the 'fast' pipeline (default: training's own for the device)")
+    ap.add_argument("--candidates", default="auto", choices=list(CANDIDATES),
+                    help="the sync-free selector's candidates: Triton kernels (auto: on a GPU where installed) "
+                         "or plain torch")
+    ap.add_argument("--datasets", help="a folder for the lab workloads' data (read when there, else written)")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -182,15 +207,15 @@ def main() -> None:
     g = heavy_tailed(args.numel).to(device)
     detail = []
     for cr in CRS:
-        row = bench_cr(g, cr, args.repeats, args.selector)
+        row = bench_cr(g, cr, args.repeats, args.selector, args.candidates)
         detail.append(row)
         print_row(f"t({TAIL_DOF:g})", row)
     lab = {}
     for name in LAB_WORKLOADS:
         lab[name] = []
-        for step, grad in lab_gradients(name).items():
+        for step, grad in lab_gradients(name, args.datasets).items():
             for cr in CRS:
-                row = {"step": step, **bench_cr(grad.to(device), cr, args.repeats, args.selector)}
+                row = {"step": step, **bench_cr(grad.to(device), cr, args.repeats, args.selector, args.candidates)}
                 lab[name].append(row)
                 print_row(f"{name} step {step} ({grad.numel()} values)", row)
     headline = summary(detail)
@@ -202,6 +227,8 @@ def main() -> None:
         "gradient": f"student_t(df={TAIL_DOF:g})",
         "device": str(device),
         "selector": args.selector,
+        "candidates": args.candidates,
+        "triton": triton_available(),
         "threads": torch.get_num_threads(),
         **headline, "goals": goals, "goals_met": met,
         "lab_workloads": {name: {"numel": rows[0]["numel"], **summary(rows)} for name, rows in lab.items()},

@@ -17,7 +17,8 @@ Selectors, each returning the indices of k distinct entries:
   tensor's device (sample, threshold, a candidate buffer of fixed capacity,
   counts), so nothing in it waits for a GPU; exact unless the candidates miss
   its window (see the class).
-- "auto" (the default): "fast" for tensors in host memory, "sync_free" on a GPU.
+- "auto" (the default): "fast" for tensors in host memory, "sync_free" on a GPU,
+  each from the size where it beat torch.topk (4M values on the host, 32M on an H100).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 
 import torch
 
+from flexcomm.client.candidates import passing
 from flexcomm.client.device import Generators
 from flexcomm.policy.types import check_cr
 
@@ -38,6 +40,11 @@ _FAST_MIN_NUMEL = 1 << 16
 # values, 0.9-1.9x at 2M, 1.3-2.4x at 4M, and slower than torch.topk on the lab
 # models' whole gradients (0.3 and 0.8M values).
 _AUTO_HOST_MIN_NUMEL = 1 << 22
+# Where "auto" starts sampling on a GPU (torch.topk there waits for nothing either):
+# on an H100 the sync-free pipeline against the exact one ran 0.25-0.35x on the lab
+# models' gradients (0.3 and 0.8M values), 0.9-1.2x at 25M (its ~30 kernel launches
+# cost more than its memory passes save) and 1.1-2.3x at 100M.
+_AUTO_DEVICE_MIN_NUMEL = 1 << 25
 # Above this fraction selected, the candidate set is most of the tensor.
 _FAST_MAX_CR = 0.25
 _SAMPLE_SIZE = 1 << 18
@@ -179,7 +186,7 @@ class SyncFreeSelector:
     A sample drawn on the device with a device-side generator gives the threshold
     (the j-th largest sampled magnitude, j = `sample_rank` at 6 sigmas, never below
     the dtype's smallest positive value, so exact zeros are never candidates); the
-    entries that pass it go into a buffer of fixed `capacity` (`torch.nonzero_static`,
+    entries that pass it go into a buffer of fixed `capacity` (`candidates.passing`,
     6 sigmas above the expected count), and the exact top k of those are chosen.
     Whenever between k and `capacity` entries pass, that is the exact top k.
 
@@ -192,9 +199,12 @@ class SyncFreeSelector:
     the step.
     """
 
-    def __init__(self, seed: int = 0, sample_size: int = _SAMPLE_SIZE) -> None:
+    def __init__(self, seed: int = 0, sample_size: int = _SAMPLE_SIZE, triton: bool | None = None,
+                 min_numel: int = _FAST_MIN_NUMEL) -> None:
         self._generators = Generators(seed)
+        self.triton = triton  # the candidates by Triton kernels: None where installed, on a GPU
         self._sample_size = sample_size
+        self._min_numel = min_numel  # smaller tensors go to torch.topk
         self._misses: dict[torch.device, torch.Tensor] = {}
         self.calls = 0
 
@@ -211,16 +221,14 @@ class SyncFreeSelector:
         s = min(self._sample_size, n)
         j = sample_rank(k, n, s, _SYNC_FREE_SIGMAS)
         capacity = math.ceil(n * (j + _SYNC_FREE_SIGMAS * math.sqrt(j) + _SYNC_FREE_SIGMAS) / s)
-        if n < _FAST_MIN_NUMEL or k > _FAST_MAX_CR * n or j >= s or capacity >= n:
+        if n < self._min_numel or k > _FAST_MAX_CR * n or j >= s or capacity >= n:
             return select_exact(g, k)
         pos = torch.randint(n, (s,), generator=self._generators.on(g.device), device=g.device)
         threshold = torch.topk(g[pos].abs(), j, sorted=False).values.min().clamp(min=smallest_positive(g.dtype))
-        absg = g.abs()
         # One slot more than the capacity: a candidate in it means some did not fit.
-        cand = torch.nonzero_static(absg >= threshold, size=capacity + 1, fill_value=-1).squeeze(1)
+        cand, magnitudes, count = passing(g, threshold, capacity + 1, self.triton)
         valid = cand >= 0
-        count = valid.sum()
-        top = torch.topk(torch.where(valid, absg[cand], -1.0), k, sorted=False).indices
+        top = torch.topk(magnitudes, k, sorted=False).indices
         chosen = torch.where(top < count, cand[top], _not_among(cand, valid, n, top - count))
         self._count_miss(g.device, (count < k) | valid[-1])
         return chosen.to(INDEX_DTYPE)
@@ -242,11 +250,12 @@ def _not_among(cand: torch.Tensor, valid: torch.Tensor, n: int, r: torch.Tensor)
 
 
 class AutoSelector:
-    """"fast" for tensors in host memory, "sync_free" for tensors on a device."""
+    """"fast" for tensors in host memory, "sync_free" for tensors on a device; each
+    leaves tensors below its measured size to torch.topk."""
 
     def __init__(self, seed: int = 0) -> None:
         self.host = FastSelector(seed=seed, min_numel=_AUTO_HOST_MIN_NUMEL)
-        self.device = SyncFreeSelector(seed=seed)
+        self.device = SyncFreeSelector(seed=seed, min_numel=_AUTO_DEVICE_MIN_NUMEL)
 
     def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:
         return (self.host if g.device.type == "cpu" else self.device)(g, k)
