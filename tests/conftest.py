@@ -4,7 +4,8 @@ Tests that need root and network namespaces are marked `privileged` and use the
 `privileged` fixture: they skip (saying why) when not root, but under
 FLEXCOMM_REQUIRE_PRIVILEGED=1 (exported by .ci/run) such a skip is a failure.
 
-Every test ends the processes it started (`no_process_left_behind`), and every
+Every test ends the processes it started (`no_process_left_behind`), the
+processes it starts hear Ctrl-C however the run was started (`pytest_configure`), and every
 deadline, pytest-timeout's included, is scaled to the host's load
 (support/waiting.py): a busy machine makes the suite slower, not red.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import warnings
 from collections.abc import Iterator
 
@@ -21,6 +23,15 @@ import pytest
 from support.privilege import skip_or_fail
 from support.processes import children, describe, end
 from support.waiting import scaled
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C's usual effect in this run and every process it starts. A runner
+    started in the background by a script (`make test &`) begins with SIGINT
+    ignored and hands that to its children, where Python then installs no
+    KeyboardInterrupt: the tests' own Ctrl-C to a run they started went unheard."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
