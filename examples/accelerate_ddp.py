@@ -52,6 +52,7 @@ def main() -> None:
               "version": state.decision.version, "summary": state.summary()}
     if args.checkpoint is not None:
         accelerator.save_state(args.checkpoint)  # every process: every rank's flexcomm state goes in
+        accelerator.wait_for_everyone()  # every file written before any rank reads the folder back
         saved = state.state_dict()
         state.load_state_dict({"controller": {**saved["controller"], "step": 0},
                                "gradient_step": {}})  # forget, to see the restore bring it back
