@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from flexcomm.client.candidates import passing
+from flexcomm.client.candidates import INDEX_DTYPE, passing
 from flexcomm.client.device import Generators
 from flexcomm.policy.types import check_cr
 
@@ -54,7 +54,6 @@ _MARGIN_SIGMAS = 4.0
 # (choosing would need the host to read a count), so it keeps a wider margin.
 _SYNC_FREE_SIGMAS = 6.0
 _INT32_MAX = 2**31 - 1
-INDEX_DTYPE = torch.int32  # of every selector's indices
 
 
 def check_selector(name: str, field_name: str = "selector") -> str:

@@ -117,15 +117,14 @@ class TopK:
             record_sync(gathered)
             with timed(stats, "t_comp_s", out):
                 per_rank = gathered.view(transport.size, -1)
-                all_values = per_rank[:, :value_bytes].contiguous().view(values.dtype).reshape(-1)
-                all_indices = per_rank[:, value_bytes:].contiguous().view(indices.dtype).reshape(-1)
+                rank_values = per_rank[:, :value_bytes].contiguous().view(values.dtype)
+                rank_indices = per_rank[:, value_bytes:].contiguous().view(indices.dtype)
                 out.zero_()
                 # One add per rank, in rank order: a rank's indices are distinct, so no
                 # add races (one add of every rank's would on a GPU: atomics in any
                 # order, and the ranks' parameters would drift apart bit by bit).
-                for rank_values, rank_indices in zip(all_values.view(transport.size, -1),
-                                                     all_indices.view(transport.size, -1), strict=True):
-                    out.index_add_(0, rank_indices, rank_values)
+                for part_values, part_indices in zip(rank_values, rank_indices, strict=True):
+                    out.index_add_(0, part_indices, part_values)
             return out
 
         return transport.allgather(packed, scatter)
