@@ -153,11 +153,20 @@ class JobLifecycle:
         return Registration(job, False, differ)
 
     async def ingest(self, job: Job, reports: list[StepReport], network: tuple[float, float] | None) -> int:
-        """One message's reports: to the policy (in slices, the loop serving others
-        between them), to the network model as one observation per option, then
-        one decision."""
+        """One message's reports: to the network model as one observation per
+        option, the network they ran on to the policy, then the reports (in
+        slices, the loop serving others between them), then one decision. The
+        network goes first: a job's first exploration is planned on the network
+        its first report showed, not blind (blind, the decision churn bench's
+        plan left Top-k out and two looks at it followed)."""
         epoch_before, received = job.last_epoch, time.time()
         reports = self.network.disturbed(job, reports, received)
+        news = network if network is not None and network != job.reported_network else None
+        if news is not None:
+            job.reported_network = news
+            job.dirty = True
+        self.network.reported(job, reports, news, received)
+        self.refresh_network(job)
         n = 0
         async for part in in_turns(len(reports)):
             n += job.ingest(reports[part], self._policy_error(job))
@@ -170,14 +179,8 @@ class JobLifecycle:
             error = job.policy.model_error()
             if error is not None:
                 self.metrics.model_error.labels(job.job_id).set(error)
-        news = network if network is not None and network != job.reported_network else None
-        if news is not None:
-            job.reported_network = news
-            job.dirty = True
         if job.closed:
             return n  # ended while its reports were ingested
-        self.network.reported(job, reports, news, received)
-        self.refresh_network(job)
         if job.redecide():
             self.decision_changed(job)
         if job.last_epoch > epoch_before and self.on_epoch is not None:

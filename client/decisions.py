@@ -66,8 +66,8 @@ class PolicySource:
         return self.policy.decide()
 
     def report(self, report: StepReport) -> None:
+        self._follow_network(report)  # the network the step ran on, then the step (as the agent)
         self.policy.observe_step(report)
-        self._follow_network(report)
 
     def _follow_network(self, report: StepReport) -> None:
         net, layout = getattr(self.policy, "network", None), getattr(self.policy, "layout", None)

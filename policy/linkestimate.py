@@ -60,6 +60,7 @@ from flexcomm.policy.types import (
     LinkBucket,
     NetworkObservation,
     StepReport,
+    check_count,
     check_range,
 )
 
@@ -191,6 +192,7 @@ class LinkEstimate:
     lower_bound: bool = False
     evidence: str = ""
     moved_at: float | None = None
+    moves: int = 0  # how many moves this estimate has detected (its figure's generation)
     confirmed: float | None = None
     wants_probe: bool = False
     overheads: dict[str, CollectiveFit] = field(default_factory=dict)
@@ -223,7 +225,7 @@ class LinkEstimate:
         """`net` (its alpha, nodes and bucket) with this estimate's bandwidth, as of `now`."""
         assert self.beta_s_per_byte is not None
         return dataclasses.replace(net, beta_s_per_byte=self.beta_s_per_byte, evidence=self.evidence,
-                                   lower_bound=self.lower_bound, age_s=self.age_s(now))
+                                   lower_bound=self.lower_bound, age_s=self.age_s(now), moves=self.moves)
 
     # -- syncs -------------------------------------------------------------------
     def observe_sync(self, collective: str, beta_bytes: float, seconds: float, ts: float,
@@ -282,7 +284,8 @@ class LinkEstimate:
         figure = min(b for _, b in self.bounds)
         old = self.beta_s_per_byte
         if old is None or relative_change(old, figure) >= self.config.change / 2:
-            self.moved_at, self.evidence, self.wants_probe = ts, SYNC_BOUND, True
+            self._moved(ts)
+            self.evidence, self.wants_probe = SYNC_BOUND, True
         self.beta_s_per_byte = figure
 
     def _overhead_range(self, fit: CollectiveFit, seconds: float) -> tuple[float, float]:
@@ -391,7 +394,10 @@ class LinkEstimate:
         if not lower_bound:
             self.confirmed = ts
         if moved:
-            self.moved_at = ts
+            self._moved(ts)
+
+    def _moved(self, ts: float) -> None:
+        self.moved_at, self.moves = ts, self.moves + 1
 
     # -- persistence --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -411,9 +417,11 @@ class LinkEstimate:
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
                                             "aged_ask")}
+            fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
+        check_count("estimate.moves", fields["moves"])
         for name, value in fields.items():
             setattr(self, name, value)
         self.overheads, self.streak, self.bounds = overheads, streak, bounds

@@ -944,10 +944,9 @@ class MooPolicy:
         the free ones: the policy runs what the model predicts best and stays."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
-        if not rows:  # no network to predict with: one option per family
-            picks = list({o.compression.family: o for o in reversed(self.options)}.values())[::-1]
-            rows = [Evaluation(o, 0.0, 0.0, 0.0, None, False) for o in picks]
-            free = {self._current_label()}
+        if not rows:  # no network to predict with: one option per family, the reference for its own, second
+            rows = [Evaluation(o, 0.0, 0.0, 0.0, None, False) for o in self._blind_picks()]
+            free = {self._current_label(), self._reference_label}
         else:
             ranked = self.ranking(rows)
             rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * cfg.explore_prune]
@@ -966,6 +965,18 @@ class MooPolicy:
             if len(plan) >= cfg.explore_max:
                 break
         return plan
+
+    def _blind_picks(self) -> list[Choice]:
+        """What an exploration with no network known measures: each family's first
+        option, the reference as a user runs it for its family, second (the job
+        would run it anyway; blind, the decision churn bench timed dense, bf16 and
+        PowerSGD, then looked at two Top-k options one after the other)."""
+        firsts = {o.compression.family: o for o in reversed(self.options)}
+        reference = next((o for o in self.options if o.label == self._reference_label), None)
+        if reference is None:
+            return list(firsts.values())[::-1]
+        others = [o for family, o in reversed(firsts.items()) if family != reference.compression.family]
+        return [others[0], reference, *others[1:]] if others else [reference]
 
     def _run_plan_item(self) -> None:
         s = self._s

@@ -1,9 +1,12 @@
 """When the MOO looks at its choice again: the network the choice settled on,
 and the running option's own syncs since it was chosen.
 
-Network moves arrive only as observations (the agent's estimator is the one
-detector of a moved network): `moved` says whether one is far enough from the
-settled network to matter. The running option's syncs give its figure (the
+Network moves arrive only as observations. The bandwidth's estimator is the one
+detector of its moves: an observation it judged carries its count of moves, and
+`moved` takes a change of that count as the move, nothing else (a figure the
+estimator only refined is the same link). A figure no estimator judged (a
+user's, a probe's) is compared with the settled one by `threshold`; latency
+always is. The running option's syncs give its figure (the
 median of its latest steps, so one slow step does not switch the job) and say
 when a running lossy option got much faster than where it settled (`fell`):
 the link got faster than anything observed says.
@@ -30,6 +33,7 @@ class Reconsideration:
     settled: bool = False  # a choice has settled (on `alpha_s`/`beta_s_per_byte`, or blind)
     alpha_s: float | None = None  # the network it settled on; None: it settled blind
     beta_s_per_byte: float | None = None
+    moves: int | None = None  # the estimator's count of moves when it settled
     chosen_sync: float | None = None  # the running option's sync time when it was chosen (measured)
     settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
@@ -46,20 +50,25 @@ class Reconsideration:
         self.running_sync, self.running_level = [], []
         self.alpha_s = net.alpha_s if net else None
         self.beta_s_per_byte = net.beta_s_per_byte if net else None
+        self.moves = net.moves if net else None
 
     @property
     def blind(self) -> bool:
         return self.settled and self.beta_s_per_byte is None
 
     def moved(self, net: NetworkObservation, threshold: float, alpha_floor_s: float) -> bool:
-        """`net` is a move from the settled network: beta by `threshold` or more
-        relative, alpha too and by at least `alpha_floor_s`. The first network
-        after a blind settlement is news."""
+        """`net` is a move from the settled network: its estimator counted a move
+        since (else, for a figure no estimator judged, beta moved by `threshold`
+        or more relative), or alpha moved by `threshold` and by at least
+        `alpha_floor_s`. The first network after a blind settlement is news."""
         if not self.settled:
             return False
         if self.beta_s_per_byte is None or self.alpha_s is None:
             return True
-        beta_moved = abs(net.beta_s_per_byte - self.beta_s_per_byte) >= threshold * self.beta_s_per_byte
+        if net.moves is not None and self.moves is not None:
+            beta_moved = net.moves != self.moves
+        else:
+            beta_moved = abs(net.beta_s_per_byte - self.beta_s_per_byte) >= threshold * self.beta_s_per_byte
         d_alpha = abs(net.alpha_s - self.alpha_s)
         return beta_moved or (d_alpha >= threshold * self.alpha_s and d_alpha >= alpha_floor_s)
 

@@ -433,6 +433,13 @@ def check_range(name: str, v: float, lo: float, hi: float, *, open_low: bool = F
     return v
 
 
+def check_count(name: str, v: Any) -> int:
+    """`v` as given if it is a whole number >= 0."""
+    if not _whole(v) or v < 0:
+        raise ValueError(f"{name}: must be a whole number >= 0, got {v!r}")
+    return v
+
+
 def _finite(field_name: str, v: float, *, positive: bool = False) -> float:
     v = float(v)
     if math.isnan(v) or math.isinf(v) or v < 0 or (positive and v == 0):
@@ -507,7 +514,10 @@ class NetworkObservation:
     figures last moved on (e.g. "sync", "probe"), for people. lower_bound: the
     bandwidth is only known to be at least this (the syncs it came from spent
     little of their time on their bytes). age_s: seconds since the bandwidth was
-    last confirmed (by a sync its bytes explain or a probe).
+    last confirmed (by a sync its bytes explain or a probe). moves: how many
+    moves of the bandwidth the estimator behind this figure has detected (the one
+    detector of a moved network: a figure whose count is unchanged is the same
+    link, refined); None for a figure no estimator judged (a user's, a probe's).
     """
 
     alpha_s: float
@@ -517,6 +527,7 @@ class NetworkObservation:
     evidence: str = ""
     lower_bound: bool = False
     age_s: float = 0.0
+    moves: int | None = None
 
     def __post_init__(self) -> None:
         _finite("alpha_s", self.alpha_s)
@@ -532,6 +543,8 @@ class NetworkObservation:
         if not isinstance(self.lower_bound, bool):
             raise ValueError(f"lower_bound: expected a bool, got {self.lower_bound!r}")
         _finite("age_s", self.age_s)
+        if self.moves is not None:
+            check_count("moves", self.moves)
 
     @property
     def bandwidth_bps(self) -> float:

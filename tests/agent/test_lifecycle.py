@@ -292,3 +292,31 @@ def test_a_replacement_the_store_refused_leaves_the_running_job_its_estimate(tmp
         await persister.close()
 
     asyncio.run(scenario())
+
+
+def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_showed(tmp_path: Path) -> None:
+    """In-process (a real store and network model): a MOO job registered with no
+    network known. Its first report's syncs give the estimate, and the policy sees
+    that network before the report ends its warm-up: the exploration is ranked by
+    the model, not the blind plan of one option per family."""
+    async def scenario() -> None:
+        persister = Persister(str(tmp_path / "a.db"))
+        await persister.open()
+        network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+        lifecycle = JobLifecycle(Jobs(4), network, persister, Metrics(), policy_for)
+        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                       policy="moo")
+        job = (await lifecycle.register(spec, replace=False)).job
+        assert job.policy.network is None
+        warm_up = StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                             t_sync_s=0.35, gain=1.0)  # 4 MB in 0.35 s: about 100 Mbit/s
+        await lifecycle.ingest(job, [warm_up], None)
+        assert job.policy.network is not None
+        warm_up_option = job.decision.choice  # the lossless option the model expects fastest there
+        await lifecycle.ingest(job, [dataclasses.replace(warm_up, step=1, family=warm_up_option.compression.family,
+                                                         collective=warm_up_option.collective)], None)
+        assert job.policy.phase == "explore" and job.policy._s.why == "first exploration"
+        assert not job.policy.watch.blind  # planned on the network, by the model
+        await persister.close()
+
+    asyncio.run(scenario())

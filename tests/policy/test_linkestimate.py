@@ -242,6 +242,28 @@ def test_bad_state_and_config_name_the_field():
     assert not CollectiveFit().known
 
 
+def test_the_observation_counts_the_moves_the_estimate_detected_not_its_refinements():
+    path = Path()
+    net = NetworkObservation.from_link(1e-3, 100e6, NODES)
+    path.run(DENSE, 100e6, 1)
+    path.probe(100e6)
+    first = path.estimate.observation(net, path.now).moves
+    assert first == path.estimate.moves >= 1
+    path.run(DENSE, 100e6, 20)  # the same link, read again and again
+    assert path.estimate.observation(net, path.now).moves == first
+    path.run(DENSE, 20e6, 1)  # a move
+    assert path.estimate.observation(net, path.now).moves == first + 1
+    restored = LinkEstimate(path.estimate.config)
+    restored.load_state_dict(path.estimate.state_dict())
+    assert restored.moves == first + 1
+    state = path.estimate.state_dict()
+    del state["moves"]  # written before the count was kept
+    restored.load_state_dict(state)
+    assert restored.moves == 0
+    with pytest.raises(ValueError, match=r"^estimate.moves:"):
+        restored.load_state_dict({**path.estimate.state_dict(), "moves": -1})
+
+
 def test_a_bandwidth_refined_by_less_than_one_percent_is_no_news():
     net = NetworkObservation.from_link(1e-4, 100e6, 2)
     assert network_news(None, net)

@@ -140,6 +140,27 @@ def test_small_moves_are_no_change() -> None:
     assert watch.state_dict() == base
 
 
+def test_an_estimators_refinement_re_decides_but_keeps_what_was_measured() -> None:
+    # The estimator is the one detector of a moved bandwidth: a figure it refined
+    # (its count of moves unchanged) is the same link, however far it went.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, 1e-3, 100e6)
+    net = NetworkObservation.from_link(1e-3, 50e6, 4)  # the estimator's first figure: a move from 100
+    policy.observe_network(replace(net, moves=1))
+    job.run(60, 1e-3, 50e6, observe=False)
+    assert policy.phase == EXPLOIT and policy.watch.moves == 1
+    before, measured = policy.explorations, dict(policy._s.sync)
+    assert measured
+    refined = NetworkObservation.from_link(1e-3, 50e6 / 1.2, 4)
+    policy.observe_network(replace(refined, moves=1))
+    policy.decide()
+    assert policy.explorations == before and policy._s.sync == measured
+    assert policy.network.bandwidth_bps == pytest.approx(50e6 / 1.2)  # predictions use the refined figure
+    policy.observe_network(replace(refined, moves=2))  # now it counted a move
+    assert policy._s.sync != measured and "network moved" in policy.decide().reason
+
+
 @pytest.mark.parametrize("control_interval", [1, 2, 5])
 def test_exploring_never_exceeds_its_share(control_interval: int) -> None:
     # A network that moves every 30 steps for 1,500 steps: each move would explore.
@@ -244,10 +265,18 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     assert policy._s.plan == [(ranked[0], ranked[0] == "bf16@dense_ring"), (ranked[1], False), (ranked[2], True)]
 
 
-def test_no_network_explores_one_option_per_family() -> None:
+def test_no_network_explores_one_option_per_family_the_reference_second() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1)
+    plan = [label for label, _ in policy._s.plan]
+    assert [label.split("@")[0].split(":")[0] for label in plan] == ["dense", "topk", "bf16", "powersgd"]
+    assert plan[1] == policy._reference_label  # Top-k as a user runs it, not the family's first option
+    # dense is running and the reference the job would run anyway: neither explores
+    assert [exploring for _, exploring in policy._s.plan] == [False, False, True, True]
+
+
+def test_a_reference_that_loses_nothing_is_measured_blind_like_any_family() -> None:
+    policy = moo(warmup_steps=0, explore_share=0.1, quality_reference="bf16")
     assert [label.split("@")[0].split(":")[0] for label, _ in policy._s.plan] == ["dense", "bf16", "powersgd", "topk"]
-    assert [exploring for _, exploring in policy._s.plan] == [False, True, True, True]  # dense is running
 
 
 def test_by_default_a_gain_change_re_decides_without_exploring() -> None:

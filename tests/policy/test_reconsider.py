@@ -3,6 +3,7 @@ option's figure, and when its syncs say the link got faster."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -47,6 +48,19 @@ def test_a_blind_settlement_takes_the_first_network_as_news_and_states_round_tri
     watch.settle_on(net)
     assert not watch.moved(net, 0.1, 1e-4) and watch.got_faster(NetworkObservation.from_link(1e-3, 250e6, 4))
     assert "bandwidth 100 -> 50 Mbit/s" in watch.change_reason(NetworkObservation.from_link(1e-3, 50e6, 4))
+    assert Reconsideration.from_state(json.loads(json.dumps(watch.state_dict()))) == watch
+
+
+def test_an_estimators_figure_moved_only_when_it_counted_a_move() -> None:
+    watch = Reconsideration()
+    settled = NetworkObservation.from_link(1e-3, 100e6, 4)
+    watch.settle_on(dataclasses.replace(settled, moves=3))
+    refined = NetworkObservation.from_link(1e-3, 80e6, 4)  # 25% off, but the estimator saw no move
+    assert not watch.moved(dataclasses.replace(refined, moves=3), 0.1, 1e-4)
+    assert watch.moved(dataclasses.replace(settled, moves=4), 0.1, 1e-4)  # a move it counted, however small
+    assert watch.moved(refined, 0.1, 1e-4)  # a figure no estimator judged: compared by the threshold
+    later = NetworkObservation.from_link(5e-3, 100e6, 4)  # latency is always compared
+    assert watch.moved(dataclasses.replace(later, moves=3), 0.1, 1e-4)
     assert Reconsideration.from_state(json.loads(json.dumps(watch.state_dict()))) == watch
 
 
