@@ -111,6 +111,7 @@ class FlexcommState(Runner):
         self._in_step = False
         self._held: list[tuple[torch.Tensor, list[torch.Size], Future]] = []
         self._shapes: dict[int, tuple[int, list[torch.Size]]] = {}  # bucket index -> (numel, shapes)
+        self._backwards = 0  # backward passes this hook has seen in this process
 
     def _warmup_why(self) -> str:
         return " (DDP rebuilds its buckets after the first step)"
@@ -146,6 +147,7 @@ class FlexcommState(Runner):
             self.controller.end_step()
             self.controller.begin_step()
             self._in_step = True
+            self._backwards += 1
         stats = self.controller.stats
         assert stats is not None
         d = self.controller.running
@@ -163,12 +165,17 @@ class FlexcommState(Runner):
         return fut
 
     def _bucket_shapes(self, bucket: dist.GradBucket, g: torch.Tensor) -> list[torch.Size]:
-        """Its parameters' gradient shapes (PowerSGD's matrices); DDP rebuilds its
-        buckets after the first step, so they are read again when the size changes."""
+        """Its parameters' gradient shapes in the bucket's order (PowerSGD's
+        matrices). DDP rebuilds its buckets before the second backward of the
+        process, often to the same size with the parameters in another order (a
+        model in one bucket: reversed), so shapes are kept only from then on: kept
+        from the first, PowerSGD viewed the lab cnn's rebuilt bucket through the old
+        order and sent even its norm layers' 1-D gradients 20-200% wrong."""
         numel, shapes = self._shapes.get(bucket.index(), (-1, []))
         if numel != g.numel():
             shapes = [t.shape for t in bucket.gradients()]
-            self._shapes[bucket.index()] = (g.numel(), shapes)
+            if self._backwards > 1:
+                self._shapes[bucket.index()] = (g.numel(), shapes)
         return shapes
 
     def _run_global(self, g: torch.Tensor, shapes: list[torch.Size], last: bool, d: Decision,

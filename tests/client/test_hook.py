@@ -384,8 +384,31 @@ def check_checkpoint_with_powersgd_and_policy(rank: int, world: int) -> dict:
     }
 
 
+def check_powersgd_in_one_rebuilt_bucket(rank: int, world: int) -> dict:
+    """PowerSGD on a model in one bucket, which DDP rebuilds before the second
+    backward to the same size with the parameters reversed: the 1-D tensors
+    PowerSGD sends dense come back as the group's exact mean on every step."""
+    import copy
+
+    from flexcomm.client.hook import register
+
+    model = nn.parallel.DistributedDataParallel(mlp(2), bucket_cap_mb=25)
+    state = register(model, compression="powersgd:2", warmup_steps=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    vectors = torch.cat([torch.full((p.numel(),), p.dim() == 1) for p in model.parameters()])
+    errors = []
+    for step in range(4):
+        local = _all_local_grads(copy.deepcopy(model.module), rank, world, step, 20)
+        train_step(model, opt, rank, step)
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        errors.append(float((got - sum(g / world for g in local))[vectors].abs().max()))
+        opt.step()
+    return {"vector_errors": errors, "ran": [s.compression.name for s in state.history]}
+
+
 def battery(rank: int, world: int) -> dict:
     return {
+        "powersgd_one_bucket": check_powersgd_in_one_rebuilt_bucket(rank, world),
         "dense": check_dense_bitwise(rank, world),
         "bf16": check_dense_bitwise(rank, world, "bf16"),
         "sparse": check_sparse_through_ddp(rank, world),
@@ -430,6 +453,16 @@ def test_lossless_families_are_bitwise_pytorchs_hooks(results, compression):
         assert d["ran"] == ["dense"] + [compression] * 5
         value_bytes = 4 if compression == "dense" else 2
         assert d["bytes"] == value_bytes * sum(p.numel() for p in mlp(0).parameters())
+
+
+@pytest.mark.slow  # real gloo ranks
+@pytest.mark.timeout(260)
+def test_powersgd_sends_what_it_does_not_compress_exactly_after_ddp_rebuilds_its_bucket(results):
+    _, per_rank = results
+    for res in per_rank:
+        ran = res["powersgd_one_bucket"]["ran"]
+        assert ran[0] == "dense" and set(ran[1:]) == {"powersgd:2"}
+        assert max(res["powersgd_one_bucket"]["vector_errors"]) < 1e-6
 
 
 @pytest.mark.slow  # real gloo ranks
