@@ -299,6 +299,40 @@ def test_a_figure_only_bounded_follows_a_slower_link_once_the_faster_bounds_age_
     assert path.mbps == pytest.approx(10, rel=0.15) and path.estimate.lower_bound
 
 
+def test_only_a_faster_bound_is_a_move_and_a_reading_is_judged_against_the_last_move():
+    path = Path(bound_window_s=0.3)  # each message's bounds alone
+    path.run(TOPK_AG, 1e9, 1)
+    e = path.estimate
+    assert e.lower_bound and e.moves == 1
+    first = path.mbps
+    for host in (8.0, 3.0, 1.0, 12.0, 1.5, 1.0, 6.0):  # a busy host: the bounds fall and rise
+        path.run(TOPK_AG, 1e9, 1, host=host)
+    assert e.moves == 1  # the figure followed the bounds down and up, but no move: they said less
+    path.run(TOPK_AG, 1e9, 1, host=0.5)  # faster than anything counted: at least this fast
+    assert e.moves == 2 and path.mbps > first
+    e.wants_probe = False
+    path.run(TOPK_AG, 10e6, 2)  # the link fell: the bounds follow, and a probe is asked for
+    assert e.moves == 2 and e.wants_probe and path.mbps == pytest.approx(10, rel=0.15)
+    path.probe(10e6)  # it confirms: a move
+    assert e.moves == 3 and not e.lower_bound
+
+
+def test_slower_bounds_in_a_row_are_a_move_without_a_probe():
+    path = Path(bound_window_s=0.3)
+    path.run(TOPK_AG, 1e9, 1)
+    path.run(TOPK_AG, 10e6, 3)  # the first one's window still holds the fast bound
+    assert path.estimate.moves == 1
+    path.run(TOPK_AG, 10e6, 1)  # the third slower bound in a row (persist)
+    assert path.estimate.moves == 2 and path.mbps == pytest.approx(10, rel=0.15)
+
+
+def test_where_no_probe_comes_a_slower_bound_is_a_move():
+    path = Path(bound_window_s=0.3, probes=False)
+    path.run(TOPK_AG, 1e9, 1)
+    path.run(TOPK_AG, 10e6, 4)
+    assert path.estimate.moves == 2 and path.mbps == pytest.approx(10, rel=0.15)
+
+
 def test_a_probe_for_a_slower_move_is_sized_by_the_slowest_the_syncs_allow():
     path = Path()
     path.probe(1e9)
