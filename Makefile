@@ -38,6 +38,7 @@ bench: bootstrap
 	$(PY) bench/agent_durability.py
 	$(PY) bench/shaper_fidelity.py
 	$(PY) bench/job_lifecycle.py
+	$(PY) bench/quality_measures.py
 
 # The client on CUDA tensors (bench/gpu_check.py), for a machine with an NVIDIA GPU
 # and a CUDA build of torch in $(VENV); without a GPU it says so and passes. CI
