@@ -476,7 +476,10 @@ class MooPolicy:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
         self.exploring.observe(exploring)
-        if self._runs_current(report):
+        # An item being measured counts only steps that measured it: the agent's
+        # first bandwidth test overlaps a job's first exploration, and its items,
+        # all disturbed, were left untimed and looked at again one by one.
+        if self._runs_current(report) and not (s.phase == EXPLORE and report.disturbed):
             s.phase_steps += 1
             if timed:
                 self.watch.ran(report.t_sync_s, report.t_sync_s / (report.t_compute_s or self.t_compute or 1.0))

@@ -611,6 +611,24 @@ def test_a_step_disturbed_by_a_bandwidth_test_keeps_out_of_the_sync_figures() ->
     assert (dict(policy._s.sync), policy.calibration.state_dict(), list(policy.watch.running_sync)) == before
 
 
+def test_an_item_being_measured_waits_for_steps_a_bandwidth_test_did_not_disturb() -> None:
+    # The agent's first bandwidth test overlaps the job's first exploration.
+    policy = moo()
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    job = Job(policy)
+    job.run(1, *SLOW, observe=False)  # the warm-up step
+    assert policy.phase == EXPLORE
+    item = policy.decide().label
+    for _ in range(5):  # a test runs: every step of the item is disturbed
+        d = policy.decide()
+        policy.observe_step(StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
+                                       t_comp_s=0.001, t_sync_s=0.5, gain=0.5, t_compute_s=0.02, disturbed=True))
+        job.step += 1
+    assert policy.decide().label == item and item not in policy._s.sync  # still measuring it
+    job.run(policy.config.explore_steps, *SLOW, observe=False)
+    assert item in policy._s.sync and policy.decide().label != item
+
+
 def test_an_untimed_option_the_model_puts_far_ahead_is_timed_without_a_network_move() -> None:
     # The first exploration ran blind (no network yet: one option per family, as
     # the exploring share allows); the network arrives while it runs, which is no
