@@ -20,7 +20,9 @@ Where each figure comes from:
 - t_compute: what the client reports (a step's wall time less its t_comp and
   t_sync), the median of recent steps.
 - gain: 1 for dense and bf16; for a lossy choice what its steps delivered, else
-  what the client's probes read for its compression; smoothed per step elapsed.
+  what the client's probes read for its compression; smoothed per step elapsed;
+  for a family with a reference of its own (quality_reference's later entries),
+  priced as its share of what that reference keeps, of what the first keeps.
 
 Its parts, each with its own state: the quality budget (policy.budget), the
 exploring budget (policy.exploring), the reconsideration rule
@@ -163,7 +165,7 @@ class MooConfig:
     collectives: tuple[str, ...] = (AG_TOPK, ART_RING, ART_TREE)
     dense_collectives: tuple[str, ...] = (DENSE_RING,)
     objective: str = "budget"
-    quality_reference: str = "topk:0.1"
+    quality_reference: str = "topk:0.1,powersgd:4"
     budget_payback_steps: int = 100
     weight_time: float = 0.6
     weight_gain: float = 0.4
@@ -210,7 +212,7 @@ class MooConfig:
             raise ValueError("families: no option is left (check collectives, dense_collectives and ranks)")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: unknown objective {self.objective!r} (one of {', '.join(OBJECTIVES)})")
-        Compression.parse(self.quality_reference, "quality_reference")
+        self.references  # noqa: B018 -- validates quality_reference
         check_root(self.root)
         check_range("weight_time", self.weight_time, 0, 1)
         check_range("weight_gain", self.weight_gain, 0, 1)
@@ -230,6 +232,20 @@ class MooConfig:
                 raise ValueError(f"{name}: must be a whole number in {low}..1000000, got {v!r}")
         ModelForms(self.ag_form, self.tree_form, 4, self.index_bytes)
         self.comp_cost  # noqa: B018 -- validates the compute coefficients
+
+    @cached_property
+    def references(self) -> tuple[Compression, ...]:
+        """quality_reference's compressions: the budget's reference first, then at
+        most one more per other lossy family, which prices that family's options."""
+        if not isinstance(self.quality_reference, str):
+            raise ValueError(f"quality_reference: expected text, got {self.quality_reference!r}")
+        refs = tuple(Compression.parse(t.strip(), "quality_reference") for t in self.quality_reference.split(","))
+        families = [r.family for r in refs]
+        if len(set(families)) != len(families):
+            raise ValueError(f"quality_reference: at most one per family, got {self.quality_reference!r}")
+        if len(refs) > 1 and not all(r.lossy for r in refs):
+            raise ValueError(f"quality_reference: a lossless reference stands alone, got {self.quality_reference!r}")
+        return refs
 
     @cached_property
     def crs(self) -> tuple[float, ...]:
@@ -383,13 +399,23 @@ class MooPolicy:
     @cached_property
     def probes(self) -> tuple[str, ...]:
         names = [o.compression.name for o in self.options if o.compression.lossy]
-        if self.reference.lossy:  # its error on each step is what the budget allows
+        # the references' errors on each step are what the budget allows and prices by
+        if self.reference.lossy:
             names.append(self.reference.name)
+        names += [c.compression.name for c in self._family_references.values()]
         return tuple(dict.fromkeys(names))
 
     @cached_property
     def reference(self) -> Compression:
-        return Compression.parse(self.config.quality_reference, "quality_reference")
+        """The budget's reference: what the run may lose, step for step."""
+        return self.config.references[0]
+
+    @cached_property
+    def _family_references(self) -> dict[str, Choice]:
+        """The other candidate families' references, as a user runs them."""
+        families = {o.compression.family for o in self.options}
+        return {r.family: Choice(r, REFERENCE_COLLECTIVE[r.family]) for r in self.config.references[1:]
+                if r.family in families}
 
     # --- observations --------------------------------------------------------
 
@@ -528,7 +554,9 @@ class MooPolicy:
         # delivering little) left the run 17% in debt, and the debt kept the
         # reference itself out of the allowance through a 10 Mbit/s phase.
         if reference is not None and not exploring:
-            self.budget.observe(1.0 - report.gain, reference)
+            gain = self._priced(report.choice, report.gain, self._gain_prices(self._delivery_ratios())) \
+                if report.compression.lossy else report.gain
+            self.budget.observe(1.0 - gain, reference)
 
     def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
         last = self._s.gain_steps.get(key)
@@ -560,6 +588,7 @@ class MooPolicy:
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
         delivery = self._delivery_ratios()
+        prices = self._gain_prices(delivery)
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
@@ -574,7 +603,8 @@ class MooPolicy:
             else:
                 continue
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
-            gain = self._expected_gain(option, delivery) if option.compression.lossy else 1.0
+            gain = self._priced(option, self._expected_gain(option, delivery), prices) \
+                if option.compression.lossy else 1.0
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
@@ -602,6 +632,29 @@ class MooPolicy:
             return s.delivered[option.label]
         probed = s.gains.get(option.compression.name)
         return None if probed is None else probed * delivery.get((option.compression.family, option.collective), 1.0)
+
+    def _gain_prices(self, delivery: Mapping[tuple[str, str], float]) -> dict[str, float]:
+        """Per family with a reference of its own: what the budget's reference keeps
+        over what that family's reference keeps. A step's gain orders one family's
+        options but not the families against each other (bench/quality_measures.py,
+        cnn: PowerSGD rank 2 kept 11% of the compensated norm a step and lost less
+        than Top-k 0.1, which kept 61%), so an option is priced as keeping its
+        share of what its family's reference keeps, of what the budget's keeps."""
+        kept = 1.0 - (self._reference_error() or 0.0)
+        prices = {}
+        for family, choice in self._family_references.items():
+            own = self._expected_gain(choice, delivery)
+            if own and self._reference_error() is not None:
+                prices[family] = kept / own
+        return prices
+
+    @staticmethod
+    def _priced(option: Choice, gain: float | None, prices: Mapping[str, float]) -> float | None:
+        """`gain` in the budget's reference's terms (as it is where the family has
+        no reference of its own)."""
+        if gain is None:
+            return None
+        return min(1.0, gain * prices.get(option.compression.family, 1.0))
 
     @property
     def t_compute(self) -> float:
@@ -699,7 +752,8 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_label"):
+        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_label",
+                       "_family_references"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
         self._decision = None

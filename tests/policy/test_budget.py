@@ -107,3 +107,37 @@ def test_an_untimed_option_is_expected_to_deliver_as_its_siblings_did() -> None:
     assert gains["powersgd:4@dense_ring"] == pytest.approx(0.2, abs=0.01)
     assert gains["powersgd:2@dense_ring"] == pytest.approx(0.16, abs=0.01)
     assert gains["topk:0.1@ag_topk"] == pytest.approx(0.9, abs=0.01)  # another family: as probed
+
+
+# What the lab cnn's steps delivered, per compression (bench/quality_measures.py).
+CNN_GAINS = {"topk:0.1": 0.61, "topk:0.033": 0.31, "topk:0.011": 0.15, "topk:0.004": 0.07, "topk:0.001": 0.02,
+             "powersgd:4": 0.155, "powersgd:2": 0.114, "powersgd:1": 0.092}
+
+
+def _priced_gains(quality_reference: str) -> dict[str, float]:
+    policy = MooPolicy(LAYOUT.grad_bytes, MooConfig(quality_reference=quality_reference), LAYOUT)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    policy.observe_step(StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                                   t_sync_s=0.5, gain=1.0, gains=CNN_GAINS, t_compute_s=0.05))
+    return {r.label: r.gain for r in policy.evaluate()}
+
+
+def test_a_family_with_a_reference_of_its_own_is_priced_by_it() -> None:
+    alone = _priced_gains("topk:0.1")
+    assert alone["powersgd:4@dense_ring"] == pytest.approx(0.155)  # as read: far below Top-k 0.1's 0.61
+    both = _priced_gains("topk:0.1,powersgd:4")
+    # rank 4 keeps what Top-k 0.1 keeps; the others their share of what rank 4 keeps
+    assert both["powersgd:4@dense_ring"] == pytest.approx(0.61)
+    assert both["powersgd:2@dense_ring"] == pytest.approx(0.61 * 0.114 / 0.155)
+    assert both["powersgd:1@dense_ring"] == pytest.approx(0.61 * 0.092 / 0.155)
+    assert both["topk:0.033@ag_topk"] == alone["topk:0.033@ag_topk"] == pytest.approx(0.31)
+    assert both["bf16@dense_ring"] == 1.0
+
+
+@pytest.mark.parametrize("text, fragment", [("topk:0.1,topk:0.01", "at most one per family"),
+                                            ("bf16,powersgd:4", "a lossless reference stands alone"),
+                                            ("topk:0.1,nope:2", "quality_reference")])
+def test_bad_references_name_the_setting(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=r"^quality_reference") as err:
+        MooConfig(quality_reference=text)
+    assert fragment in str(err.value)
