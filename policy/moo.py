@@ -235,11 +235,12 @@ class MooConfig:
 
     @cached_property
     def references(self) -> tuple[Compression, ...]:
-        """quality_reference's compressions: the budget's reference first, then at
-        most one more per other lossy family, which prices that family's options."""
+        """quality_reference's compressions, joined by "+" (a comma would split the
+        lab's policy options): the budget's reference first, then at most one more
+        per other lossy family, which prices that family's options."""
         if not isinstance(self.quality_reference, str):
             raise ValueError(f"quality_reference: expected text, got {self.quality_reference!r}")
-        refs = tuple(Compression.parse(t.strip(), "quality_reference") for t in self.quality_reference.split(","))
+        refs = tuple(Compression.parse(t.strip(), "quality_reference") for t in self.quality_reference.split("+"))
         families = [r.family for r in refs]
         if len(set(families)) != len(families):
             raise ValueError(f"quality_reference: at most one per family, got {self.quality_reference!r}")

@@ -125,7 +125,7 @@ def _priced_gains(quality_reference: str) -> dict[str, float]:
 def test_a_family_with_a_reference_of_its_own_is_priced_by_it() -> None:
     alone = _priced_gains("topk:0.1")
     assert alone["powersgd:4@dense_ring"] == pytest.approx(0.155)  # as read: far below Top-k 0.1's 0.61
-    both = _priced_gains("topk:0.1,powersgd:4")
+    both = _priced_gains("topk:0.1+powersgd:4")
     # rank 4 keeps what Top-k 0.1 keeps; the others their share of what rank 4 keeps
     assert both["powersgd:4@dense_ring"] == pytest.approx(0.61)
     assert both["powersgd:2@dense_ring"] == pytest.approx(0.61 * 0.114 / 0.155)
@@ -134,9 +134,9 @@ def test_a_family_with_a_reference_of_its_own_is_priced_by_it() -> None:
     assert both["bf16@dense_ring"] == 1.0
 
 
-@pytest.mark.parametrize("text, fragment", [("topk:0.1,topk:0.01", "at most one per family"),
-                                            ("bf16,powersgd:4", "a lossless reference stands alone"),
-                                            ("topk:0.1,nope:2", "quality_reference")])
+@pytest.mark.parametrize("text, fragment", [("topk:0.1+topk:0.01", "at most one per family"),
+                                            ("bf16+powersgd:4", "a lossless reference stands alone"),
+                                            ("topk:0.1+nope:2", "quality_reference")])
 def test_bad_references_name_the_setting(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=r"^quality_reference") as err:
         MooConfig(quality_reference=text)
