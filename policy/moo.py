@@ -165,7 +165,7 @@ class MooConfig:
     collectives: tuple[str, ...] = (AG_TOPK, ART_RING, ART_TREE)
     dense_collectives: tuple[str, ...] = (DENSE_RING,)
     objective: str = "budget"
-    quality_reference: str = "topk:0.1"
+    quality_reference: str = "topk:0.1+powersgd:4"
     budget_payback_steps: int = 100
     weight_time: float = 0.6
     weight_gain: float = 0.4
