@@ -398,6 +398,10 @@ class MooPolicy:
         return frozenset(o.label for o in self.options)
 
     @cached_property
+    def _by_label(self) -> dict[str, Choice]:
+        return {o.label: o for o in self.options}
+
+    @cached_property
     def probes(self) -> tuple[str, ...]:
         names = [o.compression.name for o in self.options if o.compression.lossy]
         # the references' errors on each step are what the budget allows and prices by
@@ -555,8 +559,9 @@ class MooPolicy:
         # delivering little) left the run 17% in debt, and the debt kept the
         # reference itself out of the allowance through a 10 Mbit/s phase.
         if reference is not None and not exploring:
-            gain = self._priced(report.choice, report.gain, self._gain_prices(self._delivery_ratios())) \
-                if report.compression.lossy else report.gain
+            gain = report.gain
+            if report.family in self._family_references:  # priced by its family's reference
+                gain = self._priced(report.choice, gain, self._gain_prices(self._delivery_ratios()))
             self.budget.observe(1.0 - gain, reference)
 
     def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
@@ -617,8 +622,8 @@ class MooPolicy:
         delivered 0.2, and the Top-k AR collectives' non-root ranks send little."""
         s, ratios = self._s, {}
         for label, delivered in s.delivered.items():
-            choice = Choice.parse(label)
-            probed = s.gains.get(choice.compression.name)
+            choice = self._by_label.get(label)  # a stored state's may name what is no candidate now
+            probed = s.gains.get(choice.compression.name) if choice else None
             if probed:
                 ratios.setdefault((choice.compression.family, choice.collective), []).append(delivered / probed)
         return {k: min(1.0, statistics.median(v)) for k, v in ratios.items()}
@@ -753,7 +758,7 @@ class MooPolicy:
         layout = state.get("layout")
         self.layout = (GradientLayout.from_dict(layout) if layout
                        else GradientLayout.flat(float(state["grad_bytes"])))
-        for cached in ("forms", "options", "probes", "_labels", "reference", "_reference_label",
+        for cached in ("forms", "options", "probes", "_labels", "_by_label", "reference", "_reference_label",
                        "_family_references"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
