@@ -646,13 +646,11 @@ class MooPolicy:
         cnn: PowerSGD rank 2 kept 11% of the compensated norm a step and lost less
         than Top-k 0.1, which kept 61%), so an option is priced as keeping its
         share of what its family's reference keeps, of what the budget's keeps."""
-        kept = 1.0 - (self._reference_error() or 0.0)
-        prices = {}
-        for family, choice in self._family_references.items():
-            own = self._expected_gain(choice, delivery)
-            if own and self._reference_error() is not None:
-                prices[family] = kept / own
-        return prices
+        reference_error = self._reference_error()
+        if reference_error is None:
+            return {}
+        owns = {family: self._expected_gain(choice, delivery) for family, choice in self._family_references.items()}
+        return {family: (1.0 - reference_error) / own for family, own in owns.items() if own}
 
     @staticmethod
     def _priced(option: Choice, gain: float | None, prices: Mapping[str, float]) -> float | None:
