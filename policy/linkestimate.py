@@ -355,14 +355,21 @@ class LinkEstimate:
         reading = slowest if narrow else self._bound_beta(seconds, beta_bytes)
         if reading is None:
             return
+        alone = seconds * self.config.alone_share <= self._wire_s(fastest, beta_bytes)
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction)
+        elif narrow and alone and not (streak.informative and streak.alone):
+            # A reading that stands for the path after readings that could not
+            # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
+            # streak again: judged by its weakest reading, the streak waited for
+            # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
+            streak = self.streak = Streak(direction, probe_asked=streak.probe_asked)
         streak.reports += reports
         streak.betas = [*streak.betas, reading][-self.config.persist:]
         streak.slowest = max(streak.slowest, reading)
         streak.informative = streak.informative and narrow
-        streak.alone = streak.alone and (seconds * self.config.alone_share <= self._wire_s(fastest, beta_bytes))
+        streak.alone = streak.alone and alone
         self.syncs_agree = False
         if streak.reports < self.config.persist:
             return

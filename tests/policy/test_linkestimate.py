@@ -149,6 +149,22 @@ def test_a_top_k_recovery_is_in_the_estimate_at_once_as_at_least_what_crossed():
     assert path.mbps == pytest.approx(480) and not e.lower_bound
 
 
+def test_readings_that_stand_for_the_path_take_a_slower_move_a_weaker_streak_waited_on():
+    # The lab's cnn: on host-slowed syncs (their bytes explain little) the estimate
+    # asked for a probe the duty budget would run 110 s later; the link then fell
+    # to 20 Mbit/s and the job's syncs read it plainly, but the streak, judged by
+    # its weakest reading, kept waiting: 742 Mbit/s through every later phase.
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 40)
+    path.run(TOPK_AG, 1e9, 10, host=3.0)
+    e = path.estimate
+    assert e.wants_probe and path.mbps == pytest.approx(1000, rel=0.05)
+    e.wants_probe = False  # asked for; the budget runs it much later
+    path.run(DENSE, 20e6, 1)
+    assert path.mbps == pytest.approx(20, rel=0.1) and e.evidence == SYNC and not e.lower_bound
+
+
 def test_a_slower_host_moves_nothing_and_a_probe_that_agrees_keeps_it():
     path = Path()
     path.probe(1e9)
