@@ -154,8 +154,8 @@ class NetworkFeed:
         if peer.rtt_s:
             self.metrics.peer_rtt.labels(m.peer).set(peer.rtt_s)
         for job_id in affected:
-            self.redecide(job_id)
             self.probe_if_wanted(job_id)
+            self.redecide(job_id)
 
     def restore(self, measurements: Iterable[Measurement]) -> None:
         """What the probes knew before a restart, as of when they measured it."""
@@ -176,8 +176,8 @@ class NetworkFeed:
         self._readers[job.job_id].observe(self.estimator.jobs[job.job_id], reports, received)
         if network is not None:
             self.estimator.observe_reported_network(job.job_id, network[0], network[1], received)
-        self._log_moves(before)
         self.probe_if_wanted(job.job_id)
+        self._log_moves(before)
 
     def _moves(self, job_ids: Iterable[str]) -> dict[str, float | None]:
         return {job_id: self.estimator.jobs[job_id].moved_at for job_id in job_ids}
@@ -196,7 +196,8 @@ class NetworkFeed:
         room for a few a minute, not a round of every peer at each move). Without
         a prober or peers the wish is only cleared: such an estimate was made
         knowing no probe comes (`LinkEstimateConfig.probes`) and takes a slower
-        move from the syncs alone, as a lower bound."""
+        move from the syncs alone, as a lower bound; it does so too when the duty
+        budget puts the test further off than its `probe_wait_s`."""
         estimate = self.estimator.jobs.get(job_id)
         if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
             return  # without a figure to size it by the test would run whole seconds: the syncs give one
@@ -209,6 +210,7 @@ class NetworkFeed:
         if math.isinf(wait_s):
             return  # the prober does not know the peer yet: asked again when it does
         estimate.wants_probe = False
+        estimate.probe_late(wait_s, time.time())
         log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
                                                       "expected_bps": estimate.expected_bps,
                                                       "budget_wait_s": round(wait_s, 1)}})

@@ -37,7 +37,8 @@ option. Both are fitted together, with forgetting:
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path); else a
   probe must confirm it (`wants_probe`), and where no probe will come (`probes`
-  off: an in-process policy, an agent that does not probe) the slower figure is
+  off: an in-process policy, an agent that does not probe) or none within
+  `probe_wait_s` (the duty budget is spent: `probe_late`) the slower figure is
   taken as a lower bound. Readings in the streak before a change are not blended
   into the old figure.
 - A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
@@ -131,10 +132,11 @@ class LinkEstimateConfig:
     max_age_s: float = 30.0
     bound_window_s: float = 1.0
     probes: bool = True  # whether a probe comes when one is wanted
+    probe_wait_s: float = 5.0  # a probe further off than this counts as none coming
     burst_bytes: float = BURST_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas"):
+        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
@@ -183,6 +185,7 @@ class Streak:
     informative: bool = True  # every reading was narrow enough to stand for the path
     alone: bool = True  # every reading's bytes would explain `alone_share` of its time
     probe_asked: bool = False
+    probe_late: bool = False  # the probe asked for runs later than `probe_wait_s`
 
 
 @dataclass
@@ -364,7 +367,7 @@ class LinkEstimate:
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
             # streak again: judged by its weakest reading, the streak waited for
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
-            streak = self.streak = Streak(direction, probe_asked=streak.probe_asked)
+            streak = self.streak = Streak(direction, probe_asked=streak.probe_asked, probe_late=streak.probe_late)
         streak.reports += reports
         streak.betas = [*streak.betas, reading][-self.config.persist:]
         streak.slowest = max(streak.slowest, reading)
@@ -380,10 +383,23 @@ class LinkEstimate:
             self.wants_probe = not streak.informative
         elif streak.informative and streak.alone:
             self._set(figure, SYNC, ts, lower_bound=False)
-        elif not self.config.probes:
-            self._set(figure, SYNC_BOUND, ts, lower_bound=True)  # no probe will confirm it: a bound
+        elif not self.config.probes or streak.probe_late:
+            self._set(figure, SYNC_BOUND, ts, lower_bound=True)  # no probe will confirm it (soon): a bound
         elif not streak.probe_asked:
             streak.probe_asked = self.wants_probe = True
+
+    def probe_late(self, wait_s: float, ts: float) -> None:
+        """The probe asked for runs `wait_s` from now. Further off than
+        `probe_wait_s`, a slower move waiting on it is taken now as a lower bound,
+        as where no probe comes: the lab's duty budget, spent on a job's first
+        tests, ran the next one 110 s later, the estimate the old, faster figure
+        all the while. The probe still confirms or refutes it when it comes."""
+        streak = self.streak
+        if wait_s <= self.config.probe_wait_s or streak is None or streak.direction < 0:
+            return
+        streak.probe_late = True
+        if streak.reports >= self.config.persist:
+            self._set(min(streak.betas), SYNC_BOUND, ts, lower_bound=True)
 
     # -- active figures -----------------------------------------------------------
     def observe_probe(self, beta: float, ts: float) -> None:

@@ -1,10 +1,20 @@
 """The steps a bandwidth test overlapped are marked `disturbed`, walking back
-from when their message arrived by each step's own time."""
+from when their message arrived by each step's own time; a probe the duty budget
+puts far off lets a slower move stand as a lower bound (a real network model,
+the prober replaced by its answer: how long the budget makes the test wait)."""
 
 from __future__ import annotations
 
-from flexcomm.agent.network_feed import TEST_SLACK_S, mark_disturbed
+import asyncio
+
+import pytest
+
+from flexcomm.agent.jobs import Job
+from flexcomm.agent.metrics import Metrics
+from flexcomm.agent.network_feed import TEST_SLACK_S, NetworkFeed, mark_disturbed
+from flexcomm.policy.jobspec import JobSpec, policy_for
 from flexcomm.policy.types import StepReport
+from flexcomm.probe.estimate import Estimator
 
 
 def steps(n: int, compute_s: float = 0.1, sync_s: float = 0.1, comp_s: float = 0.0) -> list[StepReport]:
@@ -28,3 +38,31 @@ def test_a_step_lasts_its_compute_its_compression_and_its_sync():
     reports = steps(10, compute_s=0.1, sync_s=0.05, comp_s=0.05)
     test = (98.65 + TEST_SLACK_S, 98.95 - TEST_SLACK_S)
     assert [r.step for r in mark_disturbed(reports, 100.0, [test]) if r.disturbed] == [3, 4]
+
+
+def test_a_slower_move_waiting_on_a_probe_the_budget_puts_far_off_stands_as_a_lower_bound():
+    async def slower_estimate(budget_wait_s: float) -> tuple[float, bool, list[float]]:
+        asked: list[float] = []
+
+        def request_probes(peers: object, expected_bps: float | None) -> float:
+            asked.append(expected_bps or 0.0)
+            return budget_wait_s
+
+        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes)
+        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                       policy="dense")
+        job = Job(spec, policy_for(spec))
+        await feed.add_job(job)
+        estimate = feed.estimator.jobs["j"]
+        estimate.observe_probe(8 / 1e9, 0.0)
+        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        for i in range(30):  # Top-k 0.01 of 4 MB over 2 nodes on 1 Gbit/s, 2 ms of overhead
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.0027, **sync)], None, 1.0 + 0.2 * i)
+        # 200 Mbit/s: its bytes explain too little to stand alone, so a probe is asked for
+        feed.reported(job, [StepReport(step=30 + i, t_sync_s=0.0052, **sync) for i in range(4)], None, 7.0)
+        return estimate.bandwidth_bps, estimate.lower_bound, asked
+
+    soon, late = asyncio.run(slower_estimate(1.0)), asyncio.run(slower_estimate(110.0))
+    assert soon[2] and late[2]
+    assert soon[0] == pytest.approx(1e9, rel=0.05) and not soon[1]  # the probe will say
+    assert late[1] and 100e6 < late[0] <= 200e6  # at least what crossed, until the probe comes

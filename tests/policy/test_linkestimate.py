@@ -383,6 +383,22 @@ def test_where_no_probe_comes_a_slower_move_is_taken_as_a_lower_bound():
         LinkEstimateConfig(probes=1)
 
 
+def test_a_probe_the_duty_budget_puts_far_off_counts_as_none_coming():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 1)  # Top-k's bytes explain too little to stand alone: a probe must say
+    e = path.estimate
+    assert e.wants_probe and path.mbps == pytest.approx(1000, rel=0.05)
+    e.wants_probe = False
+    e.probe_late(e.config.probe_wait_s, path.now)  # soon enough: wait for it
+    assert path.mbps == pytest.approx(1000, rel=0.05) and e.streak is not None
+    e.probe_late(110.0, path.now)  # the lab's wait once a job's first tests spent the budget
+    assert e.lower_bound and e.evidence == SYNC_BOUND and 100 < path.mbps <= 200
+    path.probe(200e6)  # when it comes, it reads the path
+    assert path.mbps == pytest.approx(200) and not e.lower_bound and e.evidence == PROBE
+
+
 def test_a_stored_estimate_of_the_first_format_loads_its_streak_trimmed():
     path = Path()
     path.probe(1e9)
