@@ -1073,7 +1073,7 @@ class MooPolicy:
                 current, best, rows, self._margin(current, best)):
             return current
         if current != best:
-            self._set_current(best.option, self.explain(best, self.evaluate()), best)
+            self._set_current(best.option, self.explain(best, self.evaluate(), leaving=current), best)
         return best
 
     def _best_trusted(self, rows: list[Evaluation]) -> tuple[list[Evaluation], Evaluation]:
@@ -1164,9 +1164,11 @@ class MooPolicy:
             reason=reason, probes=self.probes, model_forms=self.forms.describe(), exploring=exploring,
         )
 
-    def explain(self, best: Evaluation, rows: list[Evaluation]) -> str:
-        """Why `best`: its figures (measured or predicted), and the runner-up of
-        each other family."""
+    def explain(self, best: Evaluation, rows: list[Evaluation], leaving: Evaluation | None = None) -> str:
+        """Why `best`: its figures (measured or predicted), the runner-up of each
+        other family, and the running option it replaces (`leaving`) with its own
+        figures: a cnn job left PowerSGD rank 4 at 0.13 s a step for Top-k 0.1 at
+        0.37 s, and the runners-up listed did not say why."""
         def figures(r: Evaluation) -> str:
             gain = "" if r.gain is None else f", gain {r.gain:.2f}"
             return f"{r.t_step_s:.4g} s {'measured' if r.measured else 'predicted'}{gain}"
@@ -1186,8 +1188,12 @@ class MooPolicy:
         else:
             basis = f"{self.config.objective} on the Pareto front"
         vs = f"; vs {', '.join(others)}" if others else ""
+        left = ""
+        if leaving is not None and leaving.label != best.label:
+            error = "" if leaving.gain is None else f", error {1 - leaving.gain:.2f}"
+            left = f"; leaving {leaving.label} {figures(leaving)}{error}"
         return (f"{best.label}: step {figures(best)} (sync {best.t_sync_s:.3g} s, comp {best.t_comp_s:.3g} s)"
-                f"{vs}; {basis}")
+                f"{vs}{left}; {basis}")
 
     def _explain_budget(self, best: Evaluation) -> str:
         """The budget rule in its own terms: the fastest option within the error

@@ -117,6 +117,16 @@ def test_a_network_change_explores_only_when_it_would_change_the_choice() -> Non
     assert "network moved" in policy.decide().reason
 
 
+def test_a_switch_names_the_option_it_leaves_with_its_figures() -> None:
+    policy = moo()
+    topk = Evaluation(Choice(Compression("topk", 0.1), "ag_topk"), 0.31, 0.005, 0.372, 0.73, True)
+    rank4 = Evaluation(Choice(Compression("powersgd", 4), "dense_ring"), 0.05, 0.004, 0.132, 0.72, True)
+    reason = policy.explain(topk, [topk, rank4], leaving=rank4)
+    assert reason.startswith("topk:0.1@ag_topk: step 0.372 s measured")
+    assert "; leaving powersgd:4@dense_ring 0.132 s measured, gain 0.72, error 0.28;" in reason
+    assert "leaving" not in policy.explain(topk, [topk, rank4])
+
+
 def test_the_exploration_names_the_evidence_the_network_moved_on() -> None:
     policy = moo()
     settle(policy, Job(policy), 1e-3, 100e6)
