@@ -71,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cr", help="consider only this Top-k compression ratio (0 < cr < 1)")
     p.add_argument("--t-comp", help="compression time of a Top-k option (default: the model's estimate)")
     p.add_argument("--t-compute", default="0s", help="the rest of a step's time: forward, backward... (default 0s)")
+    p.add_argument("--quality-reference",
+                   help="what the run may lose, as the MOO's quality_reference: a compression, or one per "
+                        f"family joined by + (default {MooConfig.quality_reference})")
     p.add_argument("--gains", help="gains of lossy options as COMPRESSION=GAIN,..., e.g. "
                                    "topk:0.01=0.4,powersgd:2=0.8 (default: unknown)")
     p.add_argument("--ag-form", choices=AG_FORMS, default="paper", help="AllGather formula (default paper)")
@@ -91,10 +94,13 @@ def _config(args: argparse.Namespace, size: float) -> MooConfig:
     if args.t_comp is not None:
         t = parse_duration("t-comp", args.t_comp)
         kw.update(comp_per_byte=t / size, comp_per_selected_byte=0.0)
+    if args.quality_reference is not None:
+        kw["quality_reference"] = args.quality_reference
     try:
         return MooConfig.from_options(kw)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("dense_collectives", "collectives", 1)) from None
+        message = str(exc).replace("dense_collectives", "collectives", 1)
+        raise ValueError(message.replace("quality_reference", "quality-reference", 1)) from None
 
 
 def _ranks(text: str) -> list[int]:

@@ -79,6 +79,16 @@ def test_gains_decide_among_families(capsys) -> None:
     assert out["decision"]["option"] == "powersgd:4@dense_ring", out["decision"]
 
 
+def test_the_quality_reference_sets_what_the_run_may_lose(capsys) -> None:
+    # As above, but the run may lose what Top-k 0.033 loses (it keeps 20%): Top-k
+    # options are within the budget and, faster than bf16, one is chosen.
+    common = ["--bandwidth", "3Gbit", "--t-compute", "100ms", *SHAPED, "--families", "dense,bf16,topk"]
+    topk = "topk:0.1=0.9,topk:0.033=0.2,topk:0.011=0.1,topk:0.004=0.05,topk:0.001=0.02"
+    out = run_json(capsys, *common, "--gains", topk, "--quality-reference", "topk:0.033")
+    assert out["decision"]["family"] == "topk", out["decision"]
+    assert "reference topk:0.033" in out["decision"]["reason"]
+
+
 def test_forms_change_the_prediction(capsys) -> None:
     paper = run_json(capsys, "--bandwidth", "1Gbit", "--cr", "0.01")
     ring = run_json(capsys, "--bandwidth", "1Gbit", "--cr", "0.01", "--ag-form", "ring", "--tree-form", "pipelined")
@@ -129,6 +139,8 @@ def test_a_token_bucket_link_is_modelled_and_shown(capsys) -> None:
     (["--gains", "topk:0.01=0.5"], "gains: topk:0.01 is not among"), (["--families", "zip"], "families"),
     (["--ranks", "0"], "ranks"), (["--matrices", "10x"], "matrices"), (["--matrices", "100000x100000"], "matrices"),
     (["--value-bytes", "3"], "value-bytes"),
+    (["--quality-reference", "topk:2"], "quality-reference"),
+    (["--quality-reference", "topk:0.1+topk:0.01"], "quality-reference: at most one per family"),
 ])
 def test_bad_input_exits_2_naming_the_field_without_traceback(flags: list[str], field: str) -> None:
     args = {"--nodes": "4", "--size": "100MB", "--latency": "1ms", "--bandwidth": "1Gbit"}
