@@ -559,10 +559,24 @@ class MooPolicy:
         # delivering little) left the run 17% in debt, and the debt kept the
         # reference itself out of the allowance through a 10 Mbit/s phase.
         if reference is not None and not exploring:
+            if self._is_reference(report.choice):
+                # A reference spends what it allows, by definition. Charged its own
+                # step's error, a family reference (PowerSGD rank 4, whose delivered
+                # gain falls from 0.9 to 0.15 as its residual fills) was chosen on
+                # its smoothed figure and charged each lower step: on lm, where Top-k
+                # 0.1 loses 0.3% a step, that was 250% of the budget in 17 steps, and
+                # the debt kept every lossy option out of a 30 Mbit/s phase (bf16).
+                self.budget.observe(reference, reference)
+                return
             gain = report.gain
             if report.family in self._family_references:  # priced by its family's reference
                 gain = self._priced(report.choice, gain, self._gain_prices(self._delivery_ratios()))
             self.budget.observe(1.0 - gain, reference)
+
+    def _is_reference(self, choice: Choice) -> bool:
+        """`choice` is the budget's reference or a family's, as a user runs it."""
+        return choice.label == self._reference_label or \
+            self._family_references.get(choice.compression.family) == choice
 
     def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
         last = self._s.gain_steps.get(key)
@@ -595,6 +609,7 @@ class MooPolicy:
         scales = {family: self._comp_scale(family) for family in FAMILIES}
         delivery = self._delivery_ratios()
         prices = self._gain_prices(delivery)
+        reference_error = self._reference_error()
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
             measured = not predicted
@@ -611,6 +626,8 @@ class MooPolicy:
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
             gain = self._priced(option, self._expected_gain(option, delivery), prices) \
                 if option.compression.lossy else 1.0
+            if gain is not None and reference_error is not None and self._is_reference(option):
+                gain = 1.0 - reference_error  # exactly what it allows, not through a price's rounding
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows

@@ -141,3 +141,23 @@ def test_bad_references_name_the_setting(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=r"^quality_reference") as err:
         MooConfig(quality_reference=text)
     assert fragment in str(err.value)
+
+
+def test_a_reference_spends_what_it_allows_while_its_delivered_gain_settles() -> None:
+    # lm: Top-k 0.1 loses 0.3% a step; PowerSGD rank 4, its family's reference,
+    # delivers 0.9 at first and 0.15 once its residual fills. Charged each step's
+    # own error against its smoothed figure, rank 4 overspent 250% of the budget in
+    # 17 steps and the debt kept every lossy option out: bf16 at 30 Mbit/s.
+    policy = MooPolicy(LAYOUT.grad_bytes, MooConfig(quality_reference="topk:0.1+powersgd:4"), LAYOUT)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    gains = {"topk:0.1": 0.997, "topk:0.033": 0.99, "topk:0.011": 0.97, "topk:0.004": 0.9, "topk:0.001": 0.7,
+             "powersgd:4": 0.5, "powersgd:2": 0.4, "powersgd:1": 0.3}
+    for step in range(40):
+        delivered = max(0.15, 0.9 - 0.05 * step)
+        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=0.0, t_sync_s=0.05, gain=delivered, gains=gains, t_compute_s=0.05))
+    assert policy.budget.spent == pytest.approx(policy.budget.allowed)
+    rows = policy.evaluate()
+    rank4 = next(r for r in rows if r.label == "powersgd:4@dense_ring")
+    assert 1.0 - rank4.gain == pytest.approx(0.003) and rank4.gain <= 0.997  # exactly the reference's error
+    assert policy.choose(rows).label == "powersgd:4@dense_ring"  # not bf16, 20x its sync at 20 Mbit/s
