@@ -197,7 +197,8 @@ class NetworkFeed:
         a prober or peers the wish is only cleared: such an estimate was made
         knowing no probe comes (`LinkEstimateConfig.probes`) and takes a slower
         move from the syncs alone, as a lower bound; it does so too when the duty
-        budget puts the test further off than its `probe_wait_s`."""
+        budget puts the test further off than its `probe_wait_s` and the syncs
+        keep showing the move that long."""
         estimate = self.estimator.jobs.get(job_id)
         if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
             return  # without a figure to size it by the test would run whole seconds: the syncs give one
@@ -210,7 +211,7 @@ class NetworkFeed:
         if math.isinf(wait_s):
             return  # the prober does not know the peer yet: asked again when it does
         estimate.wants_probe = False
-        estimate.probe_late(wait_s, time.time())
+        estimate.probe_late(wait_s)
         log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
                                                       "expected_bps": estimate.expected_bps,
                                                       "budget_wait_s": round(wait_s, 1)}})

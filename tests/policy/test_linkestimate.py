@@ -383,7 +383,7 @@ def test_where_no_probe_comes_a_slower_move_is_taken_as_a_lower_bound():
         LinkEstimateConfig(probes=1)
 
 
-def test_a_probe_the_duty_budget_puts_far_off_counts_as_none_coming():
+def test_a_probe_the_duty_budget_puts_far_off_counts_as_none_once_the_syncs_kept_the_move_that_long():
     path = Path()
     path.probe(1e9)
     path.run(TOPK_AG, 1e9, 30)
@@ -391,12 +391,28 @@ def test_a_probe_the_duty_budget_puts_far_off_counts_as_none_coming():
     e = path.estimate
     assert e.wants_probe and path.mbps == pytest.approx(1000, rel=0.05)
     e.wants_probe = False
-    e.probe_late(e.config.probe_wait_s, path.now)  # soon enough: wait for it
+    e.probe_late(e.config.probe_wait_s)  # soon enough: wait for it
+    path.run(TOPK_AG, 200e6, 30)  # 6 s of syncs
     assert path.mbps == pytest.approx(1000, rel=0.05) and e.streak is not None
-    e.probe_late(110.0, path.now)  # the lab's wait once a job's first tests spent the budget
+    e.probe_late(110.0)  # the lab's wait once a job's first tests spent the budget
+    path.run(TOPK_AG, 200e6, 1)  # the syncs have shown the move for 6 s: a bound now
     assert e.lower_bound and e.evidence == SYNC_BOUND and 100 < path.mbps <= 200
     path.probe(200e6)  # when it comes, it reads the path
     assert path.mbps == pytest.approx(200) and not e.lower_bound and e.evidence == PROBE
+
+
+def test_a_host_that_slows_for_less_than_probe_wait_s_moves_nothing_while_the_probe_is_late():
+    path = Path()
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 40)
+    path.run(TOPK_AG, 1e9, 1, host=3.0)  # gloo's own work 3x slower: reads as a slower path
+    e = path.estimate
+    assert e.wants_probe
+    e.wants_probe = False
+    e.probe_late(110.0)
+    path.run(TOPK_AG, 1e9, 15, host=3.0)  # 3 s of it, then the host recovers
+    path.run(TOPK_AG, 1e9, 10)
+    assert path.mbps == pytest.approx(1000, rel=0.05) and not e.lower_bound and e.moves == 1
 
 
 def test_a_stored_estimate_of_the_first_format_loads_its_streak_trimmed():
