@@ -568,10 +568,8 @@ class MooPolicy:
                 # the debt kept every lossy option out of a 30 Mbit/s phase (bf16).
                 self.budget.observe(reference, reference)
                 return
-            gain = report.gain
-            if report.family in self._family_references:  # priced by its family's reference
-                gain = self._priced(report.choice, gain, self._gain_prices(self._delivery_ratios()))
-            self.budget.observe(1.0 - gain, reference)
+            priced = self._family_priced(report.choice, reference)  # charged as it was chosen
+            self.budget.observe(1.0 - (report.gain if priced is None else priced), reference)
 
     def _is_reference(self, choice: Choice) -> bool:
         """`choice` is the budget's reference or a family's, as a user runs it."""
@@ -608,7 +606,6 @@ class MooPolicy:
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
         delivery = self._delivery_ratios()
-        prices = self._gain_prices(delivery)
         reference_error = self._reference_error()
         for option in self.options:
             raw = link_time(self._terms(option, net.nodes), net) if net else None
@@ -624,10 +621,9 @@ class MooPolicy:
             else:
                 continue
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
-            gain = self._priced(option, self._expected_gain(option, delivery), prices) \
-                if option.compression.lossy else 1.0
-            if gain is not None and reference_error is not None and self._is_reference(option):
-                gain = 1.0 - reference_error  # exactly what it allows, not through a price's rounding
+            gain = 1.0 if not option.compression.lossy else self._family_priced(option, reference_error)
+            if gain is None:
+                gain = self._expected_gain(option, delivery)
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
@@ -656,26 +652,28 @@ class MooPolicy:
         probed = s.gains.get(option.compression.name)
         return None if probed is None else probed * delivery.get((option.compression.family, option.collective), 1.0)
 
-    def _gain_prices(self, delivery: Mapping[tuple[str, str], float]) -> dict[str, float]:
-        """Per family with a reference of its own: what the budget's reference keeps
-        over what that family's reference keeps. A step's gain orders one family's
-        options but not the families against each other (bench/quality_measures.py,
-        cnn: PowerSGD rank 2 kept 11% of the compensated norm a step and lost less
-        than Top-k 0.1, which kept 61%), so an option is priced as keeping its
-        share of what its family's reference keeps, of what the budget's keeps."""
-        reference_error = self._reference_error()
-        if reference_error is None:
-            return {}
-        owns = {family: self._expected_gain(choice, delivery) for family, choice in self._family_references.items()}
-        return {family: (1.0 - reference_error) / own for family, own in owns.items() if own}
+    def _family_priced(self, option: Choice, reference_error: float | None) -> float | None:
+        """The gain of an option of a family with a reference of its own, in the
+        budget's reference's terms: its share of what its family's reference keeps
+        (their probes, read off the same gradients), of what the budget's reference
+        keeps; the family's reference itself keeps exactly that. None for other
+        families, or while a figure is unknown.
 
-    @staticmethod
-    def _priced(option: Choice, gain: float | None, prices: Mapping[str, float]) -> float | None:
-        """`gain` in the budget's reference's terms (as it is where the family has
-        no reference of its own)."""
-        if gain is None:
+        A step's gain orders one family's options but not the families against
+        each other (bench/quality_measures.py, cnn: PowerSGD rank 2 kept 11% of the
+        compensated norm a step and lost less than Top-k 0.1, which kept 61%).
+        Read off the probes, not the delivered gains: PowerSGD's delivered gain
+        falls from ~0.9 to ~0.15 as its residual fills, so ranks delivered at
+        different times compared wrongly (on lm rank 2, its figure from the first
+        exploration, looked better than rank 4, was chosen, and then charged
+        0.25 a step against the reference's 0.003)."""
+        reference = self._family_references.get(option.compression.family)
+        if reference is None or reference_error is None:
             return None
-        return min(1.0, gain * prices.get(option.compression.family, 1.0))
+        if reference == option:
+            return 1.0 - reference_error
+        own, mine = self._s.gains.get(reference.compression.name), self._s.gains.get(option.compression.name)
+        return None if not own or mine is None else min(1.0, (1.0 - reference_error) * mine / own)
 
     @property
     def t_compute(self) -> float:

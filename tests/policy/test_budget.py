@@ -161,3 +161,29 @@ def test_a_reference_spends_what_it_allows_while_its_delivered_gain_settles() ->
     rank4 = next(r for r in rows if r.label == "powersgd:4@dense_ring")
     assert 1.0 - rank4.gain == pytest.approx(0.003) and rank4.gain <= 0.997  # exactly the reference's error
     assert policy.choose(rows).label == "powersgd:4@dense_ring"  # not bf16, 20x its sync at 20 Mbit/s
+
+
+def test_a_familys_options_are_priced_by_their_probes_against_its_reference_and_charged_so() -> None:
+    # lm: rank 2 delivered 0.9 in the first exploration, rank 4 0.15 once its
+    # residual filled; read by the delivered gains rank 2 looked better than rank
+    # 4, was chosen, and was charged 0.25 a step against the reference's 0.003.
+    policy = MooPolicy(LAYOUT.grad_bytes, MooConfig(quality_reference="topk:0.1+powersgd:4"), LAYOUT)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    gains = {"topk:0.1": 0.997, "topk:0.033": 0.99, "topk:0.011": 0.97, "topk:0.004": 0.9, "topk:0.001": 0.7,
+             "powersgd:4": 0.5, "powersgd:2": 0.4, "powersgd:1": 0.3}
+
+    def run(steps: range, rank: int, delivered: float) -> None:
+        for step in steps:
+            policy.observe_step(StepReport(step=step, family="powersgd", param=rank, collective="dense_ring",
+                                           t_comp_s=0.0, t_sync_s=0.05, gain=delivered, gains=gains,
+                                           t_compute_s=0.05))
+
+    run(range(0, 10), 2, 0.9)
+    run(range(10, 40), 4, 0.15)
+    rows = {r.label: r for r in policy.evaluate()}
+    assert rows["powersgd:2@dense_ring"].gain == pytest.approx(0.997 * 0.4 / 0.5)
+    assert rows["powersgd:1@dense_ring"].gain == pytest.approx(0.997 * 0.3 / 0.5)
+    assert rows["powersgd:4@dense_ring"].gain == pytest.approx(0.997)
+    spent = policy.budget.spent
+    run(range(40, 41), 2, 0.9)  # charged its price, not the 0.1 its step delivered
+    assert policy.budget.spent - spent == pytest.approx(1 - 0.997 * 0.4 / 0.5)
