@@ -368,7 +368,8 @@ class LinkEstimate:
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
             # streak again: judged by its weakest reading, the streak waited for
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
-            streak = self.streak = Streak(direction, ts, probe_asked=streak.probe_asked, probe_late=streak.probe_late)
+            streak = self.streak = Streak(direction, streak.began, probe_asked=streak.probe_asked,
+                                          probe_late=streak.probe_late)
         streak.reports += reports
         streak.betas = [*streak.betas, reading][-self.config.persist:]
         streak.slowest = max(streak.slowest, reading)
