@@ -336,7 +336,14 @@ class LinkEstimate:
                beta_bytes: float, ts: float, reports: int) -> None:
         beta = self.beta_s_per_byte
         assert beta is not None
-        self.streak = None
+        # A reading too wide to stand for the path says little against syncs that
+        # read it slower: it neither ends their streak nor teaches the overhead
+        # (on the cnn's 20 Mbit/s phase PowerSGD's syncs, mostly gloo's own work,
+        # agreed with a 749 Mbit/s figure between bf16's, reset their streak each
+        # time, and pulled the ring's overhead from 37 to 52 ms).
+        pending = self.streak is not None and self.streak.direction > 0 and not narrow
+        if not pending:
+            self.streak = None
         weight = 1 - (1 - self.config.beta_weight) ** reports
         if narrow:
             # the fitted overhead, or none while it is unknown (a bound, not a guess)
@@ -345,7 +352,7 @@ class LinkEstimate:
             share = min(1.0, self._wire_s(reading, beta_bytes) / seconds)
             self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
-        if self.lower_bound:
+        if self.lower_bound or pending:
             return  # an overhead against a beta only bounded would be only bounded too
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's

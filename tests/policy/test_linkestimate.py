@@ -429,3 +429,26 @@ def test_a_stored_estimate_of_the_first_format_loads_its_streak_trimmed():
     restored.load_state_dict(old)
     assert restored.streak.betas == betas[-3:] and restored.streak.slowest == 8 / 150e6
     assert restored.beta_s_per_byte == path.estimate.beta_s_per_byte
+
+
+def test_syncs_too_wide_to_read_the_path_neither_end_a_slower_streak_nor_absorb_it_into_the_overhead():
+    # The cnn's 20 Mbit/s phase: bf16's syncs (600 KB) read slower but not
+    # narrowly (the ring's overhead is 35 +- 20 ms of gloo's own work); between
+    # them PowerSGD's (70 KB) agree with the old 1 Gbit/s figure, as anything
+    # within that noise does. They reset bf16's streak and pulled the overhead
+    # up, and the estimate stayed at the old figure.
+    e = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+    e.observe_probe(8 / 1e9, 0.0)
+    for i in range(40):  # the ring's overhead learned on the fast link: 35 ms, spread ~20 ms
+        e.observe_sync("dense_ring", 70_000, 0.0006 + (0.015 if i % 2 else 0.055), 0.2 * (i + 1))
+    overhead = e.overheads["dense_ring"].overhead_s
+    t, slow = 10.0, 8 / 20e6
+    while t < 20.0:
+        e.observe_sync("dense_ring", 600_000, 0.035 + 600_000 * slow, t, reports=2)
+        if e.wants_probe:
+            e.wants_probe = False
+            e.probe_late(110.0)  # the duty budget is spent
+        e.observe_sync("dense_ring", 70_000, 0.035 + 70_000 * slow, t + 0.25, reports=2)
+        t += 0.5
+    assert e.lower_bound and 10 < e.bandwidth_bps / 1e6 <= 20  # at least what crossed, from bf16's syncs
+    assert e.overheads["dense_ring"].overhead_s == pytest.approx(overhead, rel=0.05)
