@@ -353,7 +353,9 @@ class LinkEstimate:
             self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
         if self.lower_bound or pending:
-            return  # an overhead against a beta only bounded would be only bounded too
+            # an overhead against a beta only bounded would be only bounded too;
+            # while slower syncs are pending it would absorb their move
+            return
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's
         wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
