@@ -214,6 +214,13 @@ def option_terms(compression: Compression, collective: str, layout: GradientLayo
     return p[0] + q[0], p[1] + q[1]
 
 
+def sync_form(compression: Compression, collective: str) -> str:
+    """What a sync's own overhead (the host's and gloo's work the terms leave out)
+    belongs to: its collective, or PowerSGD's two AllReduces in turn over it
+    (about twice a ring's calls, with its orthogonalisation between them)."""
+    return f"{POWERSGD}@{collective}" if compression.family == POWERSGD else collective
+
+
 def option_sync_time(compression: Compression, collective: str, layout: GradientLayout,
                      net: NetworkObservation, forms: ModelForms = ModelForms()) -> float:
     """Raw predicted seconds to synchronise `layout` with one option."""

@@ -1,27 +1,28 @@
 """One job path's bandwidth, read off every sync of every option the job runs and
 the probes of its peers: the one detector of a moved network.
 
-A sync of an option over collective c takes t = o_c + B beta: B the bytes the
-option moves per unit of beta (the cost model's `option_terms`), o_c the
-collective's overhead per sync (its latency terms and the host's and gloo's own
-work per collective, which the model leaves out: in the lab 1.8 ms for AllGather
-Top-k, 5.3 ms for the AR tree), beta the path's seconds per byte, one for every
+A sync of an option of sync form c (`costmodel.sync_form`: its collective, or
+PowerSGD's two AllReduces over it) takes t = o_c + B beta: B the bytes the
+option moves per unit of beta (the cost model's `option_terms`), o_c the form's
+overhead per sync (its latency terms and the host's and gloo's own work per
+collective, which the model leaves out: in the lab 1.8 ms for AllGather Top-k,
+5.3 ms for the AR tree), beta the path's seconds per byte, one for every
 option. Both are fitted together, with forgetting:
 
-- A collective's overhead is learned from its syncs while beta is confirmed (by a
+- A form's overhead is learned from its syncs while beta is confirmed (by a
   probe, the job's own report, or syncs whose overheads are known): its first
   sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
   the share of its time its bytes do not explain (squared), with the spread of
   their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
   host's gloo spends tens of milliseconds a collective).
-- So each sync bounds beta: (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k, the
-  wire time read through the link's token bucket where one is configured (a
+- So each sync reads beta within (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k,
+  the wire time read through the link's token bucket where one is configured (a
   message after idle runs at the peak while its credit lasts, as the cost model
-  prices it). The upper bound always holds (the path carried at least B_k bytes in t). When the
-  interval is narrow (the bytes explain most of the time) the sync reads the path
-  and moves the estimate, weighted by that share; when it is wide the sync is a
-  lower bound on the bandwidth, never ignored: an estimate slower than what
-  crossed is raised to it, flagged `lower_bound`.
+  prices it). When the interval is narrow (the bytes explain most of the time)
+  the sync reads the path and moves the estimate, weighted by that share; when
+  it is wide the sync is a lower bound on the bandwidth, never ignored: beta <=
+  t / B_k, which always holds (the path carried at least B_k bytes in t), and
+  an estimate slower than what crossed is raised to it, flagged `lower_bound`.
 - A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
   or policed link passes it at line rate after idle, so its time is overhead.
 - While the figure is only a lower bound it is the fastest bound of the last
@@ -59,7 +60,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from flexcomm.policy.costmodel import ModelForms, option_terms
+from flexcomm.policy.costmodel import ModelForms, option_terms, sync_form
 from flexcomm.policy.types import (
     PLAIN_LINK,
     GradientLayout,
@@ -239,10 +240,11 @@ class LinkEstimate:
                                    lower_bound=self.lower_bound, age_s=self.age_s(now), moves=self.moves)
 
     # -- syncs -------------------------------------------------------------------
-    def observe_sync(self, collective: str, beta_bytes: float, seconds: float, ts: float,
+    def observe_sync(self, form: str, beta_bytes: float, seconds: float, ts: float,
                      reports: int = 1) -> None:
-        """`reports` syncs over `collective` that took `seconds` each (their median),
-        moving `beta_bytes` bytes per unit of beta."""
+        """`reports` syncs of one sync form (`costmodel.sync_form`: the collective,
+        whose overhead they share) that took `seconds` each (their median), moving
+        `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
         if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
@@ -255,7 +257,7 @@ class LinkEstimate:
             # link read anything from 4.8 to 472 Mbit/s, and every such move sent
             # the MOO exploring again).
             return
-        fit = self.overheads.setdefault(collective, CollectiveFit())
+        fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
         if not fit.known and wire is not None and not self.lower_bound and \
@@ -267,7 +269,10 @@ class LinkEstimate:
         lo, hi = self._overhead_range(fit, seconds)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
-        bound = slowest if narrow else self._bound_beta(seconds - lo, beta_bytes)
+        # A wide reading bounds the path by its bytes over its whole time: with the
+        # fit's overhead taken off, a noisy host's quick sync read "at least" 5 Gbit/s
+        # on the cnn's 980 Mbit/s link (Top-k syncs of 246 KB in 8-68 ms).
+        bound = slowest if narrow else self._bound_beta(seconds, beta_bytes)
         if beta is None or wire is None or (self.lower_bound and narrow):
             if bound is not None:
                 self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
@@ -506,13 +511,13 @@ class SyncReader:
         self._terms: dict[tuple[str, float, str], tuple[str, float]] = {}
 
     def terms(self, report: StepReport) -> tuple[str, float]:
-        """(the option's collective, the bytes its sync moves per unit of beta)."""
+        """(the option's sync form, the bytes its sync moves per unit of beta)."""
         key = (report.family, report.param, report.collective)
         terms = self._terms.get(key)
         if terms is None:
             choice = report.choice
             _, beta_bytes = option_terms(choice.compression, choice.collective, self.layout, self.nodes, self.forms)
-            terms = self._terms[key] = (choice.collective, beta_bytes)
+            terms = self._terms[key] = (sync_form(choice.compression, choice.collective), beta_bytes)
         return terms
 
     def observe(self, estimate: LinkEstimate, reports: Iterable[StepReport], ts: float) -> None:
@@ -520,5 +525,5 @@ class SyncReader:
         for r in reports:
             if not r.disturbed and r.t_sync_s >= MIN_SYNC_S:
                 by_option.setdefault(self.terms(r), []).append(r.t_sync_s)
-        for (collective, beta_bytes), times in by_option.items():
-            estimate.observe_sync(collective, beta_bytes, statistics.median(times), ts, len(times))
+        for (form, beta_bytes), times in by_option.items():
+            estimate.observe_sync(form, beta_bytes, statistics.median(times), ts, len(times))

@@ -452,3 +452,41 @@ def test_syncs_too_wide_to_read_the_path_neither_end_a_slower_streak_nor_absorb_
         t += 0.5
     assert e.lower_bound and 10 < e.bandwidth_bps / 1e6 <= 20  # at least what crossed, from bf16's syncs
     assert e.overheads["dense_ring"].overhead_s == pytest.approx(overhead, rel=0.05)
+
+
+def test_a_lower_bound_is_never_faster_than_what_crossed_whatever_the_overhead_fit_says():
+    # The cnn's MOO on a busy host: Top-k syncs of 246 KB took 8-68 ms on a
+    # 980 Mbit/s link; with the fitted overhead taken off, a quick one read "at
+    # least" 5 Gbit/s, and the estimate walked to 5.5 Gbit/s in bounds.
+    estimate, moved = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0)), 246_456
+    estimate.observe_probe(8 / 100e6, 0.0)
+    for i in range(40):  # the AllGather's overhead learned at 30 ms against the probed link
+        estimate.observe_sync("ag_topk", moved, 0.030 + moved * 8 / 100e6, 0.1 * (i + 1))
+    assert estimate.overheads["ag_topk"].known
+    syncs = (0.012, 0.035, 0.031, 0.040, 0.033, 0.036, 0.032)  # the link and the host both quicker
+    for i, seconds in enumerate(syncs):
+        estimate.observe_sync("ag_topk", moved, seconds, 5.0 + 0.1 * i)
+    assert estimate.lower_bound
+    assert estimate.bandwidth_bps <= moved * 8 / min(syncs) * 1.0001
+
+
+def test_powersgd_syncs_teach_their_own_overhead_not_the_rings_they_run_over():
+    # PowerSGD's sync is two AllReduces in turn: on the cnn's 980 Mbit/s link
+    # ~35 ms against bf16's one AllReduce at 11-27 ms. Learned into one ring fit,
+    # PowerSGD's overhead made bf16's syncs read as nothing but overhead.
+    layout, nodes = GradientLayout.flat(1_232_296), 4
+    reader, estimate = SyncReader(layout, nodes), LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+    estimate.observe_probe(8 / 1e9, 0.0)
+    terms = {c: option_terms(Compression.parse(c), "dense_ring", layout, nodes)[1] for c in ("powersgd:4", "bf16")}
+    now = 0.0
+    for option, overhead in (("powersgd:4", 0.035), ("bf16", 0.008)) * 10:
+        c = Compression.parse(option)
+        now += 0.2
+        reader.observe(estimate, [StepReport(step=0, family=c.family, param=c.param, collective="dense_ring",
+                                             t_comp_s=0.0, t_sync_s=overhead + terms[option] * 8 / 1e9, gain=1.0)]
+                       * 2, now)
+    fits = estimate.overheads
+    assert set(fits) == {"powersgd@dense_ring", "dense_ring"}
+    assert fits["dense_ring"].overhead_s == pytest.approx(0.008, rel=0.05)
+    assert fits["powersgd@dense_ring"].overhead_s == pytest.approx(0.035, rel=0.05)
+    assert estimate.bandwidth_bps == pytest.approx(1e9, rel=0.05) and not estimate.lower_bound
