@@ -188,6 +188,12 @@ class Streak:
     alone: bool = True  # every reading's bytes would explain `alone_share` of its time
     probe_asked: bool = False
     probe_late: bool = False  # the probe asked for runs later than `probe_wait_s`
+    # the fastest beta any sync since it began surely showed (its bytes over its whole time)
+    crossed: float | None = None
+
+    def saw(self, bound: float | None) -> None:
+        if bound is not None:
+            self.crossed = bound if self.crossed is None else min(self.crossed, bound)
 
 
 @dataclass
@@ -347,7 +353,9 @@ class LinkEstimate:
         # agreed with a 749 Mbit/s figure between bf16's, reset their streak each
         # time, and pulled the ring's overhead from 37 to 52 ms).
         pending = self.streak is not None and self.streak.direction > 0 and not narrow
-        if not pending:
+        if pending:
+            self.streak.saw(self._bound_beta(seconds, beta_bytes))
+        else:
             self.streak = None
         weight = 1 - (1 - self.config.beta_weight) ** reports
         if narrow:
@@ -384,6 +392,7 @@ class LinkEstimate:
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
             streak = self.streak = Streak(direction, streak.began, probe_asked=streak.probe_asked,
                                           probe_late=streak.probe_late)
+        streak.saw(self._bound_beta(seconds, beta_bytes))
         streak.reports += reports
         streak.betas = [*streak.betas, reading][-self.config.persist:]
         streak.slowest = max(streak.slowest, reading)
@@ -393,6 +402,14 @@ class LinkEstimate:
         if streak.reports < self.config.persist:
             return
         figure = min(streak.betas)  # the fastest the path surely was
+        if direction > 0 and streak.crossed is not None and streak.crossed * (1 + self.config.change) < figure:
+            # What crossed since the streak began says the path was faster than its
+            # readings: they are the host's, not the link's (on the cnn's fast phases
+            # AllGather Top-k syncs read "65 Mbit/s" beside AR-tree syncs whose bytes
+            # crossed at 330, and the estimate flipped between them). Nothing moves
+            # on syncs that contradict each other; a probe settles it.
+            self.streak, self.wants_probe = None, True
+            return
         if direction < 0:
             self._set(figure, SYNC if streak.informative else SYNC_BOUND, ts,
                       lower_bound=not streak.informative)

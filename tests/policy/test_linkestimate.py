@@ -490,3 +490,22 @@ def test_powersgd_syncs_teach_their_own_overhead_not_the_rings_they_run_over():
     assert fits["dense_ring"].overhead_s == pytest.approx(0.008, rel=0.05)
     assert fits["powersgd@dense_ring"].overhead_s == pytest.approx(0.035, rel=0.05)
     assert estimate.bandwidth_bps == pytest.approx(1e9, rel=0.05) and not estimate.lower_bound
+
+
+def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_for_a_probe():
+    # The cnn's fast phases on a busy host: AllGather Top-k syncs read "65 Mbit/s"
+    # (their fitted overhead small, the host's 25 ms taken for the wire) while the
+    # AR tree's syncs in between carried their bytes at 180 Mbit/s and more; the
+    # estimate flipped between the two and each flip was a re-plan.
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+    ag, tree, beta = 246_456, 123_228, 8 / 400e6
+    estimate.observe_probe(beta, 0.0)
+    for i in range(40):  # both overheads learned against the probed link
+        estimate.observe_sync("ag_topk", ag, 0.002 + ag * beta, 0.1 * (i + 1))
+        estimate.observe_sync("art_tree", tree, 0.003 + tree * beta, 0.1 * (i + 1) + 0.05)
+    moves = estimate.moves
+    for i in range(4):
+        estimate.observe_sync("ag_topk", ag, 0.032, 5.0 + 0.2 * i)
+        estimate.observe_sync("art_tree", tree, 0.0055, 5.1 + 0.2 * i)  # 179 Mbit/s crossed
+    assert estimate.moves == moves and estimate.bandwidth_bps == pytest.approx(400e6, rel=0.05)
+    assert estimate.wants_probe
