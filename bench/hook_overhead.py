@@ -1,15 +1,19 @@
-"""Overhead of the flexcomm hook in dense mode against PyTorch's allreduce_hook.
+"""Overhead of the flexcomm hook against PyTorch's own hook for the same choice.
 
 Four gloo ranks (processes on loopback) train two identical DDP models side by
-side, one with the built-in `allreduce_hook` and one with flexcomm's hook in
-dense mode (its control-interval agreement included), alternating step by step
+side, one with PyTorch's hook and one with flexcomm's hook fixed on the same
+choice (its control-interval agreement included): dense against the built-in
+`allreduce_hook` (the default), or `--compression powersgd:R` against
+`powerSGD_hook` at rank R (error feedback and warm start on, as flexcomm's),
+alternating step by step
 so both see the same machine load. `step_time_ratio` is flexcomm's median step
 time over the built-in's; the median of the per-pair ratios and the means are
 printed too (on a shared machine they move by several percent run to run).
-Goal: step_time_ratio <= 1.03.
+Goal: step_time_ratio <= 1.03 (dense).
 The last printed line is one JSON object with `step_time_ratio`.
 
     .venv/bin/python bench/hook_overhead.py [--world 4] [--steps 200] [--width 1024]
+        [--compression powersgd:4]
 """
 
 from __future__ import annotations
@@ -33,18 +37,43 @@ def model(width: int) -> nn.Module:
                          nn.Linear(width, 10))
 
 
-def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, out: str) -> None:
+def one_bucket(m: nn.Module) -> nn.parallel.DistributedDataParallel:
+    """`m` in DDP on a group of its own (the two hooks' collectives never share a
+    queue) with one bucket: PyTorch's PowerSGD hook starts AllReduces from
+    completion callbacks, and with two buckets gloo ranks issue them out of order
+    and abort (as the lab's models, flexcomm.lab.trainer.wrap)."""
+    grad_mb = sum(p.numel() * p.element_size() for p in m.parameters()) / 2**20
+    return nn.parallel.DistributedDataParallel(m, process_group=dist.new_group(), bucket_cap_mb=grad_mb + 1.0)
+
+
+def register_builtin(ddp: nn.parallel.DistributedDataParallel, compression: str) -> None:
+    """PyTorch's own hook for `compression` ("dense" or "powersgd:R")."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+    if compression == "dense":
+        ddp.register_comm_hook(None, allreduce_hook)
+        return
+    family, _, rank = compression.partition(":")
+    if family != "powersgd" or not rank.isdigit():
+        raise SystemExit(f"hook_overhead: --compression {compression!r}: expected dense or powersgd:RANK")
+    # PowerSGD's smallest start with error feedback and warm start; the warm-up steps cover it.
+    state = psgd.PowerSGDState(process_group=ddp.process_group, matrix_approximation_rank=int(rank),
+                               start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+
+
+def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, out: str) -> None:
     from flexcomm.client.hook import register
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    builtin = nn.parallel.DistributedDataParallel(model(args.width))
-    builtin.register_comm_hook(None, allreduce_hook)
-    ours = nn.parallel.DistributedDataParallel(model(args.width))
-    register(ours, control_interval=args.control_interval)
+    builtin = one_bucket(model(args.width))
+    register_builtin(builtin, args.compression)
+    ours = one_bucket(model(args.width))
+    fixed = {"compression": args.compression} if args.compression != "dense" else {}
+    register(ours, control_interval=args.control_interval, **fixed)
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=gen)
     y = torch.randint(0, 10, (args.batch,), generator=gen)
@@ -72,6 +101,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--control-interval", type=int, default=10)
+    ap.add_argument("--compression", default="dense", help="dense or powersgd:RANK (both hooks fixed on it)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="flexcomm-bench-") as tmp:
         out = os.path.join(tmp, "times.pt")
@@ -84,7 +114,8 @@ def main() -> None:
     paired = statistics.median(f / b for f, b in zip(times["flexcomm"], times["builtin"],
                                                      strict=True))
     print(f"{args.world} gloo ranks, {params} parameters, {args.steps} steps each: "
-          f"builtin {med['builtin'] * 1e3:.1f} ms, flexcomm dense {med['flexcomm'] * 1e3:.1f} ms, "
+          f"PyTorch's hook {med['builtin'] * 1e3:.1f} ms, flexcomm {med['flexcomm'] * 1e3:.1f} ms "
+          f"({args.compression}), "
           f"ratio {ratio:.4f}")
     print(json.dumps({
         "step_time_ratio": ratio,
@@ -94,7 +125,7 @@ def main() -> None:
         "builtin_mean_s": statistics.fmean(times["builtin"]),
         "flexcomm_mean_s": statistics.fmean(times["flexcomm"]),
         "world": args.world, "parameters": params, "steps": args.steps,
-        "control_interval": args.control_interval,
+        "control_interval": args.control_interval, "compression": args.compression,
     }))
 
 
