@@ -1100,20 +1100,27 @@ class MooPolicy:
 
     def _best_trusted(self, rows: list[Evaluation]) -> tuple[list[Evaluation], Evaluation]:
         """The rows a choice may be made among, and the best of them: what was
-        measured since the network last changed, and a lossless option predicted
-        by a calibrated fit (PREDICTION_TRUSTED pairs: bf16 over the ring once
-        dense has run there) when it beats the best measured by more than that
-        fit's error. A lossless option's figures are its sync alone; a lossy
-        one's delivered gain is known only once it runs, so it is measured
-        first. Measured options only: the job alternated between the two it had
-        timed (dense, Top-k 0.033) with bf16 predicted at half dense's step.
-        Any prediction: a stale or uncalibrated model pulled the job onto
-        options nobody had timed."""
+        measured since the network last changed, and an option priced without
+        running it, predicted by a calibrated fit (PREDICTION_TRUSTED pairs: bf16
+        over the ring once dense has run there) when it beats the best measured
+        by more than that fit's error. Priced without running: a lossless option
+        (its figures are its sync alone) and one of a family priced by its
+        probes (PowerSGD's ranks); any other lossy option's delivered gain is
+        known only once it runs, so it is measured first. Measured options
+        only: the job alternated between the two it had timed (dense, Top-k
+        0.033) with bf16 predicted at half dense's step; and the cnn's MOO ran
+        Top-k 0.1 at 0.42 s a step through a 20 Mbit/s phase with PowerSGD rank
+        4, priced at the reference's error, predicted at 0.11 s. Any
+        prediction: a stale or uncalibrated model pulled the job onto options
+        nobody had timed."""
         measured = [r for r in rows if r.measured]
         if not measured:
             return rows, self.choose(rows)
         best = self.choose(measured)
-        trusted = [r for r in rows if r.measured or (r.option.lossless and self._fit_is_calibrated(r))]
+        reference_error = self._reference_error()
+        trusted = [r for r in rows if r.measured or (
+            (r.option.lossless or self._family_priced(r.option, reference_error) is not None)
+            and self._fit_is_calibrated(r))]
         challenger = self.choose(trusted)
         if challenger.measured or self._close(best, challenger, trusted, self._margin(challenger)):
             return measured, best

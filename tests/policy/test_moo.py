@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexcomm.policy import make_policy, policy_from_state
-from flexcomm.policy.costmodel import crossover_ratio
+from flexcomm.policy.costmodel import calibration_key, crossover_ratio
 from flexcomm.policy.moo import (
     EXPLOIT,
     EXPLORE,
     LOOK_AGAIN_STEPS,
+    PREDICTION_TRUSTED,
     WARMUP,
     Evaluation,
     MooConfig,
@@ -289,6 +290,28 @@ def test_a_reference_that_delivered_is_not_run_again_for_its_own_sake(share: flo
     # measured again only as any option is: ranked near the first, charged to the share
     assert (reference, True) in policy._s.plan if share else reference not in dict(policy._s.plan)
     assert (reference, False) not in policy._s.plan
+
+
+def test_a_powersgd_rank_priced_by_its_probes_may_be_chosen_on_a_calibrated_prediction() -> None:
+    # The cnn's MOO, 20 Mbit/s: powersgd:2 went over the allowance, and of what it
+    # had timed on that link it chose Top-k 0.1 at 0.42 s a step, with rank 4 (its
+    # family's reference, priced at the reference's error by definition) predicted
+    # at 0.11 s by a fit that had run there. Like a lossless option, its price
+    # needs no run: a calibrated prediction may choose it.
+    policy = moo(quality_reference="topk:0.1+powersgd:4")
+    policy._s.gains.update({"topk:0.1": 0.77, "powersgd:4": 0.5, "powersgd:2": 0.3})
+    rank4, topk = Choice(Compression("powersgd", 4), "dense_ring"), Choice(Compression("topk", 0.1), "ag_topk")
+    key = calibration_key(rank4.compression, rank4.collective)
+    measured = Evaluation(topk, 0.34, 0.005, 0.42, 0.77, True)
+    predicted = Evaluation(rank4, 0.03, 0.004, 0.11, 0.77, False)
+    assert policy._best_trusted([measured, predicted])[1] == measured  # no fit behind the prediction yet
+    for _ in range(PREDICTION_TRUSTED):
+        policy.calibration.observe(key, 0.03, 0.03)
+    assert policy._best_trusted([measured, predicted])[1] == predicted
+    # a Top-k option is priced by what it delivers: it still runs before it is chosen
+    policy.calibration.observe(calibration_key(topk.compression, "art_ring"), 0.01, 0.01)
+    untimed = Evaluation(Choice(Compression("topk", 0.1), "art_ring"), 0.01, 0.005, 0.09, 0.77, False)
+    assert policy._best_trusted([measured, untimed])[1] == measured
 
 
 def test_no_network_explores_one_option_per_family_the_reference_second() -> None:
