@@ -90,6 +90,12 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, out: 
                 times[name].append(time.perf_counter() - t0)
     if rank == 0:
         torch.save(times, out)
+    # Each model's group first, no hook work in flight: torn down with the default
+    # group, PyTorch's PowerSGD state aborted one run in three ("Resource deadlock
+    # avoided").
+    dist.barrier()
+    for m in (builtin, ours):
+        dist.destroy_process_group(m.process_group)
     dist.destroy_process_group()
 
 
