@@ -42,8 +42,10 @@ def one_bucket(m: nn.Module) -> nn.parallel.DistributedDataParallel:
     queue) with one bucket: PyTorch's PowerSGD hook starts AllReduces from
     completion callbacks, and with two buckets gloo ranks issue them out of order
     and abort (as the lab's models, flexcomm.lab.trainer.wrap)."""
-    grad_mb = sum(p.numel() * p.element_size() for p in m.parameters()) / 2**20
-    return nn.parallel.DistributedDataParallel(m, process_group=dist.new_group(), bucket_cap_mb=grad_mb + 1.0)
+    from flexcomm.lab.workload import gradient_bytes
+
+    return nn.parallel.DistributedDataParallel(m, process_group=dist.new_group(),
+                                               bucket_cap_mb=gradient_bytes(m) / 2**20 + 1.0)
 
 
 def register_builtin(ddp: nn.parallel.DistributedDataParallel, compression: str) -> None:
