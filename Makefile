@@ -6,6 +6,7 @@ PYTEST_ARGS ?=
 # Test files run two at a time, each whole on one worker: most of the suite waits on
 # links, timers and process start-up, so on 2 cores 9.4 min became 6.0 min.
 TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -ra -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: bootstrap lab test test-quick lint proto bench gpu-check clean-lab
 
@@ -17,12 +18,12 @@ lab: bootstrap
 
 test: bootstrap
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The quick part, for while you work: no test marked slow (lab runs, real gloo
 # ranks). CI runs everything (`make test`).
 test-quick: bootstrap
-	$(PY) -m pytest -ra -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .

@@ -30,6 +30,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from flexcomm.lab.workload import gradient_bytes
+
 
 def model(width: int) -> nn.Module:
     torch.manual_seed(0)
@@ -42,8 +44,6 @@ def one_bucket(m: nn.Module) -> nn.parallel.DistributedDataParallel:
     queue) with one bucket: PyTorch's PowerSGD hook starts AllReduces from
     completion callbacks, and with two buckets gloo ranks issue them out of order
     and abort (as the lab's models, flexcomm.lab.trainer.wrap)."""
-    from flexcomm.lab.workload import gradient_bytes
-
     return nn.parallel.DistributedDataParallel(m, process_group=dist.new_group(),
                                                bucket_cap_mb=gradient_bytes(m) / 2**20 + 1.0)
 

@@ -41,8 +41,8 @@ option. Both are fitted together, with forgetting:
   off: an in-process policy, an agent that does not probe) the slower figure is
   taken as a lower bound; where none comes within `probe_wait_s` (the duty
   budget is spent: `probe_late`) it is, once the syncs have shown it that long.
-  A slower streak that what crossed since it began contradicts (a sync's B/t
-  faster than its figure by `change`) moves nothing and asks for a probe.
+  A slower streak contradicted by what crossed since it began (a sync whose B/t
+  beats the streak's figure by `change`) moves nothing and asks for a probe.
   Readings in the streak before a change are not blended into the old figure.
 - A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
   hide a 50x move of the link) asks for a probe, once per `max_age_s`.
