@@ -26,8 +26,9 @@ from flexcomm.policy.types import Policy, StepReport
 
 log = logging.getLogger("flexcomm.agent.lifecycle")
 # Reports checked, or fed to a policy, between two turns of the event loop: a
-# 4,096-report message would otherwise hold every other RPC. 128 take ~2-3 ms.
-INGEST_SLICE = 128
+# 4,096-report message would otherwise hold every other RPC. 32 take ~0.5-1 ms
+# (bench/agent_load.py: 128 made reads wait behind ~3 ms slices).
+INGEST_SLICE = 32
 
 
 async def in_turns(n: int) -> AsyncIterator[slice]:

@@ -20,6 +20,7 @@ sends them again has them twice: at least once, never lost).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -159,6 +160,11 @@ class AgentService(pb_grpc.AgentServicer):
         self.persister = persister
         self.instrumented = _Instrumented(metrics)
         self.agent_info = agent_info
+        # One report message checked and ingested at a time, whichever stream it
+        # came on: then each turn of the loop holds at most one slice of ingest
+        # work, and reads are served between slices rather than behind a burst of
+        # streams each running its own slice in the same turn.
+        self._ingest_turn = asyncio.Lock()
 
     # -- RPCs -----------------------------------------------------------------
     @unary
@@ -184,10 +190,11 @@ class AgentService(pb_grpc.AgentServicer):
         async for request in request_iterator:
             if request.job_id or job is None:
                 job = self.jobs.get(validate.job_id(request.job_id))
-            reports = await _validated_reports(request)
-            network = validate.network(request.network) if request.HasField("network") else None
-            job.touch()
-            accepted += await self.lifecycle.ingest(job, reports, network)
+            async with self._ingest_turn:
+                reports = await _validated_reports(request)
+                network = validate.network(request.network) if request.HasField("network") else None
+                job.touch()
+                accepted += await self.lifecycle.ingest(job, reports, network)
         if job is None:
             raise ValueError("job_id: the stream carried no message")
         await _durably(self.commit, f"{accepted} report(s)")
