@@ -4,8 +4,11 @@ measure them, charged as the job actually ran them.
 The job adopts a decision at its agreements only (every K steps), so an option
 planned for 2 steps runs until the next agreement: in the lab a 2-step item ran
 4-6 steps with agreements every 2 steps. The budget counts every step the job
-ran on an explored option and charges each item of the next plan the most an
-item has cost so far.
+ran on an explored option. It charges an item the steps it is planned for plus
+the steps the job took to adopt a new decision, as the last few decisions
+showed (the policy does not know K; with the hook's default K = 10 a first
+exploration charged 2 steps an item ran 10 each, four times its share), or the
+most an item of the last plan cost when that is more.
 
 Pure and deterministic; its state is plain data.
 """
@@ -14,10 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flexcomm.policy.types import plain_fields
+
+# Adoption lags kept: an agreement every K steps shows a lag of 0 to K-1, so the
+# most of a few is near K; one long outage of the client is forgotten soon.
+ADOPTION_LAGS = 4
 
 
 @dataclass
@@ -26,9 +33,19 @@ class ExploreBudget:
     spent: int = 0  # steps run on an option only to measure it
     spent_before: int = 0  # `spent` when the last plan started
     item_steps: float = 0.0  # the most an explored item has run (0: not yet seen)
+    lags: list[int] = field(default_factory=list)  # steps the last decisions took to be adopted
+    changed_at: int | None = None  # steps seen when the decision changed, until a step runs it
 
-    def observe(self, exploring: bool) -> None:
-        """One step of the job; `exploring` when it ran an option only to measure it."""
+    def decision_changed(self) -> None:
+        """The policy's decision now names another option."""
+        self.changed_at = self.steps_seen
+
+    def observe(self, exploring: bool, runs_decision: bool = True) -> None:
+        """One step of the job; `exploring` when it ran an option only to measure it,
+        `runs_decision` when it ran the policy's current decision."""
+        if runs_decision and self.changed_at is not None:
+            self.lags = [*self.lags, self.steps_seen - self.changed_at][-ADOPTION_LAGS:]
+            self.changed_at = None
         self.steps_seen += 1
         self.spent += exploring
 
@@ -38,9 +55,10 @@ class ExploreBudget:
         return math.floor(share * max(self.steps_seen, horizon)) - self.spent
 
     def item_cost(self, planned_steps: int) -> float:
-        """What one explored item of the next plan will cost: the steps it is
-        planned for, or what the last plan's items actually ran when more."""
-        return max(float(planned_steps), self.item_steps)
+        """What one explored item will cost: the steps it is planned for and the
+        steps the job takes to adopt the decision that ends it (the most of the
+        last few), or what the last plan's items actually ran when more."""
+        return max(float(planned_steps + max(self.lags, default=0)), self.item_steps)
 
     def plan_started(self, explored_items_before: int) -> None:
         """A new plan starts; the last one had `explored_items_before` explored items.
@@ -58,6 +76,8 @@ class ExploreBudget:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> ExploreBudget:
+        state = dict(state)
+        state["lags"] = [int(lag) for lag in state.get("lags") or ()]
         return cls(**state)
 
 

@@ -506,7 +506,7 @@ class MooPolicy:
         if timed and candidate:
             s.sync[label] = _ewma(s.sync.get(label), report.t_sync_s, cfg.smoothing)
             self._calibrate(report)
-        self.exploring.observe(exploring)
+        self.exploring.observe(exploring, runs_decision=self._runs_current(report))
         # An item being measured counts only steps that measured it: the agent's
         # first bandwidth test overlaps a job's first exploration, and its items,
         # all disturbed, were left untimed and looked at again one by one.
@@ -1047,7 +1047,10 @@ class MooPolicy:
             budget -= cost * exploring
             if len(plan) >= cfg.explore_max:
                 break
-        return plan
+        # The free items first: a change of option among them shows how many steps
+        # the job takes to adopt a decision before any explored item is charged
+        # (sorted() keeps the ranking within each part).
+        return sorted(plan, key=lambda item: item[1])
 
     def _blind_picks(self) -> list[Choice]:
         """What an exploration with no network known measures: each family's first
@@ -1067,6 +1070,12 @@ class MooPolicy:
             self._finish_exploration()
             return
         label, exploring = s.plan[s.plan_index]
+        if exploring and self._explore_allowance() < self._item_cost():
+            # Charged again as it starts: the steps a decision takes to be adopted
+            # are known once the plan's first item has been adopted.
+            s.plan_index += 1
+            self._run_plan_item()
+            return
         option = next(o for o in self.options if o.label == label)
         self._set_current(option, f"measuring {s.plan_index + 1}/{len(s.plan)} ({s.why})", exploring=exploring)
 
@@ -1183,6 +1192,7 @@ class MooPolicy:
             return
         s.version += 1
         s.phase_steps = 0
+        self.exploring.decision_changed()
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.
         self.watch.chose(option.label, row.t_sync_s if row is not None and row.measured else None)
