@@ -133,7 +133,9 @@ def test_without_an_agent_the_one_line_form_decides_in_process_and_says_so_once(
     assert summary["steps"] == 60 and sum(c["steps"] for c in summary["choices"].values()) == 60
     assert summary["dense_bytes"] == 60 * (32 * 64 + 64 + 64 * 4 + 4) * 4
     assert summary["bytes_saved"] == summary["dense_bytes"] - summary["bytes_sent"]
-    assert 0 < summary["exploring_share"] < 1  # the MOO measured some options
+    # The default MOO explores at most 5% of max(steps, 100): an item costs ~K steps
+    # (control_interval 5), and the job ran 60, so little or nothing was explored.
+    assert summary["exploring_share"] * summary["steps"] <= 0.05 * 100
     assert one["summary"]["exploring_share"] == 0  # known on rank 0 only
 
 
