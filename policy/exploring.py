@@ -76,8 +76,6 @@ class ExploreBudget:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> ExploreBudget:
-        state = dict(state)
-        state["lags"] = [int(lag) for lag in state.get("lags") or ()]
         return cls(**state)
 
 

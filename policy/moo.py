@@ -460,7 +460,7 @@ class MooPolicy:
             return None
         if s.probed_up_at is not None and self.exploring.steps_seen - s.probed_up_at < PROBE_UP_EVERY:
             return None
-        if self._explore_allowance() < self._item_cost():
+        if not self._budget_covers_an_item():
             return None
         return self._faster_choice(net)
 
@@ -889,7 +889,7 @@ class MooPolicy:
             fell = self._lossy_sync_fell()
             # Only with the budget for the lossless item: without it the plan is the
             # free items alone, and the lab re-planned them ten times in 12 s.
-            if fell and self._explore_allowance() >= self._item_cost():
+            if fell and self._budget_covers_an_item():
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
             elif s.phase_steps % LOOK_AGAIN_STEPS == 0:
@@ -1012,6 +1012,9 @@ class MooPolicy:
     def _item_cost(self) -> float:
         return self.exploring.item_cost(self.config.explore_steps)
 
+    def _budget_covers_an_item(self) -> bool:
+        return self._explore_allowance() >= self._item_cost()
+
     def _exploration_plan(self, with_lossless: bool) -> list[tuple[str, bool]]:
         """What to measure, as (label, exploring) pairs: the option the model ranks
         first, the running one and the reference until it has delivered a figure
@@ -1066,16 +1069,14 @@ class MooPolicy:
 
     def _run_plan_item(self) -> None:
         s = self._s
+        # An explored item is charged again as it starts: the steps a decision takes
+        # to be adopted are known once the plan's first item has been adopted.
+        while s.plan_index < len(s.plan) and s.plan[s.plan_index][1] and not self._budget_covers_an_item():
+            s.plan_index += 1
         if s.plan_index >= len(s.plan):
             self._finish_exploration()
             return
         label, exploring = s.plan[s.plan_index]
-        if exploring and self._explore_allowance() < self._item_cost():
-            # Charged again as it starts: the steps a decision takes to be adopted
-            # are known once the plan's first item has been adopted.
-            s.plan_index += 1
-            self._run_plan_item()
-            return
         option = next(o for o in self.options if o.label == label)
         self._set_current(option, f"measuring {s.plan_index + 1}/{len(s.plan)} ({s.why})", exploring=exploring)
 
