@@ -36,8 +36,10 @@ option. Both are fitted together, with forgetting:
 - A change is `persist` reports in a row outside the interval (by more than
   `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
-  time at the new figure (a loaded host slows the overhead, not the path); else a
-  probe must confirm it (`wants_probe`), and where no probe will come (`probes`
+  time at the new figure (a loaded host slows the overhead, not the path), or when
+  even `overhead_max_s` of their time left the host's would not explain them (a
+  lower bound then, and a probe asked for); else a probe must confirm it
+  (`wants_probe`), and where no probe will come (`probes`
   off: an in-process policy, an agent that does not probe) the slower figure is
   taken as a lower bound; where none comes within `probe_wait_s` (the duty
   budget is spent: `probe_late`) it is, once the syncs have shown it that long.
@@ -188,6 +190,9 @@ class Streak:
     slowest: float = 0.0
     informative: bool = True  # every reading was narrow enough to stand for the path
     alone: bool = True  # every reading's bytes would explain `alone_share` of its time
+    # every reading took longer than `overhead_max_s` plus its bytes' time at the
+    # estimate (by `change`): no host work explains it
+    beyond_host: bool = True
     probe_asked: bool = False
     probe_late: bool = False  # the probe asked for runs later than `probe_wait_s`
     # the fastest beta any sync since it began surely showed (its bytes over its whole time)
@@ -383,14 +388,17 @@ class LinkEstimate:
         if reading is None:
             return
         alone = seconds * self.config.alone_share <= self._wire_s(fastest, beta_bytes)
+        beyond_host = self._beyond_host(seconds, beta_bytes)
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction, ts)
-        elif narrow and alone and not (streak.informative and streak.alone):
+        elif narrow and alone and not (streak.informative and streak.alone or streak.beyond_host):
             # A reading that stands for the path after readings that could not
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
             # streak again: judged by its weakest reading, the streak waited for
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
+            # (One that moves at `persist` anyway goes on: a figure only bounded
+            # takes the next reading that stands for the path.)
             streak = self.streak = Streak(direction, streak.began, probe_asked=streak.probe_asked,
                                           probe_late=streak.probe_late)
         streak.saw(self._bound_beta(seconds, beta_bytes))
@@ -399,6 +407,7 @@ class LinkEstimate:
         streak.slowest = max(streak.slowest, reading)
         streak.informative = streak.informative and narrow
         streak.alone = streak.alone and alone
+        streak.beyond_host = streak.beyond_host and beyond_host
         self.syncs_agree = False
         if streak.reports < self.config.persist:
             return
@@ -417,10 +426,25 @@ class LinkEstimate:
             self.wants_probe = not streak.informative
         elif streak.informative and streak.alone:
             self._set(figure, SYNC, ts, lower_bound=False)
+        elif streak.beyond_host:
+            # Slower than any overhead explains: the path moved, by at least this
+            # much; a probe says how far. (The job's first steps all overlapped the
+            # test asked for at registration and taught the ring no overhead; its
+            # 305 ms bf16 syncs on a 10 Mbit/s link, an overhead of up to 100 ms
+            # allowed, read too wide to stand alone, and the probe came too late.)
+            self._set(figure, SYNC_BOUND, ts, lower_bound=True)
+            self.wants_probe = True
         elif not self.config.probes or (streak.probe_late and ts - streak.began >= self.config.probe_wait_s):
             self._set(figure, SYNC_BOUND, ts, lower_bound=True)  # no probe will confirm it (soon): a bound
         elif not streak.probe_asked:
             streak.probe_asked = self.wants_probe = True
+
+    def _beyond_host(self, seconds: float, beta_bytes: float) -> bool:
+        """Whether a sync's bytes took longer than the estimate allows (by `change`)
+        even with `overhead_max_s` of its time the host's."""
+        wire = seconds - self.config.overhead_max_s
+        beta = self.beta_s_per_byte
+        return beta is not None and wire > 0 and self._beta(wire, beta_bytes) > beta * (1 + self.config.change)
 
     def probe_late(self, wait_s: float) -> None:
         """The probe asked for runs `wait_s` from now. Further off than

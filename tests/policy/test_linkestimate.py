@@ -214,6 +214,21 @@ def test_disturbed_steps_and_steps_with_no_sync_are_left_out():
     assert path.mbps == before
 
 
+def test_a_slower_move_no_host_overhead_explains_is_taken_at_once_as_a_lower_bound():
+    # The ring's overhead never learned (a job's first steps all overlapped the
+    # test asked for at registration); then the link fell, so that a dense sync
+    # takes ~0.3 s: its reading, with up to `overhead_max_s` of it the host's, is
+    # too wide to stand alone, but no host work makes it 80x slower.
+    # (A host slower by less than that waits for a probe: see
+    # test_a_slower_host_moves_nothing_and_a_probe_that_agrees_keeps_it.)
+    path = Path()
+    path.probe(10e9)
+    path.run(DENSE, 120e6, 4, per_message=1)
+    e = path.estimate
+    assert e.bandwidth_bps == pytest.approx(120e6, rel=0.1) and e.lower_bound and e.wants_probe
+    assert e.evidence == SYNC_BOUND and e.moves == 2
+
+
 def test_a_message_is_one_observation_per_option():
     seen = []
 
