@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flexcomm.lab.plan import parse_policies
+from flexcomm.lab.plan import agent_store, parse_policies
 from flexcomm.lab.runner import LabConfig, run_lab
 from flexcomm.lab.workload import WorkloadSpec
 from flexcomm.store import Store
@@ -95,9 +95,10 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             proc.kill()
             proc.wait()
     wall = time.time() - start
-    count, whys, versions = explorations(out / "agents" / "node0.db")
-    tests, tested_s = probing(out / "agents" / "node0.db", start, start + wall)
-    log = (out / "agents" / "node0.log").read_text(errors="replace")
+    db = agent_store(out, policy)
+    count, whys, versions = explorations(db)
+    tests, tested_s = probing(db, start, start + wall)
+    log = db.with_suffix(".log").read_text(errors="replace")
     steps = summary.policies[policy].steps
     phase = (summary.policies[policy].estimate_tracking or [{}])[0]
     estimate, goodput = phase.get("estimated_bps"), phase.get("goodput_bps")

@@ -11,8 +11,8 @@ share of it, which the shaper delivers: bench/shaper_fidelity.py);
 estimated_bps, the median of the phase's estimates; seconds_to_within_10pct,
 from the step's application to the first estimate within 10% of goodput (null
 if none in the phase); deadline_s, 10 s or the phase's first 10 steps, whichever
-is later; and reached. `probe_share(out, runs)` is the share of the run's wall
-time node 0's agent spent in bandwidth tests. `plot(ax, out, run)` draws the
+is later; and reached. `probe_share(out, runs)` is the share of the runs' wall
+time node 0's agents spent in bandwidth tests. `plot(ax, out, run)` draws the
 estimate on network.png.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
-from flexcomm.lab.plan import policy_dir
+from flexcomm.lab.plan import agent_store, policy_dir
 from flexcomm.store import Store
 
 ESTIMATES = "estimates.jsonl"
@@ -113,17 +113,19 @@ def _phase(link: dict[str, Any], seen: list[dict[str, Any]], steps: list[dict[st
 
 
 def probe_share(out: Path, runs: list[Any]) -> float | None:
-    """Seconds node 0's agent spent in bandwidth tests over the run's wall time
-    (from the first link step applied to the last step trained); None without it."""
-    db = out / "agents" / "node0.db"
-    starts = [r.links[0]["applied_at"] for r in runs if r.links]
-    ends = [r.steps[-1]["wall"] for r in runs if r.steps and "wall" in r.steps[-1]]
-    if not db.exists() or not starts or not ends:
-        return None
-    with Store(db, create=False) as store:
-        tests = store.measurements(kind="bandwidth", limit=10**6)
-    wall = max(ends) - min(starts)
-    spent = sum(m.duration_s or 0.0 for m in tests if m.ts is not None and min(starts) <= m.ts <= max(ends))
+    """Seconds node 0's agents spent in bandwidth tests over the wall time of the
+    runs they served (each from its first link step applied to its last step
+    trained); None where no run had agents."""
+    spent = wall = 0.0
+    for run in runs:
+        db = agent_store(out, run.label, run.repeat)
+        if not db.exists() or not run.links or not run.steps or "wall" not in run.steps[-1]:
+            continue
+        start, end = run.links[0]["applied_at"], run.steps[-1]["wall"]
+        with Store(db, create=False) as store:
+            tests = store.measurements(kind="bandwidth", limit=10**6)
+        spent += sum(m.duration_s or 0.0 for m in tests if m.ts is not None and start <= m.ts <= end)
+        wall += end - start
     return spent / wall if wall > 0 else None
 
 

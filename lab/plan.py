@@ -42,6 +42,7 @@ ALL_POLICIES = ("dense", "bf16", "powersgd-1", "powersgd", "powersgd-4", "locals
 CONTROL_INTERVAL = 2
 FIXED_KINDS = ("dense", "static", "allreduce")
 FAILED = "failed.txt"  # in a policy's directory: why its run failed
+AGENTS = "agents"  # in a policy's directory: its agents' stores and logs
 
 # Per workload: the model's size (see flexcomm.lab.workload) and how a run trains it.
 # target is a test accuracy (a fraction) or, for lm, a validation loss in nats.
@@ -131,6 +132,12 @@ def policy_dir(out: Path, label: str, repeat: int = 0) -> Path:
     '@' never occurs in a cleaned label."""
     name = re.sub(r"[^A-Za-z0-9._=-]", "_", label)
     return Path(out) / "policies" / (name if repeat == 0 else f"{name}@{repeat}")
+
+
+def agent_store(out: Path, label: str, repeat: int = 0, node: int = 0) -> Path:
+    """The store of node `node`'s agent in a policy's run (absent when its
+    decisions took no agent)."""
+    return policy_dir(out, label, repeat) / AGENTS / f"node{node}.db"
 
 
 def parse_policy(spec: str) -> PolicySpec:

@@ -1,15 +1,17 @@
-"""Running a lab: one cluster, one agent per node, and for each policy a real gloo
-training job (one rank per node) under the network schedule; then the report.
+"""Running a lab: one cluster, and for each policy a real gloo training job (one
+rank per node, and fresh agents, one per node) under the network schedule; then
+the report.
 
     cfg = LabConfig(out=Path("lab-run"), policies=parse_policies("dense moo"))
     run_lab(cfg, progress=print)       # -> the report's LabSummary
 
 The run directory holds: config.json, schedule.toml, lab.db (the store: jobs and
-every applied link step), agents/ (each agent's store and log), and per policy
-policies/<name>/ (with --repeats, policies/<name>@<repeat> for the second
-and later repeats) with records.jsonl (rank 0's steps and evaluations),
-links.jsonl (the link states applied, with their wall time), train.json and a
-log per rank. The report (summary.json, summary.txt, PNGs) is written last.
+every applied link step), and per policy policies/<name>/ (with --repeats,
+policies/<name>@<repeat> for the second and later repeats) with records.jsonl
+(rank 0's steps and evaluations), links.jsonl (the link states applied, with
+their wall time), train.json, a log per rank and, for a policy the agents decide,
+agents/ (the store and log of each agent, started afresh for the run). The
+report (summary.json, summary.txt, PNGs) is written last.
 
 With repeats, the policies run interleaved (A, B, C, A, B, C, ...), so a load
 that drifts during the run falls on every policy alike.
@@ -41,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +51,11 @@ from typing import Any
 from flexcomm.emulation.emulator import AppliedStep, Emulator
 from flexcomm.emulation.schedule import Schedule, parse_schedule
 from flexcomm.lab import estimate_tracking
-from flexcomm.lab.agents import start_agents
+from flexcomm.lab.agents import running_agents
 from flexcomm.lab.cleanup import socket_dir_prefix
 from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
+    AGENTS,
     CONTROL_INTERVAL,
     DEFAULT_POLICIES,
     DEFAULT_SCHEDULE,
@@ -189,16 +192,12 @@ def run_lab(cfg: LabConfig, progress: Progress = lambda event: None) -> LabSumma
     ) as lab, _socket_dir(cfg.prefix) as sockets:
         progress({"kind": "cluster", **describe(lab)})
         (out / "cluster.json").write_text(json.dumps(describe(lab), indent=1))
-        agent_socket = ""
-        if cfg.decisions == "agent" and any(p.kind not in TORCH_METHODS for p in cfg.policies):
+        if any(uses_agents(cfg, p) for p in cfg.policies):
             progress({"kind": "agents", "count": cfg.nodes if lab.shaped else 1})
-            handles = start_agents(lab, sockets, db_dir=out / "agents")
-            agent_socket = str(handles[0].socket)
         budget_s = cfg.budget_s
         for repeat, index, spec in run_order(cfg):
             try:
-                pdir = run_policy(lab, cfg, spec, index, agent_socket, store, progress, repeat,
-                                  budget_s)
+                pdir = run_policy(lab, cfg, spec, index, sockets, store, progress, repeat, budget_s)
                 if budget_s is None and spec.label == cfg.pacesetter:
                     budget_s = trained_seconds(pdir)
                     record_setting(out, "paced_budget_s", budget_s)
@@ -250,15 +249,31 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
+def uses_agents(cfg: LabConfig, spec: PolicySpec) -> bool:
+    """Whether `spec`'s runs take their decisions from the agents (PyTorch's own
+    hooks never ask one)."""
+    return cfg.decisions == "agent" and spec.kind not in TORCH_METHODS
+
+
 def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
-               agent_socket: str, store: Store, progress: Progress, repeat: int = 0,
+               sockets: Path, store: Store, progress: Progress, repeat: int = 0,
                budget_s: float | None = None) -> Path:
     """Train once with `spec` under the schedule (for `budget_s` training
-    seconds when set, else cfg.steps); returns its directory."""
+    seconds when set, else cfg.steps), with fresh agents (sockets in `sockets`,
+    stores in the run's agents/) when it uses them; returns its directory."""
     pdir = policy_dir(cfg.out, spec.label, repeat)
     if pdir.exists():
         shutil.rmtree(pdir)
     pdir.mkdir(parents=True)
+    agents = running_agents(lab, sockets, pdir / AGENTS) if uses_agents(cfg, spec) else nullcontext([])
+    with agents as handles:
+        agent_socket = str(handles[0].socket) if handles else ""
+        _train(lab, cfg, spec, index, pdir, agent_socket, store, progress, repeat, budget_s)
+    return pdir
+
+
+def _train(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int, pdir: Path, agent_socket: str,
+           store: Store, progress: Progress, repeat: int, budget_s: float | None) -> None:
     schedule = cfg.schedule
     job_id = re.sub(r"[^A-Za-z0-9._-]", "_",
                     f"lab-{int(time.time())}-{repeat}-{index}-{spec.label}")
@@ -266,7 +281,7 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
         policy=spec.kind, policy_options=spec.options, world=cfg.nodes,
         master_addr=lab.nodes[0].address, master_port=free_port(lab.nodes[0].address),
         records=str(pdir / "records.jsonl"), workload=asdict(cfg.workload),
-        agent_socket=agent_socket if spec.kind not in TORCH_METHODS else "",
+        agent_socket=agent_socket,
         ifname=lab.nodes[0].ifname, steps=cfg.steps, budget_s=budget_s or 0.0, batch=cfg.batch, optimizer=cfg.optimizer,
         lr=cfg.lr, eval_every=cfg.eval_every,
         hook_options={"control_interval": cfg.control_interval},
@@ -299,7 +314,6 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
     finally:
         for proc in procs:
             lab.stop(proc)
-    return pdir
 
 
 def _ack(pdir: Path, epoch: int) -> None:

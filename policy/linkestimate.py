@@ -392,7 +392,7 @@ class LinkEstimate:
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction, ts)
-        elif narrow and alone and not (streak.informative and streak.alone or streak.beyond_host):
+        elif narrow and alone and not ((streak.informative and streak.alone) or streak.beyond_host):
             # A reading that stands for the path after readings that could not
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
             # streak again: judged by its weakest reading, the streak waited for

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flexcomm.emulation.shaping import LinkState
-from flexcomm.lab.agents import start_agents
+from flexcomm.lab.agents import running_agents
 from flexcomm.lab.cluster import LabCluster
 from flexcomm.store import Store
 from support.agent_process import job_ids, running, wait_for
@@ -67,33 +67,33 @@ def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compress
                          namespaces=True) as lab:
         lab.links.apply(LinkState(20e6))
         lab.links.cap_segments(20e6)
-        agents = start_agents(lab, tmp_path / "sockets", tmp_path / "agents")
-        procs = []
-        for i, node in enumerate(lab.nodes):
-            # docs/DEPLOYMENT.md's command with a static rendezvous: the namespaces share one
-            # host name, which the c10d rendezvous would take as every node's address.
-            cmd = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(i),
-                   "--master-addr", lab.nodes[0].address, "--master-port", "29400", "--rdzv-id", "two-nodes",
-                   str(ROOT / "examples" / "train_ddp.py"), "--agent"]
-            env = {"FLEXCOMM_AGENT_SOCKET": str(agents[i].socket), "GLOO_SOCKET_IFNAME": node.ifname,
-                   "OMP_NUM_THREADS": "1"}
-            procs.append(lab.spawn(i, cmd, log=tmp_path / f"node{i}.log", env=env))
-        for proc in procs:
-            assert proc.wait(scaled(200)) == 0, (tmp_path / "node0.log").read_text()[-3000:]
-        out = (tmp_path / "node0.log").read_text()
-        addresses = [n.address for n in lab.nodes]
-        assert f"nodes: {', '.join(addresses)}" in out
-        decisions = adopted(out)
-        assert decisions[0][:2] == (0, 1)
-        assert decisions[-1][2] != "dense", f"the MOO settled on dense over 20 Mbit/s: {decisions[-3:]}"
-        assert not re.search(r"step  299 loss [0-9.]+ dense@", out), "the last step ran compressed"
-        assert re.search(r"step  299 loss ", out)
-        with Store(agents[0].db, create=False) as store:
-            (job,) = store.jobs()  # its id from the rendezvous: the run id, master address and port, start
-            assert job.job_id.startswith(f"two-nodes-{addresses[0]}-29400-") and job.end_reason == "ended"
-            wait_for(lambda: store.measurements(peer=addresses[1], kind="bandwidth"), 30, "a bandwidth probe")
-            probe = store.measurements(peer=addresses[1], kind="bandwidth")[0]
-        # The shaped 20 Mbit/s path, not an unshaped one; the test shares the link with
-        # the job's syncs, which can take half of it (a run read 9.97 Mbit/s).
-        assert probe.ok and 5e6 < probe.bandwidth_bps < 30e6, probe
-        assert f"iperf3 {addresses[1]}:5201" in agents[1].log.read_text()
+        with running_agents(lab, tmp_path / "sockets", tmp_path / "agents") as agents:
+            procs = []
+            for i, node in enumerate(lab.nodes):
+                # docs/DEPLOYMENT.md's command with a static rendezvous: the namespaces share one
+                # host name, which the c10d rendezvous would take as every node's address.
+                cmd = [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(i),
+                       "--master-addr", lab.nodes[0].address, "--master-port", "29400", "--rdzv-id", "two-nodes",
+                       str(ROOT / "examples" / "train_ddp.py"), "--agent"]
+                env = {"FLEXCOMM_AGENT_SOCKET": str(agents[i].socket), "GLOO_SOCKET_IFNAME": node.ifname,
+                       "OMP_NUM_THREADS": "1"}
+                procs.append(lab.spawn(i, cmd, log=tmp_path / f"node{i}.log", env=env))
+            for proc in procs:
+                assert proc.wait(scaled(200)) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+            out = (tmp_path / "node0.log").read_text()
+            addresses = [n.address for n in lab.nodes]
+            assert f"nodes: {', '.join(addresses)}" in out
+            decisions = adopted(out)
+            assert decisions[0][:2] == (0, 1)
+            assert decisions[-1][2] != "dense", f"the MOO settled on dense over 20 Mbit/s: {decisions[-3:]}"
+            assert not re.search(r"step  299 loss [0-9.]+ dense@", out), "the last step ran compressed"
+            assert re.search(r"step  299 loss ", out)
+            with Store(agents[0].db, create=False) as store:
+                (job,) = store.jobs()  # its id from the rendezvous: the run id, master address and port, start
+                assert job.job_id.startswith(f"two-nodes-{addresses[0]}-29400-") and job.end_reason == "ended"
+                wait_for(lambda: store.measurements(peer=addresses[1], kind="bandwidth"), 30, "a bandwidth probe")
+                probe = store.measurements(peer=addresses[1], kind="bandwidth")[0]
+            # The shaped 20 Mbit/s path, not an unshaped one; the test shares the link with
+            # the job's syncs, which can take half of it (a run read 9.97 Mbit/s).
+            assert probe.ok and 5e6 < probe.bandwidth_bps < 30e6, probe
+            assert f"iperf3 {addresses[1]}:5201" in agents[1].log.read_text()
