@@ -166,7 +166,7 @@ class JobLifecycle:
         if news is not None:
             job.reported_network = news
             job.dirty = True
-        self.network.reported(job, reports, news, received)
+        self.network.reported(job, reports, news)
         self.refresh_network(job)
         n = 0
         async for part in in_turns(len(reports)):

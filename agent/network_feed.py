@@ -66,7 +66,7 @@ def mark_disturbed(reports: Sequence[StepReport], received: float,
         return list(reports)
     out, end = [], received
     for r in reversed(reports):
-        start = end - r.t_compute_s - r.t_comp_s - r.t_sync_s  # t_compute_s is the step's rest
+        start = end - r.step_s
         hit = any(s < end and start < e for s, e in spans)
         out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
         end = start
@@ -84,6 +84,7 @@ class JobNetwork:
     bottleneck: NetworkObservation | None
     nodes: int
     job_id: str
+    moved_unix: float | None  # when the estimate last moved (None: not since this agent started)
 
 
 class NetworkFeed:
@@ -98,6 +99,7 @@ class NetworkFeed:
         self.redecide = redecide
         self.request_probes = request_probes
         self._readers: dict[str, SyncReader] = {}
+        self._moved_unix: dict[str, float] = {}  # when each job's estimate last moved (this agent's clock)
         self._tests: dict[str, deque[tuple[float, float]]] = {}  # peer -> recent bandwidth tests
 
     async def add_job(self, job: Job) -> None:
@@ -105,8 +107,7 @@ class NetworkFeed:
         exactly the estimate its policy was using (`job.estimate_state`); its first
         probe is asked for once the prober knows its peers (`probe_if_wanted`)."""
         own = await asyncio.to_thread(local_addresses)  # netlink: off the event loop
-        now = time.time()
-        estimate = self.estimator.add_job(job.job_id, job_peers(job.spec.nodes, own), now)
+        estimate = self.estimator.add_job(job.job_id, job_peers(job.spec.nodes, own), time.time())
         self._readers[job.job_id] = SyncReader(job_layout(job), job.spec.world_size, model_forms(job))
         job.estimate = estimate
         if job.estimate_state is not None and self._resume(estimate, job):
@@ -114,7 +115,7 @@ class NetworkFeed:
                 self.estimator.reported_alpha[job.job_id] = job.reported_network[0]
             return
         if job.reported_network is not None:
-            self.estimator.observe_reported_network(job.job_id, *job.reported_network, now)
+            self.estimator.observe_reported_network(job.job_id, *job.reported_network)
         estimate.wants_probe = True  # the paths as they are now, before the job loads them
 
     @staticmethod
@@ -132,6 +133,7 @@ class NetworkFeed:
         """Stop following a job (it ended)."""
         self.estimator.remove_job(job.job_id)
         self._readers.pop(job.job_id, None)
+        self._moved_unix.pop(job.job_id, None)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
@@ -168,24 +170,26 @@ class NetworkFeed:
         tests = [t for peer in self.estimator.job_peers.get(job.job_id, ()) for t in self._tests.get(peer, ())]
         return mark_disturbed(reports, received, tests) if tests else list(reports)
 
-    def reported(self, job: Job, reports: Sequence[StepReport], network: tuple[float, float] | None,
-                 received: float) -> None:
-        """A message's step reports (one observation per option) and, when it sent
-        one, the job's own estimate of its network."""
+    def reported(self, job: Job, reports: Sequence[StepReport], network: tuple[float, float] | None) -> None:
+        """A message's step reports (one observation per option, on the job's clock)
+        and, when it sent one, the job's own estimate of its network."""
         before = self._moves([job.job_id])
-        self._readers[job.job_id].observe(self.estimator.jobs[job.job_id], reports, received)
+        estimate = self.estimator.jobs[job.job_id]
+        self._readers[job.job_id].observe(estimate, reports, estimate.advance(reports))
         if network is not None:
-            self.estimator.observe_reported_network(job.job_id, network[0], network[1], received)
+            self.estimator.observe_reported_network(job.job_id, network[0], network[1])
         self.probe_if_wanted(job.job_id)
         self._log_moves(before)
 
-    def _moves(self, job_ids: Iterable[str]) -> dict[str, float | None]:
-        return {job_id: self.estimator.jobs[job_id].moved_at for job_id in job_ids}
+    def _moves(self, job_ids: Iterable[str]) -> dict[str, int]:
+        return {job_id: self.estimator.jobs[job_id].moves for job_id in job_ids}
 
-    def _log_moves(self, before: dict[str, float | None]) -> None:
-        for job_id, moved_at in before.items():
+    def _log_moves(self, before: dict[str, int]) -> None:
+        for job_id, moves in before.items():
             e = self.estimator.jobs[job_id]
-            if e.moved_at != moved_at and e.bandwidth_bps:
+            if e.moves != moves:
+                self._moved_unix[job_id] = time.time()
+            if e.moves != moves and e.bandwidth_bps:
                 log.info("network estimate moved", extra={"fields": {
                     "job": job_id, "bandwidth_bps": round(e.bandwidth_bps), "evidence": e.evidence,
                     "lower_bound": e.lower_bound}})
@@ -227,4 +231,4 @@ class NetworkFeed:
         peers = [(self.estimator.peers.get(n) or PeerPath(n), "probe" if n in probed else "self")
                  for n in job.spec.nodes]
         return JobNetwork(peers, self.estimator.jobs[job.job_id], self.bottleneck(job), job.spec.world_size,
-                          job.job_id)
+                          job.job_id, self._moved_unix.get(job.job_id))

@@ -279,7 +279,7 @@ def network_state(net: JobNetwork) -> pb.NetworkState:
     if e.beta_s_per_byte:
         peers.append(pb.PeerState(address=f"job:{net.job_id}", bandwidth_bps=e.bandwidth_bps,
                                   beta_s_per_byte=e.beta_s_per_byte, source=e.evidence,
-                                  updated_unix=e.moved_at or 0.0))
+                                  updated_unix=net.moved_unix or 0.0))
     b = net.bottleneck
     if b is None:
         return pb.NetworkState(peers=peers, bottleneck=pb.Bottleneck(nodes=net.nodes))

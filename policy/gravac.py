@@ -102,7 +102,7 @@ class GravacPolicy:
             return  # a step of an earlier decision
         s.steps += 1
         s.gain_sum += report.gain if s.index >= 0 else 1.0
-        s.time_sum += report.t_compute_s + report.t_comp_s + report.t_sync_s
+        s.time_sum += report.step_s
         if s.phase == WARMUP:
             if s.steps >= cfg.warmup_steps:
                 s.phase = SEARCH

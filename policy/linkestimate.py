@@ -225,10 +225,21 @@ class LinkEstimate:
     syncs_agree: bool = False  # the last sync that read the path agreed with the estimate
     aged_ask: float | None = None  # when a probe was last asked for because the figure aged
     bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
+    trained_s: float = 0.0  # the job's training time its reports added up to (`advance`)
 
     @property
     def bandwidth_bps(self) -> float | None:
         return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    def advance(self, reports: Iterable[StepReport]) -> float:
+        """The job trained `reports`' steps more; the time it has trained. The agent
+        runs the estimate on this clock, so that its windows and ages, and the
+        decisions they lead to, follow the job's reports alone: on the agent's
+        own clock a restarted agent fed the same reports as a never-killed twin
+        saw a bound leave the window one message apart from it, and decided
+        otherwise."""
+        self.trained_s += sum(r.step_s for r in reports)
+        return self.trained_s
 
     @property
     def expected_bps(self) -> float | None:
@@ -520,6 +531,8 @@ class LinkEstimate:
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
+            # a state written before the job's clock ran on the caller's: go on from its last time
+            fields["trained_s"] = float(state.get("trained_s", _latest(state, bounds)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
         check_count("estimate.moves", fields["moves"])
@@ -536,6 +549,15 @@ class LinkEstimate:
         streak = Streak(**state, betas=betas[-self.config.persist:])
         streak.slowest = max([streak.slowest, *betas])
         return streak
+
+
+def _latest(state: dict[str, Any], bounds: list[tuple[float, float]]) -> float:
+    """The latest time a stored estimate names."""
+    times = [state[k] for k in ("moved_at", "confirmed", "aged_ask") if state[k] is not None]
+    times += [t for t, _ in bounds]
+    if state["streak"]:
+        times.append(state["streak"].get("began", 0.0))
+    return max(times, default=0.0)
 
 
 class SyncReader:

@@ -627,6 +627,11 @@ class StepReport:
     def compression(self) -> Compression:
         return self.choice.compression
 
+    @property
+    def step_s(self) -> float:
+        """The step's time as reported: compute, compression and sync."""
+        return self.t_compute_s + self.t_comp_s + self.t_sync_s
+
     @cached_property
     def choice(self) -> Choice:
         return _choice(self.family, self.param, self.collective)

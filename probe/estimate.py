@@ -12,8 +12,10 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   detector of a moved network, shared with in-process policies): every sync of
   every option the job runs, read through the cost model's bytes, with each
   option's overhead fitted beside the one bandwidth; probes of its peers confirm
-  or correct it. Until the job's syncs or a probe made since it registered give
-  it a figure, the slowest peer probed within `max_probe_age_s` stands in.
+  or correct it. It runs on the job's own clock (`LinkEstimate.advance`: the
+  training time its reports add up to), the peers' paths on the caller's.
+  Until the job's syncs or a probe made since it registered give it a figure,
+  the slowest peer probed within `max_probe_age_s` stands in.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's beta, whether it is only a lower bound and how long ago it was confirmed,
   and the highest alpha among its peers.
@@ -134,19 +136,20 @@ class Estimator:
             since = max(self.started[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)
             if beta is not None:
-                self.jobs[job_id].observe_probe(beta, ts)
+                job = self.jobs[job_id]
+                job.observe_probe(beta, job.trained_s)
         return affected
 
-    def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float,
-                                 ts: float) -> None:
+    def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float) -> None:
         """The job's own estimate of its network, taken as it is."""
         self.reported_alpha[job_id] = alpha_s
-        self.jobs[job_id].observe_report(8.0 / bandwidth_bps, ts)
+        job = self.jobs[job_id]
+        job.observe_report(8.0 / bandwidth_bps, job.trained_s)
 
     def bottleneck(self, job_id: str, nodes: int, ts: float) -> NetworkObservation | None:
         """What the job's policy sees at `ts`: its estimate (the slowest peer probed
-        within `max_probe_age_s` until it has one) and the highest alpha known on
-        its paths. None while nothing is known."""
+        within `max_probe_age_s` until it has one; its age on the job's clock) and
+        the highest alpha known on its paths. None while nothing is known."""
         job = self.jobs[job_id]
         alpha = self._alpha(job_id) or 0.0
         beta = job.beta_s_per_byte or self._probed_beta(self.job_peers[job_id],
@@ -154,7 +157,7 @@ class Estimator:
         if beta is None:
             return None
         net = NetworkObservation(alpha, beta, nodes, self.bucket, evidence=PROBE)
-        return job.observation(net, ts) if job.beta_s_per_byte else net
+        return job.observation(net, job.trained_s) if job.beta_s_per_byte else net
 
     def _probed_beta(self, peers: Sequence[str], since: float) -> float | None:
         """The slowest of `peers` among those tested at or after `since`; None when none was."""

@@ -2,7 +2,8 @@
 from when their message arrived by each step's own time; a probe the duty budget
 puts far off lets a slower move the syncs keep showing stand as a lower bound (a
 real network model, the prober replaced by its answer: how long the budget makes
-the test wait)."""
+the test wait); and a job's estimate runs on its own training time, whatever the
+agent's clock says."""
 
 from __future__ import annotations
 
@@ -57,16 +58,38 @@ def test_a_slower_move_waiting_on_a_probe_the_budget_puts_far_off_stands_as_a_lo
         estimate = feed.estimator.jobs["j"]
         estimate.observe_probe(8 / 1e9, 0.0)
         sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
-        for i in range(30):  # Top-k 0.01 of 4 MB over 2 nodes on 1 Gbit/s, 2 ms of overhead
-            feed.reported(job, [StepReport(step=i, t_sync_s=0.0027, **sync)], None, 1.0 + 0.2 * i)
+        for i in range(30):  # Top-k 0.01 of 4 MB over 2 nodes on 1 Gbit/s, 2 ms of overhead; 0.2 s steps
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.0027, t_compute_s=0.1973, **sync)], None)
         # 200 Mbit/s: its bytes explain too little to stand alone, so a probe is asked
-        # for; the syncs show the same for the next 6 s
+        # for; the syncs show the same for the next 6 s (of the job's clock)
         for t in range(7):
-            feed.reported(job, [StepReport(step=40 + 4 * t + i, t_sync_s=0.0052, **sync) for i in range(4)],
-                          None, 7.0 + t)
+            feed.reported(job, [StepReport(step=40 + 4 * t + i, t_sync_s=0.0052, t_compute_s=0.2448, **sync)
+                                for i in range(4)], None)
         return estimate.bandwidth_bps, estimate.lower_bound, asked
 
     soon, late = asyncio.run(slower_estimate(1.0)), asyncio.run(slower_estimate(110.0))
     assert soon[2] and late[2]
     assert soon[0] == pytest.approx(1e9, rel=0.05) and not soon[1]  # the probe will say, within 5 s
     assert 100e6 < late[0] <= 200e6  # at least what crossed (then read against it), until the probe comes
+
+
+def test_a_jobs_estimate_follows_its_reports_not_the_agents_clock(monkeypatch):
+    # Two agents fed the same reports, one taking each message up to 0.9 s later
+    # (a restart, a loaded host): a Top-k job whose syncs only bound the link
+    # keeps the bounds of the last `bound_window_s` of its own training time.
+    async def estimate(lag_s: list[float]) -> dict:
+        clock = iter([1000.0 + 0.4 * i + lag for i, lag in enumerate(lag_s)])
+        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                       policy="dense")
+        job = Job(spec, policy_for(spec))
+        await feed.add_job(job)
+        sync = dict(family="topk", param=0.1, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        for i, t_sync in enumerate([0.0065, 0.012, 0.0071, 0.03, 0.0068, 0.02] * 4):
+            monkeypatch.setattr("flexcomm.agent.network_feed.time.time", lambda: next(clock))
+            feed.reported(job, [StepReport(step=i, t_sync_s=t_sync, t_compute_s=0.1, **sync)], None)
+        return feed.estimator.jobs["j"].state_dict()
+
+    steady, lagging = asyncio.run(estimate([0.0] * 30)), asyncio.run(estimate([0.9 * (i % 2) for i in range(30)]))
+    assert steady["lower_bound"] and steady["moves"] >= 1
+    assert lagging == steady

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flexcomm.policy.linkestimate import AGE_STEP_S
-from flexcomm.policy.types import LinkBucket
+from flexcomm.policy.types import LinkBucket, StepReport
 from flexcomm.probe.estimate import EstimateConfig, Estimator, PeerPath
 from flexcomm.store import Measurement
 
@@ -49,8 +49,11 @@ def test_a_job_starts_from_fresh_probes_only_and_its_own_estimate_takes_over():
     assert (net.alpha_s, net.bandwidth_bps, net.evidence, net.lower_bound) == (2e-3, pytest.approx(80e6), "probe",
                                                                                False)
     assert net.bucket == BUCKET
-    est.observe_reported_network("j", 1e-3, 90e6, ts=1023.0)
-    net = est.bottleneck("j", NODES, ts=1023.0 + 2.5 * AGE_STEP_S)
+    est.observe_reported_network("j", 1e-3, 90e6)
+    # the job trains 2.5 AGE_STEP_S: its estimate ages on the job's clock
+    est.jobs["j"].advance([StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                                      t_sync_s=0.01, t_compute_s=2.5 * AGE_STEP_S - 0.01, gain=1.0)])
+    net = est.bottleneck("j", NODES, ts=1023.0)
     assert (net.alpha_s, net.bandwidth_bps, net.evidence) == (2e-3, pytest.approx(90e6), "report")
     assert net.age_s == 2 * AGE_STEP_S  # in whole steps: a fraction of a second is no news
 
