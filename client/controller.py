@@ -238,14 +238,16 @@ class Controller:
     def _report(self, stats: StepStats, epoch: int, next_began: float | None) -> None:
         """Report a resolved step; the next step's start gives its wall time (None:
         closing, its compute time unknown)."""
+        ended_unix = 0.0
         if next_began is not None:
             stats.t_compute_s = stats.compute_s(next_began)
+            ended_unix = time.time() - (time.perf_counter() - next_began)  # the step ended as the next began
         try:
             report = StepReport(
                 step=stats.step, family=stats.family, param=stats.param, collective=stats.collective,
                 t_comp_s=stats.t_comp_s, t_sync_s=stats.t_sync_s, gain=stats.gain, bytes_sent=stats.bytes_sent,
                 epoch=epoch, t_compute_s=stats.t_compute_s,
-                gains=merge_masses(stats.probes) if stats.probes else {},
+                gains=merge_masses(stats.probes) if stats.probes else {}, ended_unix=ended_unix,
             )
             self.source.report(report)
         except Exception:

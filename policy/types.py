@@ -587,9 +587,11 @@ class StepReport:
     compensated gradient's squared norm the step sent (1 for dense and bf16).
     gains maps a lossy compression's text form ("topk:0.01", "powersgd:2") to the
     gain it would have had on this step's gradient (read off one gradient).
-    t_compute_s is forward + backward time, when known (else 0). disturbed: the
-    step overlapped a bandwidth test of the job's paths (set by the agent, never
-    sent by a client): its times say nothing of the path or the option.
+    t_compute_s is forward + backward time, when known (else 0). ended_unix: when
+    the step ended, in seconds since the epoch on the reporting host's clock
+    (0 when unknown). disturbed: the step overlapped a bandwidth test of the
+    job's paths (set by the agent, never sent by a client): its times say
+    nothing of the path or the option.
     """
 
     step: int
@@ -603,6 +605,7 @@ class StepReport:
     epoch: int = 0
     t_compute_s: float = 0.0
     gains: Mapping[str, float] = field(default_factory=dict)
+    ended_unix: float = 0.0
     disturbed: bool = False
 
     def __post_init__(self) -> None:
@@ -616,6 +619,7 @@ class StepReport:
         _finite("t_comp_s", self.t_comp_s)
         _finite("t_sync_s", self.t_sync_s)
         _finite("t_compute_s", self.t_compute_s)
+        _finite("ended_unix", self.ended_unix)
         gain = _finite("gain", self.gain)
         if gain > 1.0 + 1e-6:
             raise ValueError(f"gain: must be in [0, 1], got {self.gain!r}")

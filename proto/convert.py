@@ -93,6 +93,7 @@ def report_to_proto(report: StepReport) -> pb.StepReport:
         gain=report.gain,
         bytes_sent=report.bytes_sent,
         gains=[pb.Gain(compression=name, gain=g) for name, g in report.gains.items()],
+        ended_unix=report.ended_unix,
     )
 
 

@@ -8,6 +8,7 @@ agent's clock says."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -40,6 +41,23 @@ def test_a_step_lasts_its_compute_its_compression_and_its_sync():
     reports = steps(10, compute_s=0.1, sync_s=0.05, comp_s=0.05)
     test = (98.65 + TEST_SLACK_S, 98.95 - TEST_SLACK_S)
     assert [r.step for r in mark_disturbed(reports, 100.0, [test]) if r.disturbed] == [3, 4]
+
+
+def test_steps_the_client_stamped_are_placed_by_their_stamps_with_a_narrow_slack():
+    # The same ten steps, stamped (the last ended at 100.0), in a message that
+    # arrived 1.5 s later (an agent busy with other jobs): the test at
+    # 98.65-98.95 overlapped steps 3 and 4, and a 0.05 s slack adds none.
+    reports = [dataclasses.replace(r, ended_unix=98.2 + 0.2 * r.step) for r in steps(10)]
+    test = (98.65, 98.95)
+    assert [r.step for r in mark_disturbed(reports, 101.5, [test]) if r.disturbed] == [3, 4]
+    unstamped = steps(10)  # reckoned back from the arrival, 1.5 s late: the slack misses them
+    assert not any(r.disturbed for r in mark_disturbed(unstamped, 101.5, [test]))
+    # A stamp ahead of the agent's clock is another host's: reckoned back instead.
+    ahead = [dataclasses.replace(r, ended_unix=r.ended_unix + 5.0) for r in reports]
+    def marked(reports: list[StepReport], received: float) -> list[int]:
+        return [r.step for r in mark_disturbed(reports, received, [test]) if r.disturbed]
+
+    assert marked(ahead, 99.5) == marked(unstamped, 99.5) == [3, 4, 5, 6, 7, 8, 9]
 
 
 def test_a_slower_move_waiting_on_a_probe_the_budget_puts_far_off_stands_as_a_lower_bound():

@@ -117,6 +117,8 @@ BAD_REPORTS = [
     ({"t_sync_s": math.inf}, "reports[0].t_sync_s"),
     ({"t_comp_s": -0.5}, "reports[0].t_comp_s"),
     ({"t_compute_s": 1e9}, "reports[0].t_compute_s"),
+    ({"ended_unix": -1.0}, "reports[0].ended_unix"),
+    ({"ended_unix": math.nan}, "reports[0].ended_unix"),
     ({"family": "topk", "param": 0.0, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),
     ({"family": "topk", "param": 1.5, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),
     ({"family": "topk", "param": math.nan, "collective": pb.COLLECTIVE_AG_TOPK}, "reports[0].param"),

@@ -15,6 +15,8 @@ Bad input fails at construction (in this process, and a group of one rank).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -334,7 +336,7 @@ def check_switching(rank: int, world: int) -> dict:
         "sequence": [(s.step, s.compression.name, s.collective, s.version, tuple(s.roots))
                      for s in state.history],
         "source_calls": source.calls,
-        "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s)
+        "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s, r.ended_unix)
                     for r in source.reports],
         "rejected": state.controller.rejected,
         "lossless_flushed": lossless_after_lossy_residual_zero,
@@ -541,6 +543,10 @@ def test_switching_follows_rank_0_on_every_rank(results):
     assert reports[15][3] == []
     # Buckets overlap under DDP; their sync is counted once, so compute stays positive.
     assert all(r[4] > 0 for r in reports[:-1])
+    # Each step is stamped with when it ended on this host's clock (the last, closing, is not).
+    ends = [r[5] for r in reports[:-1]]
+    assert ends == sorted(ends) and time.time() - 600 < ends[0] and ends[-1] < time.time()
+    assert reports[-1][5] == 0.0
     assert len(per_rank[0]["switching"]["rank_stats"]) == world
 
 

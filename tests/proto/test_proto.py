@@ -66,9 +66,11 @@ def test_decision_round_trip(family: str, param: float, collective: str) -> None
 
 def test_report_to_proto_keeps_every_field() -> None:
     r = StepReport(step=3, family="powersgd", param=2, collective="dense_ring", t_comp_s=0.01, t_sync_s=0.2,
-                   gain=0.9, bytes_sent=100, epoch=1, t_compute_s=0.5, gains={"topk:0.1": 0.9, "powersgd:1": 0.5})
+                   gain=0.9, bytes_sent=100, epoch=1, t_compute_s=0.5, gains={"topk:0.1": 0.9, "powersgd:1": 0.5},
+                   ended_unix=1.8e9)
     msg = convert.report_to_proto(r)
     assert (msg.step, msg.epoch, msg.bytes_sent, msg.family, msg.param) == (3, 1, 100, "powersgd", 2)
+    assert msg.ended_unix == 1.8e9
     assert {g.compression: g.gain for g in msg.gains} == {"topk:0.1": 0.9, "powersgd:1": 0.5}
     assert convert.collective_from_enum(msg.collective) == "dense_ring"
 
