@@ -94,11 +94,15 @@ def test_choice_follows_the_network_both_ways() -> None:
 
 
 def test_a_known_network_warms_up_on_what_it_favours() -> None:
-    # On a slow link bf16 halves the warm-up step; without a network it is dense.
+    # Without a network the warm-up moves the fewest bytes (bf16); with one, the
+    # lossless option the model puts fastest.
     policy = moo()
-    assert policy.decide().family == "dense" and policy.phase == WARMUP
+    assert policy.decide().family == "bf16" and policy.phase == WARMUP
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     assert policy.decide().family == "bf16"
+    dense_only = moo(families=("dense",))
+    dense_only.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    assert dense_only.decide().family == "dense" and dense_only.phase == WARMUP
 
 
 def test_a_network_change_explores_only_when_it_would_change_the_choice() -> None:
@@ -321,15 +325,15 @@ def test_a_powersgd_rank_priced_by_its_probes_may_be_chosen_on_a_calibrated_pred
 def test_no_network_explores_one_option_per_family_the_reference_second() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1)
     plan = [label for label, _ in policy._s.plan]
-    assert [label.split("@")[0].split(":")[0] for label in plan] == ["dense", "topk", "bf16", "powersgd"]
+    assert [label.split("@")[0].split(":")[0] for label in plan] == ["bf16", "topk", "dense", "powersgd"]
     assert plan[1] == policy._reference_label  # Top-k as a user runs it, not the family's first option
-    # dense is running and the reference the job would run anyway: neither explores
+    # bf16 is running and the reference the job would run anyway: neither explores
     assert [exploring for _, exploring in policy._s.plan] == [False, False, True, True]
 
 
 def test_a_reference_that_loses_nothing_is_measured_blind_like_any_family() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1, quality_reference="bf16")
-    assert [label.split("@")[0].split(":")[0] for label, _ in policy._s.plan] == ["dense", "bf16", "powersgd", "topk"]
+    assert [label.split("@")[0].split(":")[0] for label, _ in policy._s.plan] == ["bf16", "dense", "powersgd", "topk"]
 
 
 def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
@@ -438,7 +442,7 @@ def test_a_state_of_an_older_format_keeps_the_settings_and_measures_afresh() -> 
            "state": {"phase": "exploit", "current": {"cr": 0.01, "collective": "ag_topk"}}}
     policy = policy_from_state(old)
     assert policy.phase == WARMUP and policy.config.c_low == 0.01
-    assert policy.decide().family == "dense" and "older" in policy.decide().reason
+    assert policy.decide().family == "bf16" and "older" in policy.decide().reason
 
 
 options = st.sampled_from([o for o in MooConfig().options])
