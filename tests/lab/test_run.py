@@ -110,11 +110,14 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     # over; at CR 0.01 (15 KB) it fits the 16 KB bucket and the difference is noise.
     fixed = {p["rate_bps"]: p for p in summary["policies"]["topk-0.1"]["phases"]}
     assert fixed[SLOW]["mean_step_s"] > fixed[FAST]["mean_step_s"]
-    # On each link the MOO keeps up with the budget's reference run fixed (Top-k 0.1,
-    # which it may also choose where it is fastest): bf16 through the slow phase
-    # ran 1.9x its step. Exploring and the switch at the change cost some.
-    for rate in (FAST, SLOW):
-        assert phases[rate]["mean_step_s"] <= 1.5 * fixed[rate]["mean_step_s"], (rate, phases[rate], fixed[rate])
+    # On the slow link the MOO keeps up with the budget's reference run fixed (Top-k
+    # 0.1, which it may also choose where it is fastest): bf16 through the slow phase
+    # ran 1.9x its step. Exploring and the switch at the change cost some. (Not on the
+    # fast link: there every option's sync is a few ms of host work, and two runs
+    # minutes apart on a shared host differ by more than the options do: in one CI
+    # try the same option, Top-k 0.1 over AllGather, ran 14.3 ms a step in the MOO's
+    # run and 8.9 ms in the fixed one.)
+    assert slow["mean_step_s"] <= 1.5 * fixed[SLOW]["mean_step_s"], (slow, fixed[SLOW])
     # The agent's estimate was recorded beside the shaped rate, and followed the 100x
     # drop: some figure after it between half the slow link's goodput and 25% over
     # it. (Within 10% in 5 s of every change is a goal the lab's estimate_tracking
