@@ -27,7 +27,9 @@ option. Both are fitted together, with forgetting:
   or policed link passes it at line rate after idle, so its time is overhead.
 - While the figure is only a lower bound it is the fastest bound of the last
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
-  shows as soon as the faster bounds age out.
+  shows as soon as the faster bounds age out. A sync that reads the path
+  replaces it at once where it agrees or reads faster; one slower moves it only
+  as it would a confirmed figure, below.
 - The estimate counts the moves it detects (`moves`; the observation carries the
   count, and a policy takes a changed count as the move): a figure 12.5% or more
   from where the last move was counted, except a bound that fell (syncs that
@@ -296,23 +298,39 @@ class LinkEstimate:
         # fit's overhead taken off, a noisy host's quick sync read "at least" 5 Gbit/s
         # on the cnn's 980 Mbit/s link (Top-k syncs of 246 KB in 8-68 ms).
         bound = slowest if narrow else self._bound_beta(seconds, beta_bytes)
-        if beta is None or wire is None or (self.lower_bound and narrow):
+        if beta is None or wire is None:
             if bound is not None:
                 self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
             # a first figure keeps the owner's wish to probe the paths as they are
-            self.wants_probe = (beta is None and self.wants_probe) or not narrow
-            return
-        if self.lower_bound:
-            if bound is not None:
-                self._bound(bound, ts)
+            self.wants_probe = self.wants_probe or not narrow
             return
         margin = self.config.change * wire
-        if seconds < lo + wire - margin:
+        slower = seconds > hi + wire + margin and slowest > beta * (1 + self.config.change)
+        if self.lower_bound and not (narrow and slower):
+            self._within_bound(bound, narrow, ts)
+        elif seconds < lo + wire - margin:
             self._disagree(-1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
-        elif seconds > hi + wire + margin and slowest > beta * (1 + self.config.change):
+        elif slower:
+            # A figure only bounded moves slower only as a confirmed one does:
+            # taken from one reading, a sync a loaded host stalled 550 ms moved
+            # the lab MOO's "at least 377 Mbit/s" to 1.8 on a 10 Mbit/s link.
             self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+
+    def _within_bound(self, bound: float | None, narrow: bool, ts: float) -> None:
+        """A figure only bounded, and a sync no slower than it: one that stands for
+        the path is taken (at least that fast, and more telling); one too wide to
+        is a bound, and shows a slower streak in progress what crossed."""
+        if bound is None:
+            return
+        if narrow:
+            self._set(bound, SYNC, ts)
+            self.wants_probe = False
+        else:
+            self._bound(bound, ts)
+            if self.streak is not None:
+                self.streak.saw(bound)
 
     def _bound(self, beta: float, ts: float) -> None:
         """A figure only bounded: the fastest bound of the last `bound_window_s` (a
@@ -409,7 +427,7 @@ class LinkEstimate:
             # streak again: judged by its weakest reading, the streak waited for
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
             # (One that moves at `persist` anyway goes on: a figure only bounded
-            # takes the next reading that stands for the path.)
+            # takes the next reading that stands for the path, if no slower.)
             streak = self.streak = Streak(direction, streak.began, probe_asked=streak.probe_asked,
                                           probe_late=streak.probe_late)
         streak.saw(self._bound_beta(seconds, beta_bytes))

@@ -229,6 +229,33 @@ def test_a_slower_move_no_host_overhead_explains_is_taken_at_once_as_a_lower_bou
     assert e.evidence == SYNC_BOUND and e.moves == 2
 
 
+def test_one_stalled_sync_moves_a_lower_bound_no_more_than_a_confirmed_figure():
+    # The lab's MOO beside two CPU hogs: "at least 377 Mbit/s" from Top-k syncs;
+    # the link fell to 10 Mbit/s and its first sync after took 668 ms, 550 of them
+    # the host's. Taken at once as a reading, it put the figure at 1.8 Mbit/s.
+    path = Path()
+    path.run(TOPK_TREE, 1e9, 5)
+    e = path.estimate
+    assert e.lower_bound
+    bound, moves = path.mbps, e.moves
+    path.run(TOPK_TREE, 10e6, 1, host=100.0, per_message=1)  # half a second of the host's
+    assert path.mbps == bound and e.lower_bound and e.moves == moves
+    path.run(TOPK_TREE, 10e6, e.config.persist - 1, per_message=1)  # `persist` in a row: the path moved
+    assert path.mbps == pytest.approx(10, rel=0.1) and e.evidence == SYNC and not e.lower_bound
+    assert e.moves == moves + 1
+
+
+def test_stalled_syncs_that_quicker_syncs_between_them_contradict_move_no_lower_bound():
+    path = Path()
+    path.run(TOPK_TREE, 1e9, 5)
+    e = path.estimate
+    moves, e.wants_probe = e.moves, False
+    for _ in range(e.config.persist):
+        path.run(TOPK_TREE, 1e9, 1, host=100.0, per_message=1)  # the host stalls a sync
+        path.run(TOPK_AG, 1e9, 1, per_message=1)  # too wide to read the path, but it crossed fast
+    assert path.mbps > 250 and e.lower_bound and e.moves == moves and e.wants_probe
+
+
 def test_a_message_is_one_observation_per_option():
     seen = []
 
