@@ -7,7 +7,10 @@ them into messages).
 A job's paths are those to its nodes but this host's own addresses (a path to
 itself measures nothing). A step that overlapped a bandwidth test of one of its
 paths is marked `disturbed`: the test shared the link with its sync, so neither
-the estimate nor the policy's sync figures take it.
+the estimate nor the policy's sync figures take it. A test counts from when the
+prober says it started (`bandwidth_started`), so the steps of messages that
+arrive while it runs are marked too, and until its measurement (failed or not)
+comes it has no end.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ TEST_SLACK_S = 0.5
 STAMPED_SLACK_S = 0.05
 # A stamp later than the message's arrival by more than this is another host's clock.
 STAMP_AHEAD_S = 0.1
+# A test started this long ago whose measurement never came (the prober stopped)
+# marks no more steps: far longer than iperf3 may run
+# before it is killed (its duration, connect timeout and slack, probe.iperf.run_test).
+IN_FLIGHT_MAX_S = 60.0
 
 # (peers, expected_bps) -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str], "float | None"], float]
@@ -112,6 +119,7 @@ class NetworkFeed:
         self._readers: dict[str, SyncReader] = {}
         self._moved_unix: dict[str, float] = {}  # when each job's estimate last moved (this agent's clock)
         self._tests: dict[str, deque[tuple[float, float]]] = {}  # peer -> recent bandwidth tests
+        self._started: dict[str, float] = {}  # peer -> when its bandwidth test in flight started
 
     async def add_job(self, job: Job) -> None:
         """Follow a registered job's paths from now on. A resumed job continues from
@@ -157,7 +165,8 @@ class NetworkFeed:
                                                               "error": m.error}})
         ts = m.ts or time.time()
         if m.kind == BANDWIDTH:
-            self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((ts - (m.duration_s or 0.0), ts))
+            start = self._started.pop(m.peer, ts - (m.duration_s or 0.0))
+            self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((min(start, ts), ts))
         before = self._moves(self.estimator.jobs)
         affected = self.estimator.observe(m, ts)
         self._log_moves(before)
@@ -170,6 +179,21 @@ class NetworkFeed:
             self.probe_if_wanted(job_id)
             self.redecide(job_id)
 
+    def bandwidth_started(self, peer: str, start: float | None) -> None:
+        """A bandwidth test of `peer` began at `start` (unix time): until its
+        measurement comes, every step that ended after it is disturbed. None: the
+        test announced last did not run (the peer's server was busy)."""
+        if start is None:
+            self._started.pop(peer, None)
+        else:
+            self._started[peer] = start  # one test per peer at a time: a newer start ends the last
+
+    def _windows(self, peer: str, now: float) -> list[tuple[float, float]]:
+        """`peer`'s recent bandwidth tests as (start, end), one in flight open-ended."""
+        start = self._started.get(peer)
+        running = [(start, math.inf)] if start is not None and now - start < IN_FLIGHT_MAX_S else []
+        return [*self._tests.get(peer, ()), *running]
+
     def restore(self, measurements: Iterable[Measurement]) -> None:
         """What the probes knew before a restart, as of when they measured it."""
         for m in measurements:
@@ -178,7 +202,7 @@ class NetworkFeed:
 
     def disturbed(self, job: Job, reports: Sequence[StepReport], received: float) -> list[StepReport]:
         """`reports` with the steps that overlapped a bandwidth test of the job's paths marked."""
-        tests = [t for peer in self.estimator.job_peers.get(job.job_id, ()) for t in self._tests.get(peer, ())]
+        tests = [t for peer in self.estimator.job_peers.get(job.job_id, ()) for t in self._windows(peer, received)]
         return mark_disturbed(reports, received, tests) if tests else list(reports)
 
     def reported(self, job: Job, reports: Sequence[StepReport], network: tuple[float, float] | None) -> None:

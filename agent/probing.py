@@ -5,7 +5,8 @@ agent's lifetime over the union of every job's nodes (this host's own addresses
 left out); when that set changes it is told so (`update_peers`), never
 replaced, so its duty-cycle budget keeps counting the tests it already ran.
 Measurements are stored by the scheduler and handed to the event loop
-(`on_measurement`); `request_bandwidth` asks for tests now.
+(`on_measurement`), as is the start of each bandwidth test (`on_bandwidth_start`);
+`request_bandwidth` asks for tests now.
 
 The agent also keeps iperf3 servers on `probe_port` so that the agents of
 other nodes can measure the path to this one, bound only to the addresses the
@@ -31,15 +32,19 @@ log = logging.getLogger("flexcomm.agent.probing")
 
 
 class Probing:
-    """`on_measurement(m)` is called on the event loop with every measurement."""
+    """`on_measurement(m)` is called on the event loop with every measurement, and
+    `on_bandwidth_start(peer, unix_time)` as each bandwidth test starts (None:
+    the peer's server turned it away)."""
 
-    def __init__(self, config: AgentConfig, on_measurement: Callable[[Measurement], None]) -> None:
+    def __init__(self, config: AgentConfig, on_measurement: Callable[[Measurement], None],
+                 on_bandwidth_start: Callable[[str, float | None], None]) -> None:
         self.probe_config = ProbeConfig(
             iperf_port=config.probe_port, latency_port=config.probe_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
             test_duration_s=config.probe_test_duration_s, auth=config.client_auth())
         self.on_measurement = on_measurement
+        self.on_bandwidth_start = on_bandwidth_start
         self.servers = (ProbeServers(config.probe_port, auth=config.server_auth(),
                                      networks=parse_networks("probe_serve_bind", config.probe_serve_bind))
                         if config.probe_serve else None)
@@ -68,7 +73,8 @@ class Probing:
         if self.scheduler is None:
             self.scheduler = await asyncio.to_thread(
                 ProbeScheduler, peers, self.probe_config, store=self._store,
-                on_measurement=self._from_probe_thread)
+                on_measurement=self._from_probe_thread(self.on_measurement),
+                on_bandwidth_start=self._from_probe_thread(self.on_bandwidth_start))
             self.scheduler.start()
         else:
             await asyncio.to_thread(self.scheduler.set_peers, peers)
@@ -82,10 +88,13 @@ class Probing:
             return math.inf
         return self.scheduler.request_bandwidth(peers, expected_bps)
 
-    def _from_probe_thread(self, m: Measurement) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.on_measurement, m)
+    def _from_probe_thread(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """`callback`, called from the probe thread, run on the event loop (in order)."""
+        def call(*args: object) -> None:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(callback, *args)
+        return call
 
     async def stop(self) -> None:
         if self.scheduler is not None:

@@ -138,7 +138,8 @@ class Agent:
             self.emulation = EpochEmulation(config, record=self._record_emulation_step)
             self.lifecycle.on_epoch = self.emulation.advance
         if config.probe:
-            self.probing = Probing(config, on_measurement=self.network.measured)
+            self.probing = Probing(config, on_measurement=self.network.measured,
+                                   on_bandwidth_start=self.network.bandwidth_started)
             self.network.request_probes = self.probing.request_bandwidth
             self.lifecycle.on_jobs_changed = self._probe_job_nodes
 

@@ -33,8 +33,11 @@ Rules:
 - A probe that fails (peer down, iperf3 error, timeout) is recorded as a failed
   measurement and the schedule goes on.
 
-Measurements go to the store (if given), then `on_measurement` (if given). The
-peer set can change while it runs (`set_peers`, e.g. as jobs come and go), and
+Measurements go to the store (if given), then `on_measurement` (if given);
+`on_bandwidth_start` (if given) hears of each bandwidth test as it starts (peer,
+unix time), so what shares the link meanwhile is known before the measurement
+comes, and (peer, None) when the peer's server turned it away. The peer set can
+change while it runs (`set_peers`, e.g. as jobs come and go), and
 `measure_bandwidth(peer)` is an on-demand test under the same exclusivity and
 budget.
 
@@ -233,6 +236,7 @@ class ProbeScheduler:
     def __init__(self, peers: Iterable[str] = (), config: ProbeConfig | None = None, *,
                  store: Store | None = None,
                  on_measurement: Callable[[Measurement], None] | None = None,
+                 on_bandwidth_start: Callable[[str, float | None], None] | None = None,
                  bandwidth_probe: Probe | None = None, latency_probe: Probe | None = None,
                  own_address: Callable[[str], bool] = is_local,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
@@ -240,6 +244,8 @@ class ProbeScheduler:
         self.config = config or ProbeConfig()
         self.store = store
         self.on_measurement = on_measurement
+        # (peer, unix time) just before each bandwidth test; (peer, None) if it did not run after all
+        self.on_bandwidth_start = on_bandwidth_start
         self.own_address = own_address
         self.skipped: tuple[str, ...] = ()  # this host's own addresses among the peers asked for
         self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config, self.expected_bps)
@@ -365,15 +371,24 @@ class ProbeScheduler:
         if self.own_address(peer):
             raise ValueError(f"peer: {peer} is an address of this host; a test to it measures nothing")
         with self.locks.hold(peer):
+            self._announce(peer, time.time())
             start = self.clock()
             try:
                 m = self._run(self.bandwidth_probe, peer, BANDWIDTH)
+            except IperfBusy:
+                self._announce(peer, None)  # the peer's server turned it away: no test ran
+                raise
             finally:
                 elapsed = self.clock() - start
                 with self._lock:
                     self.budget.charge(start, elapsed)
-        # what the budget charged: iperf3's own figure leaves out its start-up
-        return dataclasses.replace(m, duration_s=elapsed) if m.ok else m
+        # what the budget charged: iperf3's own figure leaves out its start-up, and a
+        # failed test (killed at its timeout, say) held the link all the same
+        return dataclasses.replace(m, duration_s=elapsed)
+
+    def _announce(self, peer: str, start: float | None) -> None:
+        if self.on_bandwidth_start is not None:
+            self.on_bandwidth_start(peer, start)
 
     @staticmethod
     def _run(probe: Probe, peer: str, kind: str) -> Measurement:

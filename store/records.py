@@ -30,7 +30,8 @@ def _optional_nonnegative(name: str, value: float | None) -> None:
 @dataclass(frozen=True)
 class Measurement:
     """One probe of one peer. A failed probe has ok=False, an `error` saying why,
-    and no figures. Rates are bits/s, times seconds, loss a fraction in [0, 1]."""
+    and no figures but how long it ran (`duration_s`, a bandwidth test's hold on the
+    link). Rates are bits/s, times seconds, loss a fraction in [0, 1]."""
 
     peer: str
     kind: str

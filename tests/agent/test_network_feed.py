@@ -1,5 +1,6 @@
 """The steps a bandwidth test overlapped are marked `disturbed`, walking back
-from when their message arrived by each step's own time; a probe the duty budget
+from when their message arrived by each step's own time, from the moment the
+prober says a test started (failed tests included); a probe the duty budget
 puts far off lets a slower move the syncs keep showing stand as a lower bound (a
 real network model, the prober replaced by its answer: how long the budget makes
 the test wait); and a job's estimate runs on its own training time, whatever the
@@ -9,15 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+from collections.abc import Callable
 
 import pytest
 
+from flexcomm.agent.config import AgentConfig
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network_feed import TEST_SLACK_S, NetworkFeed, mark_disturbed
+from flexcomm.agent.network_feed import IN_FLIGHT_MAX_S, TEST_SLACK_S, NetworkFeed, mark_disturbed
+from flexcomm.agent.probing import Probing
 from flexcomm.policy.jobspec import JobSpec, policy_for
 from flexcomm.policy.types import StepReport
 from flexcomm.probe.estimate import Estimator
+from flexcomm.store import BANDWIDTH, Measurement
 
 
 def steps(n: int, compute_s: float = 0.1, sync_s: float = 0.1, comp_s: float = 0.0) -> list[StepReport]:
@@ -58,6 +64,92 @@ def test_steps_the_client_stamped_are_placed_by_their_stamps_with_a_narrow_slack
         return [r.step for r in mark_disturbed(reports, received, [test]) if r.disturbed]
 
     assert marked(ahead, 99.5) == marked(unstamped, 99.5) == [3, 4, 5, 6, 7, 8, 9]
+
+
+async def feed_with_job() -> tuple[NetworkFeed, Job]:
+    """A feed following a dense job over 10.99.0.1 and 10.99.0.2 (neither this host's)."""
+    feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+    spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                   policy="dense")
+    job = Job(spec, policy_for(spec))
+    await feed.add_job(job)
+    return feed, job
+
+
+def stamped(first: int, n: int, ended: float) -> list[StepReport]:
+    """Steps first.. of 0.2 s, the first ending at `ended`, stamped by their client."""
+    return [dataclasses.replace(r, step=first + r.step, ended_unix=ended + 0.2 * r.step) for r in steps(n)]
+
+
+def marked(reports: list[StepReport]) -> list[int]:
+    return [r.step for r in reports if r.disturbed]
+
+
+def test_steps_are_marked_while_a_test_runs_and_until_it_ends():
+    # A test of 10.99.0.2 started at 98.5 and has not finished: a message received
+    # at 100.0 has every step that ended after the start marked.
+    feed, job = asyncio.run(feed_with_job())
+    feed.bandwidth_started("10.99.0.2", 98.5)
+    assert marked(feed.disturbed(job, stamped(0, 10, 98.2), 100.0)) == list(range(2, 10))
+    assert marked(feed.disturbed(job, steps(10), 100.0)) == list(range(10))  # unstamped: the wide slack
+    # Its measurement never came (the prober stopped): after a while it marks nothing.
+    later = 98.5 + IN_FLIGHT_MAX_S + 10.0
+    assert marked(feed.disturbed(job, stamped(0, 10, later - 1.8), later)) == []
+
+
+def test_a_test_called_off_marks_nothing():
+    # The peer's server turned the test away (busy): it never ran.
+    feed, job = asyncio.run(feed_with_job())
+    feed.bandwidth_started("10.99.0.2", 98.5)
+    feed.bandwidth_started("10.99.0.2", None)
+    assert marked(feed.disturbed(job, stamped(0, 10, 98.2), 100.0)) == []
+
+
+def test_the_prober_hands_a_tests_start_to_the_feed_on_the_event_loop(monkeypatch, tmp_path):
+    # The scheduler is a stand-in whose thread announces one test, then its failed measurement.
+    class AnnouncingScheduler:
+        def __init__(self, peers: tuple[str, ...], config: object, *, store: object,
+                     on_measurement: Callable, on_bandwidth_start: Callable) -> None:
+            self.schedule, self.skipped = dict.fromkeys(peers), ()
+            self.calls = on_bandwidth_start, on_measurement
+
+        def start(self) -> None:
+            started, measured = self.calls
+            failed = Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=False, duration_s=4.0, ts=102.5,
+                                 error="killed")
+            threading.Thread(target=lambda: (started("10.99.0.2", 98.5), measured(failed))).start()
+
+    async def wire() -> list[tuple[str, bool]]:
+        feed, job = await feed_with_job()
+        loop_thread, heard = threading.get_ident(), []
+
+        def heard_on_loop(name: str, call: Callable) -> Callable:
+            return lambda *args: (heard.append((name, threading.get_ident() == loop_thread)), call(*args))
+
+        config = AgentConfig(socket=str(tmp_path / "agent.sock"), db=str(tmp_path / "db"), probe_serve=False)
+        probing = Probing(config, on_measurement=heard_on_loop("measured", feed.measured),
+                          on_bandwidth_start=heard_on_loop("started", feed.bandwidth_started))
+        await probing.start(None, ["10.99.0.2"])
+        while len(heard) < 2:
+            await asyncio.sleep(0.01)
+        assert marked(feed.disturbed(job, stamped(10, 20, 100.2), 104.1)) == [*range(10, 23)]
+        return heard
+
+    monkeypatch.setattr("flexcomm.agent.probing.ProbeScheduler", AnnouncingScheduler)
+    assert asyncio.run(asyncio.wait_for(wire(), 5)) == [("started", True), ("measured", True)]
+
+
+def test_a_failed_test_marks_the_steps_that_ran_while_it_held_the_link():
+    # As in the lab: a test started at 98.5 on a link that had just slowed, iperf3
+    # killed 4 s later, its failed measurement (stored at 102.5) saying how long it ran.
+    feed, job = asyncio.run(feed_with_job())
+    feed.bandwidth_started("10.99.0.2", 98.5)
+    assert marked(feed.disturbed(job, stamped(0, 10, 98.2), 100.0)) == list(range(2, 10))
+    feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=False, duration_s=4.0, ts=102.5,
+                              error="iperf3 to 10.99.0.2:5201: no result within 4 s; killed"))
+    # steps 10-29 ran 100.0-104.0: 10-22 during the test (22 into its end), 23-29 after it
+    assert marked(feed.disturbed(job, stamped(10, 20, 100.2), 104.1)) == [*range(10, 23)]
+    assert marked(feed.disturbed(job, stamped(30, 10, 104.2), 106.1)) == []
 
 
 def test_a_slower_move_waiting_on_a_probe_the_budget_puts_far_off_stands_as_a_lower_bound():

@@ -167,6 +167,46 @@ def test_exceptions_from_a_probe_become_failed_measurements():
     assert lat and not lat[0].ok and "cannot resolve" in lat[0].error
 
 
+def test_a_failed_test_says_how_long_it_held_the_link():
+    # the fake iperf3 runs 4 s, then fails (as one killed at its timeout does)
+    clock = FakeClock()
+    probes = FakeProbes(clock, test_s=4.0)
+    probes.fail_peers = {"slow"}
+    sched = make(["slow"], clock, probes)
+    m = sched.measure_bandwidth("slow")
+    assert not m.ok and m.duration_s == pytest.approx(4.0)
+    assert sched.budget.used_s(clock.now) == pytest.approx(4.0)  # and the budget charged it
+
+
+def test_the_owner_hears_of_each_bandwidth_test_before_its_measurement():
+    clock = FakeClock()
+    probes = FakeProbes(clock)  # fake iperf3: 2 s a test
+    probes.fail_peers = {"q"}
+    heard: list[tuple] = []
+    sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=60.0,
+                 duty_cycle=0.5)
+    sched.on_bandwidth_start = lambda peer, unix: heard.append(("start", peer, unix))
+    sched.on_measurement = lambda m: heard.append(("measured", m.peer)) if m.kind == "bandwidth" else None
+    before = time.time()
+    run_for(sched, clock, 200)
+    assert len(probes.bandwidth_calls) >= 4
+    expected = [e for peer, _ in probes.bandwidth_calls for e in (("start", peer), ("measured", peer))]
+    assert [e[:2] for e in heard] == expected  # once per test, failed ones too, each before its measurement
+    assert all(before <= e[2] <= time.time() for e in heard if e[0] == "start")  # unix time, not the clock
+
+
+def test_a_test_the_peers_server_turns_away_is_called_off():
+    clock = FakeClock()
+    probes = FakeProbes(clock)  # fake iperf3: busy once, then a 2 s test
+    probes.busy_left = 1
+    heard: list[tuple] = []
+    sched = make(["p"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=60.0)
+    sched.on_bandwidth_start = lambda peer, unix: heard.append((peer, unix is not None))
+    sched.on_measurement = lambda m: heard.append((m.peer, "measured")) if m.kind == "bandwidth" else None
+    run_for(sched, clock, 10)
+    assert heard == [("p", True), ("p", False), ("p", True), ("p", "measured")]
+
+
 def test_target_lock_refuses_a_second_test_to_the_same_target():
     locks = TargetLocks()
     release = threading.Event()
