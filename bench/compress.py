@@ -5,7 +5,7 @@ hold much of the mass, as in real gradients). For CR 0.1, 0.01 and 0.001 it
 times the exact (torch.topk) and fast pipelines: compensate (g_e = g +
 residual), select k indices (int32), pack the values, settle the residual.
 "fast" is the selector training uses by default on the device ("auto": the
-sampled-threshold one on CPU, the sync-free one on a GPU; --selector picks
+sampled-threshold one on CPU, the radix select on a GPU; --selector picks
 another). Figures are ratios to one pass over the tensor (`g.abs()`) and to
 `torch.topk` alone (best of --repeats, all four run in turn so a shared
 machine's load falls on each alike), the fast selector's share of the exact

@@ -2,7 +2,7 @@
 
 On a machine with a CUDA device:
 1. the compression benchmark on it (`bench/compress.py --device cuda --selector
-   sync_free`, CUDA events);
+   S`, CUDA events);
 2. DDP training on CUDA tensors with --ranks gloo ranks sharing the one GPU, for
    every family and collective (every option the client runs, each with the
    probes' gains read on rank 0), checking that
@@ -21,11 +21,12 @@ bucket's data; on NCCL these only make the stream wait.
 On a machine without a GPU it says so and exits 0; on one whose torch is a CPU
 build while nvidia-smi lists a GPU, it says that (exit 2): install a CUDA build
 of torch. `--device cpu` runs the same training checks on CPU tensors, as the
-test suite does. Both use the sync-free selector ("sync_free"; "auto" gives
-buckets this small to torch.topk). Exits 1 if a check fails. The last printed
+test suite does. Both use --selector (default "radix", the radix select by
+Triton kernels; "sync_free" the sampled one; "auto" would give buckets this
+small to torch.topk). Exits 1 if a check fails. The last printed
 line is one JSON object.
 
-    .venv/bin/python bench/gpu_check.py [--ranks 3] [--steps 6] [--device cpu] [--datasets DIR]
+    .venv/bin/python bench/gpu_check.py [--ranks 3] [--steps 6] [--device cpu] [--datasets DIR] [--selector radix]
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ PROBES = ("topk:0.1", "topk:0.01", "powersgd:1", "powersgd:4")
 
 
 def model() -> nn.Module:
-    # A 512 x 512 layer alone is a bucket above the sync-free selector's 65,536-entry floor.
+    # A 512 x 512 layer alone is a bucket above the device selectors' 65,536-entry floor.
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 
@@ -107,9 +108,9 @@ def run_case(case: tuple, rank: int, args: argparse.Namespace, device: torch.dev
 
     family, param, collective, root = case
     ours = ddp(model(), device)
-    # The sync-free selector on every device: "auto" leaves a bucket this small to torch.topk.
+    # The device selector asked for, on every device: "auto" leaves a bucket this small to torch.topk.
     state = register(ours, source=FixedSource(Decision(family, param, collective, root=root, probes=PROBES)),
-                     control_interval=2, probe_interval=2, warmup_steps=1, selector="sync_free")
+                     control_interval=2, probe_interval=2, warmup_steps=1, selector=args.selector)
     state.gradient_step.run = guarded(state.gradient_step.run)
     twin = ddp(model(), device) if (family, collective) == ("dense", "dense_ring") else None
     if twin is not None:
@@ -184,10 +185,10 @@ def failures(results: list[dict], steps: int) -> list[str]:
     return out
 
 
-def compression_benchmark(datasets: str | None) -> dict:
+def compression_benchmark(datasets: str | None, selector: str) -> dict:
     bench = Path(__file__).with_name("compress.py")
     extra = [] if datasets is None else ["--datasets", datasets]
-    done = subprocess.run([sys.executable, str(bench), "--device", "cuda", "--selector", "sync_free", *extra],
+    done = subprocess.run([sys.executable, str(bench), "--device", "cuda", "--selector", selector, *extra],
                           capture_output=True, text=True)
     print(done.stdout, end="", flush=True)
     if done.returncode != 0:
@@ -209,6 +210,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="training steps per option (>= 3)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--datasets", help="the lab workloads' data for the benchmark (bench/compress.py --datasets)")
+    ap.add_argument("--selector", default="radix", choices=["radix", "sync_free"],
+                    help="the Top-k selector the benchmark and the training checks use")
     args = ap.parse_args()
     if args.ranks < 2 or args.steps < 3:
         ap.error("ranks: at least 2; steps: at least 3 (one dense warm-up, then the option)")
@@ -221,10 +224,11 @@ def main() -> int:
         print(f"gpu-check: no CUDA device on this machine ({torch_build}); nothing to check")
         print(json.dumps({"gpu": False, "checked": False}))
         return 0
-    summary: dict = {"gpu": args.device == "cuda", "device": args.device, "ranks": args.ranks, "steps": args.steps}
+    summary: dict = {"gpu": args.device == "cuda", "device": args.device, "ranks": args.ranks, "steps": args.steps,
+                     "selector": args.selector}
     if args.device == "cuda":
         summary["device_name"] = torch.cuda.get_device_name(0)
-        summary["compress"] = compression_benchmark(args.datasets)
+        summary["compress"] = compression_benchmark(args.datasets, args.selector)
     with tempfile.TemporaryDirectory(prefix="flexcomm-gpu-check-") as tmp:
         mp.start_processes(rank_main, args=(args, tmp), nprocs=args.ranks, start_method="spawn")
         results = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(args.ranks)]

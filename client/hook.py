@@ -91,8 +91,8 @@ class FlexcommState(Runner):
     control_interval: K, steps between agreements. probe_interval: steps between
         readings of the probes' gains (rank 0). warmup_steps: dense steps first
         (>= 1). global_topk: one compression over all buckets. selector: Top-k's
-        ("auto": "fast" on CPU tensors, "sync_free" on a GPU; or "exact", "fast",
-        "sync_free"; client/selection.py). var_smoothing: EWMA factor of VAR-Topk's variance.
+        ("auto": "fast" on CPU tensors, "radix" on a GPU; or "exact", "fast",
+        "sync_free", "radix"; client/selection.py). var_smoothing: EWMA factor of VAR-Topk's variance.
         history: how many steps' StepStats to keep.
     """
 

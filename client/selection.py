@@ -17,8 +17,12 @@ Selectors, each returning the indices of k distinct entries:
   tensor's device (sample, threshold, a candidate buffer of fixed capacity,
   counts), so nothing in it waits for a GPU; exact unless the candidates miss
   its window (see the class).
-- "auto" (the default): "fast" for tensors in host memory, "sync_free" on a GPU,
-  each from the size where it beat torch.topk (4M values on the host, 32M on an H100).
+- `RadixSelector` ("radix"): radix select by Triton kernels on a GPU
+  (`client/radix.py`): three reads of the tensor, nothing read back on the host,
+  every entry left out at most 0.8% larger than the smallest chosen; torch.topk
+  where it cannot run (no Triton, not float32).
+- "auto" (the default): "fast" for tensors in host memory, "radix" on a GPU, each
+  from the size where it beat torch.topk (4M values on the host, 16M on an H200).
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import torch
 
 from flexcomm.client.candidates import INDEX_DTYPE, passing
 from flexcomm.client.device import Generators
+from flexcomm.client.radix import radix_available, radix_topk
 from flexcomm.policy.types import check_cr
 
-SELECTORS: tuple[str, ...] = ("auto", "exact", "fast", "sync_free")
+SELECTORS: tuple[str, ...] = ("auto", "exact", "fast", "sync_free", "radix")
 
 # Below this many elements a sample buys nothing: torch.topk is already cheap.
 _FAST_MIN_NUMEL = 1 << 16
@@ -40,11 +45,11 @@ _FAST_MIN_NUMEL = 1 << 16
 # values, 0.9-1.9x at 2M, 1.3-2.4x at 4M, and slower than torch.topk on the lab
 # models' whole gradients (0.3 and 0.8M values).
 _AUTO_HOST_MIN_NUMEL = 1 << 22
-# Where "auto" starts sampling on a GPU (torch.topk there waits for nothing either):
-# on an H100 the sync-free pipeline against the exact one ran 0.25-0.35x on the lab
-# models' gradients (0.3 and 0.8M values), 0.9-1.2x at 25M (its ~30 kernel launches
-# cost more than its memory passes save) and 1.1-2.3x at 100M.
-_AUTO_DEVICE_MIN_NUMEL = 1 << 25
+# Where "auto" starts the radix select on a GPU (torch.topk there waits for nothing
+# either): on an H200 the radix pipeline against the exact one ran 0.8-1.1x at 1M,
+# 0.8-1.2x at 4-8M (its launches cost about what its reads save), 1.2x at 16M,
+# 1.6-1.7x at 32M and 1.6-1.8x at 100M.
+_AUTO_DEVICE_MIN_NUMEL = 1 << 24
 # Above this fraction selected, the candidate set is most of the tensor.
 _FAST_MAX_CR = 0.25
 _SAMPLE_SIZE = 1 << 18
@@ -248,13 +253,33 @@ def _not_among(cand: torch.Tensor, valid: torch.Tensor, n: int, r: torch.Tensor)
     return r + torch.searchsorted(gaps, r, right=True)
 
 
+class RadixSelector:
+    """Radix select on the tensor's device (`radix.radix_topk`); torch.topk below
+    `min_numel` and where it cannot run (counted in `fallbacks`)."""
+
+    def __init__(self, seed: int = 0, min_numel: int = _FAST_MIN_NUMEL) -> None:
+        self._min_numel = min_numel  # deterministic: `seed` is taken for the common signature
+        self.calls = 0
+        self.fallbacks = 0
+
+    def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:
+        check_flat(g)
+        self.calls += 1
+        if g.numel() < self._min_numel:
+            return select_exact(g, k)
+        if not radix_available(g):
+            self.fallbacks += 1
+            return select_exact(g, k)
+        return radix_topk(g, k)
+
+
 class AutoSelector:
-    """"fast" for tensors in host memory, "sync_free" for tensors on a device; each
+    """"fast" for tensors in host memory, "radix" for tensors on a device; each
     leaves tensors below its measured size to torch.topk."""
 
     def __init__(self, seed: int = 0) -> None:
         self.host = FastSelector(seed=seed, min_numel=_AUTO_HOST_MIN_NUMEL)
-        self.device = SyncFreeSelector(seed=seed, min_numel=_AUTO_DEVICE_MIN_NUMEL)
+        self.device = RadixSelector(seed=seed, min_numel=_AUTO_DEVICE_MIN_NUMEL)
 
     def __call__(self, g: torch.Tensor, k: int) -> torch.Tensor:
         return (self.host if g.device.type == "cpu" else self.device)(g, k)
@@ -266,7 +291,7 @@ class AutoSelector:
     @property
     def fallbacks(self) -> int:
         """Calls that did not end on the sampled path's exact answer (reads the device)."""
-        return self.host.fallbacks + self.device.misses
+        return self.host.fallbacks + self.device.fallbacks
 
 
 def make_selector(name: str, seed: int = 0):
@@ -274,4 +299,5 @@ def make_selector(name: str, seed: int = 0):
     check_selector(name)
     if name == "exact":
         return select_exact
-    return {"auto": AutoSelector, "fast": FastSelector, "sync_free": SyncFreeSelector}[name](seed=seed)
+    return {"auto": AutoSelector, "fast": FastSelector, "sync_free": SyncFreeSelector,
+            "radix": RadixSelector}[name](seed=seed)

@@ -14,7 +14,8 @@ compressions are read off g_e before it is compressed (rank 0).
 
 On a GPU nothing here reads a number back from the device: norms, gains and
 times are device tensors and events that reach the step's statistics later
-(client/stats.py), and the default selector is the sync-free one.
+(client/stats.py), and the default selector on large device tensors is the radix
+select (client/radix.py).
 """
 
 from __future__ import annotations
