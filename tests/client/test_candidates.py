@@ -1,22 +1,15 @@
 """The sync-free selector's candidates: the Triton kernels against plain torch.
 
 This machine has no GPU, so the kernels run in Triton's interpreter
-(TRITON_INTERPRET=1, numpy on the host), in a child process because the
-interpreter is chosen when the kernels are compiled; `make gpu-check` runs them
-on a GPU. Triton comes with the dev extra.
+(`support.triton_interpreter`); `make gpu-check` runs them on a GPU.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import torch
 
-from flexcomm.client.candidates import passing, triton_available
-from support.privilege import skip_or_fail
+from flexcomm.client.candidates import passing
+from support.triton_interpreter import run_interpreted
 
 CHILD = r"""
 import json, torch
@@ -46,12 +39,7 @@ print(json.dumps({"same": same, "chosen": chosen}))
 
 
 def test_triton_candidates_match_plain_torch_bit_for_bit():
-    if not triton_available():
-        skip_or_fail("Triton is not installed (flexcomm[dev] brings it on x86_64 Linux)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_interpreted(CHILD)
     assert result["same"] == [True] * 8
     assert result["chosen"] == [True] * 3
 

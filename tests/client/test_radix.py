@@ -3,23 +3,15 @@ one bin (2^-7) of the smallest chosen, exactly torch.topk's set where the
 magnitudes around the k-th are further apart than that.
 
 This machine has no GPU, so the kernels run in Triton's interpreter
-(TRITON_INTERPRET=1, numpy on the host), in a child process because the
-interpreter is chosen when the kernels are compiled; `make gpu-check` runs them
-on a GPU. Triton comes with the dev extra.
+(`support.triton_interpreter`); `make gpu-check` runs them on a GPU.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import torch
 
-from flexcomm.client.candidates import triton_available
 from flexcomm.client.selection import RadixSelector, select_exact
-from support.privilege import skip_or_fail
+from support.triton_interpreter import run_interpreted
 
 CHILD = r"""
 import json, torch
@@ -59,12 +51,7 @@ print(json.dumps(cases))
 
 
 def test_radix_select_chooses_k_distinct_entries_within_a_bin_of_the_exact_topk():
-    if not triton_available():
-        skip_or_fail("Triton is not installed (flexcomm[dev] brings it on x86_64 Linux)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    cases = json.loads(done.stdout.strip().splitlines()[-1])
+    cases = run_interpreted(CHILD)
     for name, judged in cases.items():
         exact = judged.pop("exact")
         assert all(judged.values()), (name, judged)
