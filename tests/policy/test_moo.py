@@ -23,6 +23,7 @@ from flexcomm.policy.moo import (
     Evaluation,
     MooConfig,
     MooPolicy,
+    _outdone,
     candidate_crs,
 )
 from flexcomm.policy.types import Choice, Compression, GradientLayout, NetworkObservation, StepReport
@@ -237,9 +238,12 @@ def test_a_first_network_seen_while_exploring_blind_does_not_restart_it() -> Non
     policy = moo(warmup_steps=0)  # no network: one option per family, blind
     job = Job(policy)
     job.run(2, *SLOW, observe=False)
-    before, plan = policy.explorations, list(policy._s.plan)
+    before, plan, index = policy.explorations, list(policy._s.plan), policy._s.plan_index
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy.explorations == before and policy._s.plan == plan
+    assert policy.explorations == before and policy._s.plan_index == index
+    # the items run stay; of those ahead, what the model now skips is left out
+    assert policy._s.plan[:index + 1] == plan[:index + 1]
+    assert all(item in plan[index + 1:] for item in policy._s.plan[index + 1:])
 
 
 def test_the_switching_margin_comes_from_the_two_fits_compared() -> None:
@@ -329,6 +333,23 @@ def test_no_network_explores_one_option_per_family_the_reference_second() -> Non
     assert plan[1] == policy._reference_label  # Top-k as a user runs it, not the family's first option
     # bf16 is running and the reference the job would run anyway: neither explores
     assert [exploring for _, exploring in policy._s.plan] == [False, False, True, True]
+
+
+def test_a_blind_plan_drops_what_the_network_once_known_says_is_not_worth_running() -> None:
+    # The default lab at 20 Mbit/s: planned blind, the first exploration ran dense
+    # after bf16 on the ring, 500 ms a step for 4 steps, with the network known from
+    # its third step. Known, the model puts dense behind bf16 on the same ring.
+    policy = moo(warmup_steps=0, explore_share=0.1)
+    blind = list(policy._s.plan)
+    assert ("dense@dense_ring", True) in blind
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    assert policy.phase == EXPLORE and policy._s.plan_index == 0
+    assert policy._s.plan[:2] == blind[:2]  # what runs, and the reference the job would run anyway
+    assert "dense@dense_ring" not in dict(policy._s.plan)
+    # Measured bf16 and predicted dense on one ring: dense is outdone, and not explored again.
+    rows = policy.ranking(policy.evaluate(predicted=True))
+    dense = next(r for r in rows if r.label == "dense@dense_ring")
+    assert _outdone(dense, rows)
 
 
 def test_a_reference_that_loses_nothing_is_measured_blind_like_any_family() -> None:
