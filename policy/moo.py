@@ -446,7 +446,7 @@ class MooPolicy:
             # (restarted, the lab's first exploration ran three times).
             self._start_exploration(f"{self.watch.change_reason(net)} while exploring")
         elif self._s.phase == EXPLORE and moved:
-            self._prune_blind_plan()
+            self._replan_blind_rest()
         elif self._s.phase == EXPLOIT and (choice := self._worth_probing_up(net)) is not None:
             self._probe_up(net, choice)
 
@@ -872,12 +872,19 @@ class MooPolicy:
     # --- internals: phases ---------------------------------------------------
 
     def _warmup_option(self) -> Choice:
-        """The lossless option the model expects fastest, or the first option when
-        the config has no lossless one. With no network known, the one that moves
-        the fewest bytes (counted for two workers: the order holds for more): in
-        the lab a job registers before any probe, and its dense warm-up steps ran
-        525-853 ms each on a 20 Mbit/s link where bf16's ran 250-330 ms; where the
-        link costs nothing the two differ by bf16's cast."""
+        """The budget's reference as a user runs it, where it is among the options:
+        the first exploration would run it anyway for its delivered error, and on
+        any link it costs about what the cheapest lossless option does (the digits
+        lab: Top-k 0.1 over AllGather 220-232 ms a step at 20 Mbit/s where bf16
+        took 250, 27 ms at 1 Gbit/s where dense took 22), so the warm-up measures
+        what the plan needs. Else the lossless option the model expects fastest,
+        or with no network known the one that moves the fewest bytes (counted for
+        two workers: the order holds for more): in the lab a job registers before
+        any probe, and its dense warm-up steps ran 525-853 ms each on a 20 Mbit/s
+        link where bf16's ran 250-330 ms."""
+        reference = next((o for o in self.options if o.label == self._reference_label), None)
+        if reference is not None:
+            return reference
         lossless = [o for o in self.options if o.lossless] or list(self.options[:1])
         net = self._net()
         if net is None:
@@ -1005,21 +1012,19 @@ class MooPolicy:
         s.phase = EXPLORE
         self._run_plan_item()
 
-    def _prune_blind_plan(self) -> None:
-        """The network is known, and an exploration planned blind goes on: of its
-        items not yet run, those the model would not explore now (beyond
-        explore_prune of its first choice, or outdone on their collective) are
-        left out. The default lab's blind plan ran dense after bf16 at 20 Mbit/s,
-        500 ms a step for 4 steps, with the network known from its third step."""
+    def _replan_blind_rest(self) -> None:
+        """The network is known, and an exploration planned blind goes on: what it
+        has run stays measured, and the rest is planned as the model would plan it
+        now (its first choice, free; nothing beyond explore_prune of it or outdone
+        on its own collective). The default lab's blind plan ran dense after bf16
+        at 20 Mbit/s, 500 ms a step for 4 steps, with the network known from its
+        third step; dropping dense alone left the model's first choice, PowerSGD,
+        unplanned, and Top-k 0.1 ran 14 steps at 220 ms until a look found it."""
         s = self._s
-        rows = self.ranking(self.evaluate(predicted=True))
-        if not rows:
-            return
-        worth = {r.label for r in rows if r.t_step_s <= rows[0].t_step_s * self.config.explore_prune
-                 and not _outdone(r, rows)}
-        ahead = s.plan[s.plan_index + 1:]
-        s.plan = s.plan[:s.plan_index + 1] + [(label, exploring) for label, exploring in ahead
-                                              if not exploring or label in worth]
+        done = s.plan[:s.plan_index + 1]
+        ran = {label for label, _ in done}
+        rest = [item for item in self._exploration_plan(False) if item[0] not in ran]
+        s.plan = done + rest[:max(0, self.config.explore_max - len(done))]
 
     def _new_plan(self, plan: list[tuple[str, bool]]) -> None:
         """Measure `plan` from its first item. The last plan's explored options stay
@@ -1084,9 +1089,10 @@ class MooPolicy:
 
     def _blind_picks(self) -> list[Choice]:
         """What an exploration with no network known measures: each family's first
-        option, the reference as a user runs it for its family, second (the job
-        would run it anyway; blind, the decision churn bench timed dense, bf16 and
-        PowerSGD, then looked at two Top-k options one after the other)."""
+        option, the reference as a user runs it for its family (the job would run
+        it anyway, and it is the warm-up's option; blind, the decision churn bench
+        timed dense, bf16 and PowerSGD, then looked at two Top-k options one after
+        the other)."""
         firsts = {o.compression.family: o for o in reversed(self.options)}
         running = self._s.current.compression.family if self._s.current else None
         reference = next((o for o in self.options if o.label == self._reference_label), None)

@@ -50,7 +50,8 @@ def test_it_is_a_decision_source_that_registers_and_delivers_reports(agent: Agen
     try:
         assert isinstance(client, DecisionSource)
         wait_for(lambda: client.latest() is not None, what="the first decision")
-        assert client.latest().collective == "dense_ring"  # the MOO warms up dense
+        # the MOO warms up on its quality reference as a user runs it (Top-k over AllGather)
+        assert client.latest().collective == "ag_topk"
         for i in range(3000):
             client.report(step(i))
         wait_for(lambda: reports_of(agent, "client-job") == 3000, what="3000 reports")

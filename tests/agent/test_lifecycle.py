@@ -312,9 +312,10 @@ def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_sho
                              t_sync_s=0.35, gain=1.0)  # 4 MB in 0.35 s: about 100 Mbit/s
         await lifecycle.ingest(job, [warm_up], None)
         assert job.policy.network is not None
-        warm_up_option = job.decision.choice  # the lossless option the model expects fastest there
+        warm_up_option = job.decision.choice  # the quality reference as a user runs it
         await lifecycle.ingest(job, [dataclasses.replace(warm_up, step=1, family=warm_up_option.compression.family,
-                                                         collective=warm_up_option.collective)], None)
+                                                         param=warm_up_option.compression.param,
+                                                         collective=warm_up_option.collective, gain=0.8)], None)
         assert job.policy.phase == "explore" and job.policy._s.why == "first exploration"
         assert not job.policy.watch.blind  # planned on the network, by the model
         await persister.close()
