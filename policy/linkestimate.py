@@ -319,9 +319,10 @@ class LinkEstimate:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
     def _within_bound(self, bound: float | None, narrow: bool, ts: float) -> None:
-        """A figure only bounded, and a sync no slower than it: one that stands for
-        the path is taken (at least that fast, and more telling); one too wide to
-        is a bound, and shows a slower streak in progress what crossed."""
+        """A figure only bounded, and a sync that either stands for the path and
+        reads no slower (taken: at least that fast, and more telling) or is too
+        wide to stand for it (a bound, which also shows a slower streak in
+        progress what crossed)."""
         if bound is None:
             return
         if narrow:

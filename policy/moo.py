@@ -726,6 +726,11 @@ class MooPolicy:
         ref = self.reference
         return Choice(ref, REFERENCE_COLLECTIVE[ref.family]).label if ref.lossy else None
 
+    @property
+    def _reference_choice(self) -> Choice | None:
+        """The reference as a user runs it, where it is among the options."""
+        return self._by_label.get(self._reference_label) if self._reference_label else None
+
     def _reference_error(self) -> float | None:
         """The error the reference delivers as a user would run it (over
         REFERENCE_COLLECTIVE) once it ran so, else as the probes read it off rank
@@ -882,9 +887,8 @@ class MooPolicy:
         two workers: the order holds for more): in the lab a job registers before
         any probe, and its dense warm-up steps ran 525-853 ms each on a 20 Mbit/s
         link where bf16's ran 250-330 ms."""
-        reference = next((o for o in self.options if o.label == self._reference_label), None)
-        if reference is not None:
-            return reference
+        if self._reference_choice is not None:
+            return self._reference_choice
         lossless = [o for o in self.options if o.lossless] or list(self.options[:1])
         net = self._net()
         if net is None:
@@ -1095,7 +1099,7 @@ class MooPolicy:
         the other)."""
         firsts = {o.compression.family: o for o in reversed(self.options)}
         running = self._s.current.compression.family if self._s.current else None
-        reference = next((o for o in self.options if o.label == self._reference_label), None)
+        reference = self._reference_choice
         if reference is None:
             return sorted(reversed(firsts.values()), key=lambda o: o.compression.family != running)
         others = sorted((o for family, o in reversed(firsts.items()) if family != reference.compression.family),
