@@ -766,3 +766,25 @@ def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
     assert policy._s.plan == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
     job.run(10, *FAST)
     assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
+
+
+def test_an_untimed_option_the_model_puts_far_ahead_is_run_then_the_running_one_and_the_faster_kept() -> None:
+    # The running option timed at 0.29 s; PowerSGD rank 2, its time dropped (as a
+    # move drops it), predicted at 0.12 s. The look runs it, then the running one,
+    # charges neither to exploring, and keeps the faster; with both timed there is
+    # nothing left to look at.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    policy._s.sync.pop("powersgd:2@dense_ring")
+    policy._set_current(policy._by_label["topk:0.011@art_ring"], "running as the test puts it")
+    explorations, seen = policy.explorations, len(job.decisions)
+    policy._measure_an_untimed_first_choice()
+    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+    assert "powersgd:2@dense_ring ahead at 0.12 s a step, untimed" in policy._s.why
+    job.run(2 * policy.config.explore_steps + 6, *SLOW)
+    assert {"powersgd:2@dense_ring", "topk:0.011@art_ring"} <= set(job.decisions[seen:])
+    assert not any(job.exploring[seen:]) and policy.explorations == explorations + 1
+    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:2@dense_ring"
+    policy._measure_an_untimed_first_choice()
+    assert policy.phase == EXPLOIT and policy.explorations == explorations + 1
