@@ -10,7 +10,8 @@ paths is marked `disturbed`: the test shared the link with its sync, so neither
 the estimate nor the policy's sync figures take it. A test counts from when the
 prober says it started (`bandwidth_started`), so the steps of messages that
 arrive while it runs are marked too, and until its measurement (failed or not)
-comes it has no end.
+comes it has no end. The test's own reading is, for a job that synced while it
+ran, what the job left of the link: at least that fast (`shared`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ STAMP_AHEAD_S = 0.1
 # marks no more steps: far longer than iperf3 may run
 # before it is killed (its duration, connect timeout and slack, probe.iperf.run_test).
 IN_FLIGHT_MAX_S = 60.0
+# A job whose report came this long before a bandwidth test began, or later, synced
+# while it ran: a job streaming reports sends one every agreement period (two steps;
+# under a second at the lab's slowest, 500 ms steps).
+SHARED_GAP_S = 1.0
 
 # (peers, expected_bps) -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str], "float | None"], float]
@@ -120,6 +125,7 @@ class NetworkFeed:
         self._moved_unix: dict[str, float] = {}  # when each job's estimate last moved (this agent's clock)
         self._tests: dict[str, deque[tuple[float, float]]] = {}  # peer -> recent bandwidth tests
         self._started: dict[str, float] = {}  # peer -> when its bandwidth test in flight started
+        self._reported_unix: dict[str, float] = {}  # job -> when its last report message came
 
     async def add_job(self, job: Job) -> None:
         """Follow a registered job's paths from now on. A resumed job continues from
@@ -151,8 +157,8 @@ class NetworkFeed:
     def forget(self, job: Job) -> None:
         """Stop following a job (it ended)."""
         self.estimator.remove_job(job.job_id)
-        self._readers.pop(job.job_id, None)
-        self._moved_unix.pop(job.job_id, None)
+        for table in (self._readers, self._moved_unix, self._reported_unix):
+            table.pop(job.job_id, None)
 
     def measured(self, m: Measurement) -> None:
         """One probe's measurement: into the model and the metrics; the jobs it
@@ -164,11 +170,13 @@ class NetworkFeed:
                 log.warning("probe failed", extra={"fields": {"peer": m.peer, "kind": m.kind,
                                                               "error": m.error}})
         ts = m.ts or time.time()
+        shared: set[str] = set()
         if m.kind == BANDWIDTH:
-            start = self._started.pop(m.peer, ts - (m.duration_s or 0.0))
-            self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((min(start, ts), ts))
+            start = min(self._started.pop(m.peer, ts - (m.duration_s or 0.0)), ts)
+            self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((start, ts))
+            shared = {job_id for job_id, last in self._reported_unix.items() if last >= start - SHARED_GAP_S}
         before = self._moves(self.estimator.jobs)
-        affected = self.estimator.observe(m, ts)
+        affected = self.estimator.observe(m, ts, shared)
         self._log_moves(before)
         peer = self.estimator.peer(m.peer)
         if peer.bandwidth_bps:
@@ -208,6 +216,7 @@ class NetworkFeed:
     def reported(self, job: Job, reports: Sequence[StepReport], network: tuple[float, float] | None) -> None:
         """A message's step reports (one observation per option, on the job's clock)
         and, when it sent one, the job's own estimate of its network."""
+        self._reported_unix[job.job_id] = time.time()
         before = self._moves([job.job_id])
         estimate = self.estimator.jobs[job.job_id]
         self._readers[job.job_id].observe(estimate, reports, estimate.advance(reports))

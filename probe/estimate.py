@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from flexcomm.policy.linkestimate import PROBE, LinkEstimate, LinkEstimateConfig, ewma, relative_change
@@ -128,8 +128,9 @@ class Estimator:
         for table in (self.jobs, self.job_peers, self.started, self.reported_alpha):
             table.pop(job_id, None)
 
-    def observe(self, m: Measurement, ts: float) -> list[str]:
-        """One probe's measurement; the jobs whose paths it measured."""
+    def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
+        """One probe's measurement; the jobs whose paths it measured. `shared`: the
+        jobs that synced over the path while the test ran (LinkEstimate.observe_probe)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         for job_id in affected if bandwidth else ():
@@ -137,7 +138,7 @@ class Estimator:
             beta = self._probed_beta(self.job_peers[job_id], since=since)
             if beta is not None:
                 job = self.jobs[job_id]
-                job.observe_probe(beta, job.trained_s)
+                job.observe_probe(beta, job.trained_s, shared=job_id in shared)
         return affected
 
     def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float) -> None:

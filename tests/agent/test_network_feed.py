@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -18,9 +19,10 @@ import pytest
 from flexcomm.agent.config import AgentConfig
 from flexcomm.agent.jobs import Job
 from flexcomm.agent.metrics import Metrics
-from flexcomm.agent.network_feed import IN_FLIGHT_MAX_S, TEST_SLACK_S, NetworkFeed, mark_disturbed
+from flexcomm.agent.network_feed import IN_FLIGHT_MAX_S, SHARED_GAP_S, TEST_SLACK_S, NetworkFeed, mark_disturbed
 from flexcomm.agent.probing import Probing
 from flexcomm.policy.jobspec import JobSpec, policy_for
+from flexcomm.policy.linkestimate import PROBE, PROBE_SHARED
 from flexcomm.policy.types import StepReport
 from flexcomm.probe.estimate import Estimator
 from flexcomm.store import BANDWIDTH, Measurement
@@ -150,6 +152,22 @@ def test_a_failed_test_marks_the_steps_that_ran_while_it_held_the_link():
     # steps 10-29 ran 100.0-104.0: 10-22 during the test (22 into its end), 23-29 after it
     assert marked(feed.disturbed(job, stamped(10, 20, 100.2), 104.1)) == [*range(10, 23)]
     assert marked(feed.disturbed(job, stamped(30, 10, 104.2), 106.1)) == []
+
+
+@pytest.mark.parametrize("reported_before_s", [0.2, SHARED_GAP_S + 5.0])
+def test_a_test_a_job_synced_through_is_a_lower_bound_on_its_path(reported_before_s: float):
+    # The job's last report came 0.2 s before the test began: it was syncing, and
+    # the test had what it left of the link. One that went quiet long before: a reading.
+    feed, job = asyncio.run(feed_with_job())
+    start = time.time() + reported_before_s
+    feed.reported(job, steps(4, sync_s=0.0), None)  # no sync time: the estimate learns nothing from them
+    feed.bandwidth_started("10.99.0.2", start)
+    feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 50e6,
+                              duration_s=0.5, ts=start + 0.5))
+    estimate = feed.estimator.jobs["j"]
+    assert estimate.bandwidth_bps == pytest.approx(50e6)
+    shared = reported_before_s < SHARED_GAP_S
+    assert estimate.lower_bound == shared and estimate.evidence == (PROBE_SHARED if shared else PROBE)
 
 
 def test_a_slower_move_waiting_on_a_probe_the_budget_puts_far_off_stands_as_a_lower_bound():

@@ -18,6 +18,7 @@ import pytest
 from flexcomm.policy.costmodel import option_terms
 from flexcomm.policy.linkestimate import (
     PROBE,
+    PROBE_SHARED,
     SYNC,
     SYNC_BOUND,
     CollectiveFit,
@@ -64,9 +65,9 @@ class Path:
             reports = [step(option, bandwidth_bps, host, next(self._jitter)) for _ in range(per_message)]
             self.reader.observe(self.estimate, reports, self.now)
 
-    def probe(self, bandwidth_bps: float) -> None:
+    def probe(self, bandwidth_bps: float, shared: bool = False) -> None:
         self.now += 0.3
-        self.estimate.observe_probe(8 / bandwidth_bps, self.now)
+        self.estimate.observe_probe(8 / bandwidth_bps, self.now, shared=shared)
 
     @property
     def mbps(self) -> float:
@@ -213,6 +214,28 @@ def test_a_slower_probe_alone_must_read_it_twice_and_one_sharing_the_link_is_ign
     assert lone.mbps == pytest.approx(100) and lone.estimate.wants_probe
     lone.probe(58e6)
     assert lone.mbps == pytest.approx(58) and lone.estimate.evidence == PROBE
+
+
+def test_a_test_the_job_shared_the_link_with_says_at_least_this_fast():
+    # The default lab's registration test read 8.7 Mbit/s on a 20 Mbit/s link
+    # while the job's first steps synced: a first figure, but only a lower bound,
+    # which the job's own syncs replace.
+    path = Path()
+    path.probe(8.7e6, shared=True)
+    assert path.mbps == pytest.approx(8.7) and path.estimate.lower_bound
+    assert path.estimate.evidence == PROBE_SHARED
+    path.run(DENSE, 20e6, 1)
+    assert path.mbps == pytest.approx(20, rel=0.1) and not path.estimate.lower_bound
+    # Shared and faster than the estimate: at least that fast. Shared and slower,
+    # with no slower syncs waiting for it: the job took the rest; nothing moves.
+    path.probe(40e6, shared=True)
+    assert path.mbps == pytest.approx(40) and path.estimate.lower_bound
+    probed = Path()
+    probed.probe(40e6)
+    probed.probe(15e6, shared=True)
+    assert probed.mbps == pytest.approx(40) and not probed.estimate.wants_probe
+    probed.probe(15e6)  # unshared, the same reading is one to read again
+    assert probed.mbps == pytest.approx(40) and probed.estimate.wants_probe
 
 
 def test_a_move_confirmed_by_a_probe_takes_the_faster_of_the_two():
