@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.files import read_text
-from flexcomm.policy.types import BURST_BYTES, LinkBucket, check_range
+from flexcomm.policy.linkestimate import BURST_BYTES
+from flexcomm.policy.types import LinkBucket, check_range
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import ClientAuth, ServerAuth
 from flexcomm.units import parse_duration, require_finite_positive

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexcomm.lab.cluster import LabCluster
-from flexcomm.policy.types import BURST_BYTES, PLAIN_LINK, LinkBucket
+from flexcomm.policy.linkestimate import BURST_BYTES
+from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 from flexcomm.sockets import unix_socket_listening
 
 START_TIMEOUT_S = 60.0

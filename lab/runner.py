@@ -72,7 +72,7 @@ from flexcomm.lab.plan import (
 from flexcomm.lab.summary import LabSummary
 from flexcomm.lab.trainer import OPTIMIZERS, TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset, target_metric
-from flexcomm.policy.types import BURST_BYTES
+from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")

@@ -67,6 +67,7 @@ from flexcomm.policy.costmodel import (
     sync_form,
 )
 from flexcomm.policy.exploring import ExploreBudget
+from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.policy.linkestimate import ewma as _ewma
 from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
@@ -950,16 +951,15 @@ class MooPolicy:
         """How far the running lossy option's sync fell (per second of compute)
         below where it settled, when past the margin, else 0: the link got
         faster, and a lossless option, cheap on a fast link, is worth measuring.
-        A sync of no more than the links' burst (`burst_bytes`, by which the
-        agent's estimator reads syncs too) says nothing of the link: on a steady
-        100 Mbit/s link with two CPU hogs, Top-k syncs of 27 KB moved 2-12 ms, and
-        five of the decision churn bench's 13 explorations per 1,000 steps started
-        on such "falls"."""
+        A sync of no more than a link's burst (BURST_BYTES, as the agent's
+        estimator) says nothing of the link: on a steady 100 Mbit/s link with two
+        CPU hogs, Top-k syncs of 27 KB moved 2-12 ms, and five of the decision
+        churn bench's 13 explorations per 1,000 steps started on such "falls"."""
         cur = self._s.current
         if cur is None or not cur.compression.lossy:
             return 0.0
         net = self._net()
-        if net is not None and self._terms(cur.choice, net.nodes)[1] <= net.burst_bytes:
+        if net is not None and self._terms(cur.choice, net.nodes)[1] <= BURST_BYTES:
             return 0.0
         fell = self.watch.fell()
         return fell if fell > max(self.config.hysteresis, SYNC_FELL) else 0.0

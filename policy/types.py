@@ -503,13 +503,6 @@ class LinkBucket:
 PLAIN_LINK = LinkBucket()
 
 
-# What a link passes at line rate after idle: TCP hands the NIC up to 64 KB at
-# once (GSO/TSO), and shapers and policers let a burst of that through; the lab's
-# HTB links passed 16 KB segments so, and Top-k syncs of a few KB read 67 Mbit/s
-# "at least" on a 10 Mbit/s link. A sync of no more says nothing of the link.
-BURST_BYTES = 65536.0
-
-
 @dataclass(frozen=True)
 class NetworkObservation:
     """The network as the policy sees it: the bottleneck among the job's nodes.
@@ -525,8 +518,6 @@ class NetworkObservation:
     moves of the bandwidth the estimator behind this figure has detected (the one
     detector of a moved network: a figure whose count is unchanged is the same
     link, refined); None for a figure no estimator judged (a user's, a probe's).
-    burst_bytes: what the links pass at line rate after idle (configured, as the
-    bucket): a sync no larger says nothing of the rate.
     """
 
     alpha_s: float
@@ -537,11 +528,9 @@ class NetworkObservation:
     lower_bound: bool = False
     age_s: float = 0.0
     moves: int | None = None
-    burst_bytes: float = BURST_BYTES
 
     def __post_init__(self) -> None:
         _finite("alpha_s", self.alpha_s)
-        _finite("burst_bytes", self.burst_bytes)
         _finite("beta_s_per_byte", self.beta_s_per_byte, positive=True)
         if not isinstance(self.nodes, int) or self.nodes < 2:
             raise ValueError(f"nodes: need at least 2 workers, got {self.nodes!r}")

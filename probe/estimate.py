@@ -157,8 +157,7 @@ class Estimator:
                                                         since=ts - self.config.max_probe_age_s)
         if beta is None:
             return None
-        net = NetworkObservation(alpha, beta, nodes, self.bucket, evidence=PROBE,
-                                 burst_bytes=self.config.link.burst_bytes)
+        net = NetworkObservation(alpha, beta, nodes, self.bucket, evidence=PROBE)
         return job.observation(net, job.trained_s) if job.beta_s_per_byte else net
 
     def _probed_beta(self, peers: Sequence[str], since: float) -> float | None:

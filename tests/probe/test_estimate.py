@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexcomm.policy.linkestimate import AGE_STEP_S, LinkEstimateConfig
+from flexcomm.policy.linkestimate import AGE_STEP_S
 from flexcomm.policy.types import LinkBucket, StepReport
 from flexcomm.probe.estimate import EstimateConfig, Estimator, PeerPath
 from flexcomm.store import Measurement
@@ -39,7 +39,7 @@ def test_peer_path_smooths_within_noise_takes_a_move_whole_and_the_least_latency
 
 
 def test_a_job_starts_from_fresh_probes_only_and_its_own_estimate_takes_over():
-    est = Estimator(BUCKET, EstimateConfig(max_probe_age_s=60.0, link=LinkEstimateConfig(burst_bytes=31_250)))
+    est = Estimator(BUCKET, EstimateConfig(max_probe_age_s=60.0))
     est.observe(bandwidth("p1", 50e6), ts=900.0)  # left by a job two minutes before
     est.add_job("j", ("p1", "p2"), ts=1020.0)
     assert est.bottleneck("j", NODES, ts=1020.0) is None  # older than max_probe_age_s
@@ -48,7 +48,7 @@ def test_a_job_starts_from_fresh_probes_only_and_its_own_estimate_takes_over():
     net = est.bottleneck("j", NODES, ts=1022.0)
     assert (net.alpha_s, net.bandwidth_bps, net.evidence, net.lower_bound) == (2e-3, pytest.approx(80e6), "probe",
                                                                                False)
-    assert (net.bucket, net.burst_bytes) == (BUCKET, 31_250)
+    assert net.bucket == BUCKET
     est.observe_reported_network("j", 1e-3, 90e6)
     # the job trains 2.5 AGE_STEP_S: its estimate ages on the job's clock
     est.jobs["j"].advance([StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
@@ -56,7 +56,6 @@ def test_a_job_starts_from_fresh_probes_only_and_its_own_estimate_takes_over():
     net = est.bottleneck("j", NODES, ts=1023.0)
     assert (net.alpha_s, net.bandwidth_bps, net.evidence) == (2e-3, pytest.approx(90e6), "report")
     assert net.age_s == 2 * AGE_STEP_S  # in whole steps: a fraction of a second is no news
-    assert net.burst_bytes == 31_250  # the link the job's syncs are read by, for its policy's own reading
 
 
 def test_a_probe_of_a_peer_reaches_only_the_jobs_it_serves():

@@ -11,18 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import replace
 
 from flexcomm.policy.costmodel import option_sync_time
-from flexcomm.policy.types import (
-    BURST_BYTES,
-    Compression,
-    Decision,
-    GradientLayout,
-    NetworkObservation,
-    Policy,
-    StepReport,
-)
+from flexcomm.policy.types import Compression, Decision, GradientLayout, NetworkObservation, Policy, StepReport
 
 # A 4M-parameter fp32 model: 4 matrices of 1000 x 1000 and 10k vector values.
 LAYOUT = GradientLayout(((1000, 1000),) * 4, 10_000, 4)
@@ -44,13 +35,10 @@ def comp_time(c: Compression) -> float:
 class Job:
     def __init__(self, policy: Policy, layout: GradientLayout = LAYOUT, nodes: int = 4, *,
                  model_error: float = 1.15, t_compute: float = 0.02,
-                 t_comp: Callable[[Compression], float] = comp_time, control_interval: int = 1,
-                 burst_bytes: float = BURST_BYTES) -> None:
+                 t_comp: Callable[[Compression], float] = comp_time, control_interval: int = 1) -> None:
         """`control_interval`: steps between the decisions the job adopts, as the
-        client's agreement every K steps (it runs the last one in between);
-        `burst_bytes` what its links pass at line rate after idle, as its
-        network observations say."""
-        self.policy, self.layout, self.nodes, self.burst_bytes = policy, layout, nodes, burst_bytes
+        client's agreement every K steps (it runs the last one in between)."""
+        self.policy, self.layout, self.nodes = policy, layout, nodes
         self.control_interval = control_interval
         self.adopted: Decision | None = None
         self.model_error, self.t_compute, self.t_comp = model_error, t_compute, t_comp
@@ -65,7 +53,7 @@ class Job:
         observe=False (a probe that has not seen the change). noise(step) scales
         the sync time alone (the link); host(step) every time the step reports
         (a loaded CPU slows compute, compression and gloo's own work alike)."""
-        net = replace(NetworkObservation.from_link(latency_s, bandwidth_bps, self.nodes), burst_bytes=self.burst_bytes)
+        net = NetworkObservation.from_link(latency_s, bandwidth_bps, self.nodes)
         if observe:
             self.policy.observe_network(net)
         for _ in range(steps):
