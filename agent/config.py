@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -20,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flexcomm.files import read_text
-from flexcomm.policy.linkestimate import BURST_BYTES
-from flexcomm.policy.types import LinkBucket, check_range
+from flexcomm.policy.types import LinkBucket
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import ClientAuth, ServerAuth
 from flexcomm.units import parse_duration, require_finite_positive
@@ -96,10 +94,6 @@ class AgentConfig:
     # flexcomm (emulate, the lab) have 1.2 and 5ms.
     link_peak_over_rate: float = 1.0
     link_burst_s: float = 0.0
-    # What the paths pass at line rate after idle, in bytes (a segment TCP hands the
-    # NIC at once, a shaper's ceil bucket): a sync no larger says nothing of the
-    # rate. 64 KB (TSO's most) by default; the lab's links pass at most 32 KB.
-    link_burst_bytes: float = BURST_BYTES
     # An epoch-keyed emulation schedule (TOML) advanced by the jobs' reported epochs.
     emulation_schedule: str = ""
     emulation_interface: str = ""
@@ -130,7 +124,6 @@ class AgentConfig:
         require_finite_positive("probe_bandwidth_interval_s", self.probe_bandwidth_interval_s)
         require_finite_positive("max_probe_age_s", self.max_probe_age_s)
         require_finite_positive("job_idle_expiry_s", self.job_idle_expiry_s)
-        check_range("link_burst_bytes", self.link_burst_bytes, 0.0, math.inf)
         parse_networks("probe_serve_bind", self.probe_serve_bind)
         self.server_auth()
         self.client_auth()

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexcomm.lab.cluster import LabCluster
-from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket
 from flexcomm.sockets import unix_socket_listening
 
@@ -41,15 +40,13 @@ class AgentHandle:
 
 
 def agent_command(sock: Path, db: Path, probe: bool, bucket: LinkBucket = PLAIN_LINK,
-                  serve_on: str = "", burst_bytes: float = BURST_BYTES) -> list[str]:
-    """The agent's command line; `bucket` is the lab links' token bucket, for its cost model,
-    and `burst_bytes` what they pass at line rate after idle, for its estimate;
+                  serve_on: str = "") -> list[str]:
+    """The agent's command line; `bucket` is the lab links' token bucket, for its cost model;
     `serve_on` the node's address, where it serves iperf3 (the other nodes' agents have no
     job to tell them where, as on a real cluster; docs/DEPLOYMENT.md)."""
     cmd = [sys.executable, "-m", "flexcomm.cli", "agent", "--socket", str(sock), "--db", str(db),
            "--metrics", "", "--log-format", "text",
-           "--link-peak-over-rate", repr(bucket.peak_over_rate), "--link-burst", f"{bucket.burst_s!r}s",
-           "--link-burst-bytes", repr(burst_bytes)]
+           "--link-peak-over-rate", repr(bucket.peak_over_rate), "--link-burst", f"{bucket.burst_s!r}s"]
     if not probe:
         cmd.append("--no-probe")
     elif serve_on:
@@ -58,11 +55,10 @@ def agent_command(sock: Path, db: Path, probe: bool, bucket: LinkBucket = PLAIN_
 
 
 @contextmanager
-def running_agents(lab: LabCluster, socket_dir: Path, db_dir: Path, burst_bytes: float = BURST_BYTES,
+def running_agents(lab: LabCluster, socket_dir: Path, db_dir: Path,
                    timeout_s: float = START_TIMEOUT_S) -> Iterator[list[AgentHandle]]:
-    """The agents (sockets in `socket_dir`, stores and logs in `db_dir`, the links'
-    `burst_bytes`), each answering on its socket, for the block; stopped (SIGTERM)
-    when it ends."""
+    """The agents (sockets in `socket_dir`, stores and logs in `db_dir`), each
+    answering on its socket, for the block; stopped (SIGTERM) when it ends."""
     db_dir.mkdir(parents=True, exist_ok=True)
     count = len(lab.nodes) if lab.shaped else 1
     started: list[tuple[AgentHandle, subprocess.Popen]] = []
@@ -71,9 +67,8 @@ def running_agents(lab: LabCluster, socket_dir: Path, db_dir: Path, burst_bytes:
             handle = AgentHandle(i, socket_dir / f"node{i}.sock", db_dir / f"node{i}.db",
                                  db_dir / f"node{i}.log")
             handle.socket.unlink(missing_ok=True)
-            command = agent_command(handle.socket, handle.db, probe=lab.shaped, bucket=lab.bucket,
-                                    serve_on=lab.nodes[i].address, burst_bytes=burst_bytes)
-            proc = lab.spawn(i, command, log=handle.log)
+            proc = lab.spawn(i, agent_command(handle.socket, handle.db, probe=lab.shaped, bucket=lab.bucket,
+                                              serve_on=lab.nodes[i].address), log=handle.log)
             started.append((handle, proc))
         deadline = time.monotonic() + timeout_s
         for handle, proc in started:

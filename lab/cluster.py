@@ -26,7 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,13 +75,6 @@ def burst_after_idle(rate_bps: float) -> int:
     (`LinkGroup.cap_segments`), passes at line rate after idle: the HTB burst
     (`burst_bytes`, the ceil bucket) or one segment, whichever is larger."""
     return max(burst_bytes(rate_bps), segment_cap(rate_bps))
-
-
-def run_burst_bytes(rates: Iterable[float]) -> int:
-    """The most a lab run's links pass at line rate after idle, over the `rates` its
-    schedule sets: one segment (a run keeps the default cap, `netns.GSO_MAX_BYTES`)
-    or the ceil bucket at the fastest rate (`burst_bytes`), whichever is larger."""
-    return max(netns.GSO_MAX_BYTES, *(burst_bytes(r) for r in rates))
 
 
 class LinkGroup:

@@ -53,7 +53,7 @@ from flexcomm.emulation.schedule import Schedule, parse_schedule
 from flexcomm.lab import estimate_tracking
 from flexcomm.lab.agents import running_agents
 from flexcomm.lab.cleanup import socket_dir_prefix
-from flexcomm.lab.cluster import LabCluster, describe, run_burst_bytes
+from flexcomm.lab.cluster import LabCluster, describe
 from flexcomm.lab.plan import (
     AGENTS,
     CONTROL_INTERVAL,
@@ -72,7 +72,6 @@ from flexcomm.lab.plan import (
 from flexcomm.lab.summary import LabSummary
 from flexcomm.lab.trainer import OPTIMIZERS, TrainConfig
 from flexcomm.lab.workload import WorkloadSpec, load_dataset, target_metric
-from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.store import EmulationStep, Store
 
 DECISION_SOURCES = ("agent", "inprocess")
@@ -266,8 +265,7 @@ def run_policy(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int,
     if pdir.exists():
         shutil.rmtree(pdir)
     pdir.mkdir(parents=True)
-    burst = run_burst_bytes(step.state.rate_bps for step in cfg.schedule.steps) if lab.shaped else BURST_BYTES
-    agents = running_agents(lab, sockets, pdir / AGENTS, burst) if uses_agents(cfg, spec) else nullcontext([])
+    agents = running_agents(lab, sockets, pdir / AGENTS) if uses_agents(cfg, spec) else nullcontext([])
     with agents as handles:
         agent_socket = str(handles[0].socket) if handles else ""
         _train(lab, cfg, spec, index, pdir, agent_socket, store, progress, repeat, budget_s)

@@ -47,9 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the paths' token bucket: peak rate over the probed rate (default 1.0, plain)")
     p.add_argument("--link-burst", dest="link_burst_s",
                    help="the paths' token bucket: credit at the rate, e.g. 5ms (default 0, plain)")
-    p.add_argument("--link-burst-bytes", dest="link_burst_bytes",
-                   help="bytes the paths pass at line rate after idle; a sync no larger says nothing "
-                   "of the rate (default 65536)")
     p.add_argument("--emulation-schedule", help="epoch-keyed emulation schedule (TOML)")
     p.add_argument("--emulation-interface", help="interface the schedule shapes")
     p.add_argument("--emulation-netns", help="network namespace of that interface")
@@ -61,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 _FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "move_damaged_db", "metrics",
           "flush_interval_s", "retention_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
           "probe_serve_bind", "job_idle_expiry_s",
-          "link_peak_over_rate", "link_burst_s", "link_burst_bytes", "emulation_schedule",
+          "link_peak_over_rate", "link_burst_s", "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")
 
 

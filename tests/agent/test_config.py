@@ -65,7 +65,6 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     ("", {"FLEXCOMM_AGENT_LINK_BURST_S": "5"}, {}, "FLEXCOMM_AGENT_LINK_BURST_S: duration '5' needs a unit"),
     ("", {}, {"link_burst_s": "20s"}, "link_burst_s: must be in [0.0, 10.0]"),
     ("", {}, {"link_peak_over_rate": "1.2"}, "link_burst_s: needed with link_peak_over_rate"),
-    ("", {}, {"link_burst_bytes": "-1"}, "link_burst_bytes: must be in [0.0, inf], got -1"),
 ])
 def test_bad_settings_are_named(tmp_path: Path, text: str, env: dict, flags: dict, field: str) -> None:
     path = write(tmp_path / "c.toml", text) if text else None
@@ -140,27 +139,14 @@ def test_the_lab_tells_its_agents_the_shapers_bucket(tmp_path: Path, ceil_over_r
     from flexcomm.commands.agent import _FLAGS
     from flexcomm.emulation.shaping import RATE_BUCKET_SECONDS, Shaper
     from flexcomm.lab.agents import agent_command
-    from flexcomm.lab.cluster import run_burst_bytes
 
     bucket = Shaper("eth0", ceil_over_rate=ceil_over_rate).bucket
     expected = LinkBucket(1.2, RATE_BUCKET_SECONDS) if ceil_over_rate > 1 else LinkBucket()
     assert bucket == expected
-    burst = run_burst_bytes([20e6, 1e9])
-    argv = agent_command(tmp_path / "s.sock", tmp_path / "d.db", probe=False, bucket=bucket, burst_bytes=burst)
+    argv = agent_command(tmp_path / "s.sock", tmp_path / "d.db", probe=False, bucket=bucket)
     args = build_parser().parse_args(argv[argv.index("agent"):])
     config = load_config(None, {name: getattr(args, name) for name in _FLAGS}, environ={})
     assert config.link_bucket() == expected
-    assert config.link_burst_bytes == burst
-
-
-def test_a_lab_runs_links_pass_a_segment_or_the_fastest_rates_ceil_bucket_after_idle() -> None:
-    from flexcomm.emulation.shaping import burst_bytes
-    from flexcomm.lab.cluster import run_burst_bytes
-    from flexcomm.lab.netns import GSO_MAX_BYTES
-
-    assert run_burst_bytes([20e6]) == GSO_MAX_BYTES  # a slow link's bucket is less than a segment
-    assert run_burst_bytes([20e6, 1e9]) == burst_bytes(1e9) == 31_250
-    assert run_burst_bytes([1e10]) == burst_bytes(1e10)
 
 
 # -- every key's type, by property ------------------------------------------------

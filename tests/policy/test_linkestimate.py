@@ -118,28 +118,6 @@ def test_a_sync_within_the_links_burst_says_nothing_of_its_rate():
     assert estimate.bandwidth_bps > 60e6  # 256 KB in 30.5 ms: at least 68 Mbit/s
 
 
-@pytest.mark.parametrize("burst_bytes", [65536, 31250])
-def test_a_sync_beyond_the_configured_burst_reads_the_link(burst_bytes: float):
-    # The default lab's fixed Top-k 0.01 job: 45.7 KB AllGather syncs (per unit of
-    # beta) on a 20 Mbit/s link with 4 ms of gloo's own, its figure a probe's
-    # 11.65 Mbit/s taken while the job shared the link; then 8 ms a sync on
-    # 1 Gbit/s. Its links pass at most 31 KB at line rate after idle: told so,
-    # the syncs read the link.
-    bucket = LinkBucket(1.2, 0.005)
-    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=burst_bytes), bucket)
-    estimate.observe_probe(8 / 11.65e6, 0.0)
-    for i in range(6):
-        estimate.observe_sync("ag_topk", 45_698, 0.004 + bucket.seconds(45_698 * 8 / 20e6), 0.2 * (i + 1))
-    slow = estimate.bandwidth_bps
-    for i in range(6, 12):
-        estimate.observe_sync("ag_topk", 45_698, 0.008, 0.2 * (i + 1))
-    if burst_bytes > 45_698:
-        assert slow == estimate.bandwidth_bps == pytest.approx(11.65e6)
-    else:
-        assert 15e6 < slow < 20e6  # at least what crossed, and no more than the link
-        assert estimate.bandwidth_bps > 2 * slow and estimate.lower_bound and estimate.wants_probe
-
-
 def test_top_k_syncs_on_a_fast_link_are_a_lower_bound_that_asks_for_a_probe():
     path = Path()
     path.run(TOPK_AG, 1e9, 3)
