@@ -29,6 +29,9 @@ def judged(g, k):
             "within_a_bin": left_out <= float(mags[chosen].min()) * (1 + 2.0 ** -7),
             "exact": torch.equal(chosen, torch.zeros_like(chosen).index_fill_(0, select_exact(g, k).long(), True))}
 
+# Fixed data: drawn afresh each run, the top 10 of randn came within a bin of each
+# other in one CI run in five, and "inf" was then not exactly torch.topk's set.
+torch.manual_seed(0)
 gen = torch.Generator().manual_seed(0)
 t = torch.distributions.StudentT(2.0)
 cases = {}
