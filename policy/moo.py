@@ -332,6 +332,7 @@ class _State:
     why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
+    next_look: int = 0  # phase_steps from which the next look for an untimed option is due
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the decision and the networks by their own to_dict."""
@@ -378,6 +379,7 @@ class MooPolicy:
         """Figures derived from the layout and config alone, computed once each."""
         self._term_cache: dict[tuple[Choice, int], tuple[float, float]] = {}
         self._comp_models: dict[str, tuple[Compression, float]] = {}
+        self._link_times: tuple[NetworkObservation | None, dict[str, float]] = (None, {})
 
     @property
     def grad_bytes(self) -> int:
@@ -529,7 +531,7 @@ class MooPolicy:
         if net is None:
             return
         key = calibration_key(report.compression, report.collective)
-        raw = link_time(self._terms(report.choice, net.nodes), net)
+        raw = self._link_time(report.choice, net)
         outliers = self._s.outliers
         if self.calibration.observations(key):
             ratio = report.t_sync_s / max(self.calibration.apply(key, raw), 1e-12)
@@ -611,7 +613,7 @@ class MooPolicy:
         delivery = self._delivery_ratios()
         reference_error = self._reference_error()
         for option in self.options:
-            raw = link_time(self._terms(option, net.nodes), net) if net else None
+            raw = self._link_time(option, net) if net else None
             measured = not predicted
             if measured and option.label == running and s.phase == EXPLOIT and self.watch.sync() is not None:
                 # The median of its latest steps: one slow step must not switch the job.
@@ -852,6 +854,17 @@ class MooPolicy:
                                                          nodes, self.forms)
         return terms
 
+    def _link_time(self, option: Choice, net: NetworkObservation) -> float:
+        """The option's uncalibrated sync time on `net`, kept while `net` is the
+        network in hand: every report's calibration asks it."""
+        network, times = self._link_times
+        if network is not net:
+            network, times = self._link_times = (net, {})
+        t = times.get(option.label)
+        if t is None:
+            t = times[option.label] = link_time(self._terms(option, net.nodes), net)
+        return t
+
     def _t_comp(self, compression: Compression, scale: float) -> float:
         """Measured, or the model's figure times what the family measured (`scale`)."""
         if compression.family == DENSE:
@@ -910,10 +923,8 @@ class MooPolicy:
             if fell and self._budget_covers_an_item():
                 self._start_exploration(f"sync of the running lossy option fell {fell:.0%}; "
                                         "measuring the best lossless option", with_lossless=True)
-            elif s.phase_steps % LOOK_AGAIN_STEPS == 0:
-                self._measure_an_untimed_first_choice()
 
-    def _measure_an_untimed_first_choice(self) -> None:
+    def _measure_an_untimed_first_choice(self, rows: list[Evaluation]) -> bool:
         """When the rule, on the model's figures, puts an option nobody timed on
         this network ahead of the running one by more than UNTIMED_MARGIN, run it
         (then the running one) and choose between the two as measured. Like the
@@ -921,11 +932,11 @@ class MooPolicy:
         run it. Nothing else measures it while the network holds still: the
         default lab's first exploration (no network known yet) timed dense,
         bf16 and PowerSGD, and the job ran bf16 at 250 ms a step through a
-        20 Mbit/s phase with Top-k predicted at 7 ms and within the budget."""
-        rows = self.evaluate()
+        20 Mbit/s phase with Top-k predicted at 7 ms and within the budget.
+        True when it started measuring."""
         current = self._current_row(rows)
         if current is None or any(r.gain is None for r in rows):
-            return
+            return False
         # The rule's first choice, else the reference as a user runs it: within the
         # budget by definition (the short lab timed Top-k 0.033 on three collectives,
         # over the budget as delivered, and ran bf16 at 10 Mbit/s, never Top-k 0.1).
@@ -933,9 +944,10 @@ class MooPolicy:
         best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
                      and not self._close(current, r, rows, max(UNTIMED_MARGIN, self._margin(current, r)))), None)
         if best is None:
-            return
+            return False
         self._measure_both(best.label, current.label,
                            f"the model puts {best.label} ahead at {best.t_step_s:.3g} s a step, untimed")
+        return True
 
     def _measure_both(self, first: str, running: str, why: str) -> None:
         """Run `first`, then `running`, and choose between them as measured. No
@@ -1130,22 +1142,33 @@ class MooPolicy:
         net = self._net()
         self.watch.settle_on(net)
 
-    def _choose(self) -> Evaluation:
+    def _choose(self) -> None:
         rows = self.evaluate()
         if not rows:  # nothing measured and no network: stay where we are
-            cur = self._s.current
-            option = cur.choice if cur else self._warmup_option()
-            if cur is None:
-                self._set_current(option, "nothing measured and no network known")
-            return Evaluation(option, 0, 0, 0, None, False)
+            if self._s.current is None:
+                self._set_current(self._warmup_option(), "nothing measured and no network known")
+            return
+        if self._look_due() and self._measure_an_untimed_first_choice(rows):
+            return
         rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
         if current is not None and current != best and self._not_worth_switching(
                 current, best, rows, self._margin(current, best)):
-            return current
+            return
         if current != best:
             self._set_current(best.option, self.explain(best, self.evaluate(), leaving=current), best)
-        return best
+
+    def _look_due(self) -> bool:
+        """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS
+        steps of a choice, at a decision. At a decision, not per report: the agent
+        decides once per report message, and looking every tenth report of a
+        256-report message was a third of its ingest (the model moves little
+        within one message)."""
+        s = self._s
+        if s.phase_steps < max(s.next_look, LOOK_AGAIN_STEPS):
+            return False
+        s.next_look = s.phase_steps + LOOK_AGAIN_STEPS
+        return True
 
     def _best_trusted(self, rows: list[Evaluation]) -> tuple[list[Evaluation], Evaluation]:
         """The rows a choice may be made among, and the best of them: what was
@@ -1231,7 +1254,7 @@ class MooPolicy:
             s.current = replace(s.current, reason=reason, exploring=exploring)
             return
         s.version += 1
-        s.phase_steps = 0
+        s.phase_steps = s.next_look = 0
         self.exploring.decision_changed()
         # What the choice was made on, when it was measured: a step that runs far
         # slower than that means the network moved under it.

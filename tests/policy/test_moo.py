@@ -17,6 +17,7 @@ from flexcomm.policy.costmodel import calibration_key, crossover_ratio
 from flexcomm.policy.moo import (
     EXPLOIT,
     EXPLORE,
+    LOOK_AGAIN_STEPS,
     PREDICTION_TRUSTED,
     WARMUP,
     Evaluation,
@@ -779,12 +780,29 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_run_then_the_running_one_
     policy._s.sync.pop("powersgd:2@dense_ring")
     policy._set_current(policy._by_label["topk:0.011@art_ring"], "running as the test puts it")
     explorations, seen = policy.explorations, len(job.decisions)
-    policy._measure_an_untimed_first_choice()
+    policy._measure_an_untimed_first_choice(policy.evaluate())
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
     assert "powersgd:2@dense_ring ahead at 0.12 s a step, untimed" in policy._s.why
     job.run(2 * policy.config.explore_steps + 6, *SLOW)
     assert {"powersgd:2@dense_ring", "topk:0.011@art_ring"} <= set(job.decisions[seen:])
     assert not any(job.exploring[seen:]) and policy.explorations == explorations + 1
     assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:2@dense_ring"
-    policy._measure_an_untimed_first_choice()
+    policy._measure_an_untimed_first_choice(policy.evaluate())
     assert policy.phase == EXPLOIT and policy.explorations == explorations + 1
+
+
+def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -> None:
+    # The agent decides once per report message: looking every tenth report of a
+    # 256-report message was a third of its ingest. Reports between two decisions
+    # only make the next look due.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    policy._s.sync.pop("powersgd:2@dense_ring")
+    policy._set_current(policy._by_label["topk:0.011@art_ring"], "running as the test puts it")
+    job.adopted, job.control_interval = policy._s.current, 10**9  # one long message, no decision in it
+    job.run(3 * LOOK_AGAIN_STEPS, *SLOW, observe=False)
+    assert policy.phase == EXPLOIT and policy._s.why != "" and "untimed" not in policy._s.why
+    policy.decide()
+    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
+    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
