@@ -769,16 +769,21 @@ def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
     assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
 
 
-def test_an_untimed_option_the_model_puts_far_ahead_is_run_then_the_running_one_and_the_faster_kept() -> None:
-    # The running option timed at 0.29 s; PowerSGD rank 2, its time dropped (as a
-    # move drops it), predicted at 0.12 s. The look runs it, then the running one,
-    # charges neither to exploring, and keeps the faster; with both timed there is
-    # nothing left to look at.
+def topk_running_with_powersgd_2_untimed() -> tuple[MooPolicy, Job]:
+    """A settled job put on Top-k 0.011 over the AR ring (timed at 0.29 s), with
+    PowerSGD rank 2's time dropped (as a move drops it): predicted at 0.12 s."""
     policy = moo()
     job = Job(policy)
     settle(policy, job, *SLOW)
     policy._s.sync.pop("powersgd:2@dense_ring")
     policy._set_current(policy._by_label["topk:0.011@art_ring"], "running as the test puts it")
+    return policy, job
+
+
+def test_an_untimed_option_the_model_puts_far_ahead_is_run_then_the_running_one_and_the_faster_kept() -> None:
+    # The look runs PowerSGD rank 2, then the running one, charges neither to
+    # exploring, and keeps the faster; with both timed there is nothing left to look at.
+    policy, job = topk_running_with_powersgd_2_untimed()
     explorations, seen = policy.explorations, len(job.decisions)
     policy._measure_an_untimed_first_choice(policy.evaluate())
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
@@ -795,11 +800,7 @@ def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -
     # The agent decides once per report message: looking every tenth report of a
     # 256-report message was a third of its ingest. Reports between two decisions
     # only make the next look due.
-    policy = moo()
-    job = Job(policy)
-    settle(policy, job, *SLOW)
-    policy._s.sync.pop("powersgd:2@dense_ring")
-    policy._set_current(policy._by_label["topk:0.011@art_ring"], "running as the test puts it")
+    policy, job = topk_running_with_powersgd_2_untimed()
     job.adopted, job.control_interval = policy._s.current, 10**9  # one long message, no decision in it
     job.run(3 * LOOK_AGAIN_STEPS, *SLOW, observe=False)
     assert policy.phase == EXPLOIT and policy._s.why != "" and "untimed" not in policy._s.why
