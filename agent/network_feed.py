@@ -46,7 +46,7 @@ STAMPED_SLACK_S = 0.05
 STAMP_AHEAD_S = 0.1
 # A test started this long ago whose measurement never came (the prober stopped)
 # marks no more steps: far longer than iperf3 may run
-# before it is killed (its duration, connect timeout and slack, probe.iperf.run_test).
+# before it is ended (its duration, connect timeout and slack, probe.iperf.run_test).
 IN_FLIGHT_MAX_S = 60.0
 # A job whose report came this long before a bandwidth test began, or later, synced
 # while it ran: a job streaming reports sends one every agreement period (two steps;

@@ -1,8 +1,10 @@
 """Bandwidth with the iperf3 binary: one client test, and a managed server.
 
 `run_test` runs `iperf3 -c PEER --json` as an argument list (no shell) in a new
-process group with a hard timeout: on timeout or interruption the whole group is
-killed with SIGKILL and reaped, and if the caller itself is killed the kernel
+process group with a timeout: at the timeout iperf3 is interrupted (SIGINT, on
+which it reports what its sender sent so far, `IperfTimeout.sent_bps`), and the
+whole group is killed with SIGKILL and reaped if it has not ended a moment
+later or the caller is interrupted; if the caller itself is killed the kernel
 kills the client (parent-death signal), so no iperf3 is left behind. The first JSON object
 on stdout is parsed (iperf3 may print warnings before it) and iperf3's own
 "error" is raised as `IperfError`; a server already running a test answers
@@ -44,6 +46,8 @@ DEFAULT_PORT = 5201
 CONNECT_TIMEOUT_S = 3.0
 # Beyond duration and connect: iperf3's start-up, parameter exchange and results.
 TIMEOUT_SLACK_S = 5.0
+# How long an interrupted iperf3 gets to print its report before it is killed.
+INTERRUPT_GRACE_S = 1.0
 
 
 class IperfError(RuntimeError):
@@ -59,11 +63,14 @@ class IperfBusy(IperfError):
 
 
 class IperfTimeout(IperfError):
-    """The test overran its hard timeout; its process group was killed."""
+    """The test overran its timeout and was ended. sent_bps: its sender's rate
+    past the first second (`sent_so_far_bps`), None without one: what entered the
+    socket, which a long test's sending holds to the path's rate."""
 
-    def __init__(self, message: str, pid: int) -> None:
+    def __init__(self, message: str, pid: int, sent_bps: float | None = None) -> None:
         super().__init__(message)
         self.pid = pid
+        self.sent_bps = sent_bps
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,19 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         raise IperfError(f"iperf3 to {peer}:{port}: report lacks {exc}") from None
 
 
+def sent_so_far_bps(report: dict[str, Any]) -> float | None:
+    """An interrupted test's sender rate over its intervals after the first, which
+    holds the socket buffer filling (on a 10 Mbit/s link the first second read 20
+    Mbit/s, the next ones 7-10); None before a second interval began."""
+    try:
+        steady = [i["sum"] for i in report.get("intervals", [])][1:]
+        seconds = sum(float(i["seconds"]) for i in steady)
+        rate = 8 * sum(float(i["bytes"]) for i in steady) / seconds if seconds > 0 else 0.0
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rate or None
+
+
 def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen:
     """Start `argv` in a new process group, SIGKILLed by the kernel when the thread
     that spawned it ends (PR_SET_PDEATHSIG; Linux ties it to the spawning thread,
@@ -222,10 +242,7 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        kill_group(proc)
-        proc.communicate()
-        raise IperfTimeout(f"iperf3 to {peer}:{port}: no result within {timeout_s:g} s; killed",
-                           proc.pid) from None
+        raise _ended(proc, f"iperf3 to {peer}:{port}: no result within {timeout_s:g} s") from None
     except BaseException:
         kill_group(proc)
         raise
@@ -235,6 +252,27 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
         detail = (err or "").strip()[-300:] or f"exit code {proc.returncode}"
         raise IperfError(f"iperf3 to {peer}:{port}: {exc} ({detail})") from None
     return parse_report(report, peer, port)
+
+
+def _ended(proc: subprocess.Popen, message: str) -> IperfTimeout:
+    """Interrupt an overrunning test (iperf3 then reports what it sent so far), kill
+    its group if it has not ended within INTERRUPT_GRACE_S, and say what it sent."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, _ = proc.communicate()
+    except BaseException:
+        kill_group(proc)
+        raise
+    try:
+        sent_bps = sent_so_far_bps(first_json_object(out or ""))
+    except IperfError:
+        sent_bps = None
+    said = f"; its sender ran at {sent_bps / 1e6:.3g} Mbit/s" if sent_bps else ""
+    return IperfTimeout(f"{message}, ended{said}", proc.pid, sent_bps)
 
 
 def bandwidth_measurement(result: IperfResult) -> Measurement:

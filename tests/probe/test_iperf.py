@@ -131,6 +131,17 @@ def test_overrunning_test_leaves_no_iperf3_process(privileged, iperf3_binary, sh
 
 
 @pytest.mark.privileged
+def test_an_overrunning_test_is_ended_and_says_what_it_sent(privileged, iperf3_binary, shaped_pair):
+    a, b, _ = shaped_pair
+    with IperfServer(PORT + 3, netns=b.ns), pytest.raises(IperfTimeout) as err:
+        run_test(b.address, port=PORT + 3, bytes_=1 << 30, timeout_s=2.5, netns=a.ns)  # 86 s at 100 Mbit/s
+    # what entered the socket, not the path's rate, but within a factor of it
+    assert err.value.sent_bps is not None and 0.5 * SHAPED_BPS < err.value.sent_bps < 2 * SHAPED_BPS, err.value
+    assert "its sender ran at" in str(err.value)
+    assert not os.path.exists(f"/proc/{err.value.pid}")
+
+
+@pytest.mark.privileged
 def test_dead_server_is_restarted(privileged, iperf3_binary, shaped_pair):
     a, b, _ = shaped_pair
     with IperfServer(PORT + 2, netns=b.ns, check_interval_s=0.1) as server:

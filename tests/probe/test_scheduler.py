@@ -19,7 +19,7 @@ import pytest
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
 from flexcomm.probe.addresses import local_addresses
-from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer
+from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout
 from flexcomm.probe.scheduler import DutyBudget, ProbeConfig, ProbeScheduler, TargetLocks, sized_probe
 from flexcomm.store import Measurement, Store
 from support.names import run_prefix
@@ -292,6 +292,44 @@ def test_a_test_sized_for_a_slower_path_is_repeated_long_enough_to_read_it(expec
     assert all(8 * size / 100e6 >= 0.25 for size in sizes[1:])
 
 
+def cut_off_link(clock: FakeClock, rate_bps: float, timeout_s: float, sent_share: float, sizes: list):
+    """A test of a `rate_bps` link that takes fake time and is cut off at
+    `timeout_s`, its sender having sent at `sent_share` of the rate; `sizes` gets
+    each test's size."""
+    def test(peer: str, size: int | None) -> Measurement:
+        sizes.append(size)
+        seconds = 8 * size / rate_bps
+        if seconds > timeout_s:
+            clock.now += timeout_s
+            raise IperfTimeout("iperf3 to p:5201: no result within 4 s, ended", pid=1,
+                               sent_bps=sent_share * rate_bps or None)
+        clock.now += seconds
+        return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=rate_bps)
+    return test
+
+
+@pytest.mark.parametrize("sent_share", [0.75, 1.2])  # iperf3's sender read 7.4-11.4 on 10 Mbit/s
+def test_a_test_cut_off_at_its_timeout_reads_its_senders_rate_and_sizes_the_next_by_it(sent_share):
+    clock, sizes = FakeClock(), []
+    sched = make(["p"], clock, FakeProbes(clock), jitter=0.0, latency_interval_s=1000.0)
+    # the last reading 470 Mbit/s, the link now 10: 14.7 MB would take 12 s
+    sched.bandwidth_probe = sized_probe(cut_off_link(clock, 10e6, 4.0, sent_share, sizes), sched.expected_bps, 0.25)
+    sched.schedule["p"].last_bps = 470e6
+    cut = sched.measure_bandwidth("p")
+    assert cut.ok and cut.bandwidth_bps == sent_share * 10e6 and cut.duration_s == 4.0
+    sched.schedule["p"].last_bps = cut.bandwidth_bps  # as the scheduler's turn keeps it
+    assert sched.measure_bandwidth("p").bandwidth_bps == 10e6
+    assert 8 * sizes[1] / 10e6 < 4.0, sizes  # sized by what the cut test's sender sent
+
+
+def test_a_test_cut_off_before_its_sender_settled_is_a_failure():
+    clock = FakeClock()
+    sched = make(["p"], clock, FakeProbes(clock))
+    sched.bandwidth_probe = sized_probe(cut_off_link(clock, 10e6, 4.0, 0.0, []), lambda peer: 470e6, 0.25)
+    m = sched.measure_bandwidth("p")
+    assert not m.ok and "no result within" in m.error and m.duration_s == 4.0
+
+
 def test_peers_can_change_while_running():
     clock = FakeClock()
     probes = FakeProbes(clock)
@@ -434,3 +472,19 @@ def test_real_sized_test_reads_the_shaped_rate_in_a_fraction_of_a_second(privile
             assert m.ok and 88e6 < m.bandwidth_bps < 105e6, m  # 100 Mbit/s shaped, ~96 of it goodput
             assert time.monotonic() - start < 1.5
     assert sched.budget.used_s(sched.clock()) < 2.0
+
+
+@pytest.mark.privileged
+def test_real_test_sized_for_a_far_faster_path_is_ended_and_reads_its_senders_rate(privileged, iperf3_binary,
+                                                                                   served_pair, tmp_path):
+    a, b, _ = served_pair
+    config = ProbeConfig(**{**REAL, "connect_timeout_s": 2.0}, netns=a.ns)  # ended at 3 s
+    with Store(tmp_path / "s.db") as store:
+        sched = ProbeScheduler([b.address], config, store=store, locks=TargetLocks())
+        for expected, low, high in ((10e9, 60e6, 130e6), (None, 88e6, 105e6)):
+            # 10 Gbit/s expected on 100 Mbit/s: 312 MB, 26 s; then sized by what that read
+            before = len(store.measurements(kind="bandwidth"))
+            sched.request_bandwidth([b.address], expected_bps=expected)
+            wait_for(lambda n=before: (sched.tick() or True) and len(store.measurements(kind="bandwidth")) > n)
+            m = store.measurements(kind="bandwidth")[0]
+            assert m.ok and low < m.bandwidth_bps < high, m
