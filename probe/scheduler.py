@@ -438,8 +438,6 @@ class ProbeScheduler:
     def _run(probe: Probe, peer: str, kind: str) -> Measurement:
         try:
             return probe(peer)
-        except IperfBusy:
-            raise
         except Exception as exc:  # a failed probe is data, and the schedule goes on
             return failed(peer, kind, exc)
 
