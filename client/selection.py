@@ -22,7 +22,7 @@ Selectors, each returning the indices of k distinct entries:
   every entry left out at most 0.8% larger than the smallest chosen; torch.topk
   where it cannot run (no Triton, not float32).
 - "auto" (the default): "fast" for tensors in host memory, "radix" on a GPU, each
-  from the size where it beat torch.topk (4M values on the host, 16M on an H200).
+  from the size where it beat torch.topk (4M values on the host and on an H100).
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ _FAST_MIN_NUMEL = 1 << 16
 # models' whole gradients (0.3 and 0.8M values).
 _AUTO_HOST_MIN_NUMEL = 1 << 22
 # Where "auto" starts the radix select on a GPU (torch.topk there waits for nothing
-# either): on an H200 the radix pipeline against the exact one ran 0.8-1.1x at 1M,
-# 0.8-1.2x at 4-8M (its launches cost about what its reads save), 1.2x at 16M,
-# 1.6-1.7x at 32M and 1.6-1.8x at 100M.
-_AUTO_DEVICE_MIN_NUMEL = 1 << 24
+# either): on an H100 the radix pipeline against the exact one ran 0.86-0.99x at
+# 1M, 0.95-0.98x at 2M, 1.06-1.14x at 4M, 1.19-1.27x at 6.25M (DDP's default
+# 25 MB bucket), 1.46-1.60x at 8M and 1.68-2.05x at 16-32M; below ~12M its ~10
+# launches, not its reads, set its time (0.19-0.21 ms flat).
+_AUTO_DEVICE_MIN_NUMEL = 1 << 22
 # Above this fraction selected, the candidate set is most of the tensor.
 _FAST_MAX_CR = 0.25
 _SAMPLE_SIZE = 1 << 18
