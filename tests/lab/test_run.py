@@ -126,12 +126,15 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     # were the wire, and gloo's own work is part of it: in a CI run beside the rest
     # of the suite it was ~150 ms of a 520 ms sync, read as 6.9 against 9.6 Mbit/s;
     # quiet, what the Top-k syncs bound reads 8-17% either side of goodput.)
-    tracked = {e["shaped_bps"]: e for e in summary["policies"]["moo"]["estimate_tracking"]}
+    # Checked on fixed Top-k's run, whose slow phase (~10 s) outlasts the 5 s the
+    # estimate is given: the MOO's can be shorter (PowerSGD there: 44 steps of 92
+    # ms beside two CPU hogs), and its small syncs bound the link loosely.
+    tracked = {e["shaped_bps"]: e for e in summary["policies"]["topk-0.1"]["estimate_tracking"]}
     assert set(tracked) == {FAST, SLOW}
     goodput = tracked[SLOW]["goodput_bps"]
-    drop = next(link["applied_at"] for link in read_jsonl(policy_dir(out, "moo") / "links.jsonl")
+    drop = next(link["applied_at"] for link in read_jsonl(policy_dir(out, "topk-0.1") / "links.jsonl")
                 if link["rate_bps"] == SLOW)
-    seen = [e["bandwidth_bps"] for e in read_estimates(out, "moo") if e["wall"] >= drop]
+    seen = [e["bandwidth_bps"] for e in read_estimates(out, "topk-0.1") if e["wall"] >= drop]
     assert any(0.5 * goodput <= b <= 1.25 * goodput for b in seen), (tracked[SLOW], seen)
 
     assert_nothing_left(out)
