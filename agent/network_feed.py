@@ -255,6 +255,8 @@ class NetworkFeed:
             estimate.wants_probe = False  # no probe will come: the syncs stand alone
             return
         peer = min(peers, key=lambda a: self.estimator.peer(a).measured or 0.0)
+        if estimate.suspect_beta is not None:
+            self.estimator.moved_since(job_id, time.time())
         wait_s = self.request_probes([peer], estimate.expected_bps)
         if math.isinf(wait_s):
             return  # the prober does not know the peer yet: asked again when it does

@@ -24,7 +24,14 @@ option. Both are fitted together, with forgetting:
   t / B_k, which always holds (the path carried at least B_k bytes in t), and
   an estimate slower than what crossed is raised to it, flagged `lower_bound`.
 - A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
-  or policed link passes it at line rate after idle, so its time is overhead.
+  or policed link may pass it at line rate after idle, so its time cannot be
+  read as a rate. Its level can still move: each such option's usual sync time
+  is learned, and `persist` messages in a row beyond it by `small_shift` say the
+  path (or the host) moved; a probe is asked for, sized by the rate the shift
+  would mean (`suspect_beta`), and readings of other peers made before it no
+  longer stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 16-27 ms
+  a message at 20 Mbit/s and 2-17 ms at 1 Gbit/s; ignored, the recovery never
+  reached the estimate.)
 - While the figure is only a lower bound it is the fastest bound of the last
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
   shows as soon as the faster bounds age out. A sync that reads the path
@@ -91,6 +98,9 @@ STATE_FORMAT = 2
 AGE_STEP_S = 5.0
 # An overhead read off one sync is known to about this share of itself.
 FIRST_SPREAD = 0.25
+# What a shift of burst-sized syncs is taken to mean is kept within this factor of
+# the figure: it sizes a probe (which repeats a test sized too small), nothing more.
+SHIFT_RANGE = 20.0
 
 
 # A bandwidth that moved by less than this is no news to a policy: the estimate
@@ -146,9 +156,11 @@ class LinkEstimateConfig:
     probes: bool = True  # whether a probe comes when one is wanted
     probe_wait_s: float = 5.0  # a probe further off than this counts as none coming
     burst_bytes: float = BURST_BYTES
+    small_shift: float = 0.5  # a burst-sized sync's level moved: 1.5x either way
 
     def __post_init__(self) -> None:
-        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s"):
+        for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
+                     "small_shift"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
@@ -211,6 +223,18 @@ class Streak:
 
 
 @dataclass
+class SmallSyncs:
+    """One option's syncs too small to read the link by: their usual time
+    (`level_s`, from `seen` messages), and the messages in a row beyond it one way
+    (`direction`: +1 slower, -1 faster; their times)."""
+
+    level_s: float = 0.0
+    seen: int = 0
+    direction: int = 0
+    times: list[float] = field(default_factory=list)
+
+
+@dataclass
 class LinkEstimate:
     """The estimate of one job's path (see the module docstring). The owner reads
     `beta_s_per_byte`, `lower_bound`, `confirmed` (when the figure was last
@@ -233,6 +257,8 @@ class LinkEstimate:
     aged_ask: float | None = None  # when a probe was last asked for because the figure aged
     bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
     trained_s: float = 0.0  # the job's training time its reports added up to (`advance`)
+    small: dict[str, SmallSyncs] = field(default_factory=dict)  # per option of burst-sized syncs
+    suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -250,9 +276,11 @@ class LinkEstimate:
 
     @property
     def expected_bps(self) -> float | None:
-        """The rate to size a probe by: the slowest the syncs of a move in progress
-        allow (a test sized for the old, faster figure is cut off on a slower
-        link), else the figure."""
+        """The rate to size a probe by: what a shift of burst-sized syncs means, or
+        the slowest the syncs of a move in progress allow (a test sized for the
+        old, faster figure is cut off on a slower link), else the figure."""
+        if self.suspect_beta is not None:
+            return 8.0 / self.suspect_beta
         if self.streak is not None and self.streak.slowest > 0:
             return 8.0 / self.streak.slowest
         return self.bandwidth_bps
@@ -281,11 +309,12 @@ class LinkEstimate:
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
         if beta_bytes <= self.config.burst_bytes:
-            # A shaped or policed link passes a burst after idle at line rate: the
-            # sync's time is its overhead and says nothing of the rate, neither as a
-            # reading nor as a bound (the lab's Top-k syncs of 3-25 KB on a 20 Mbit/s
-            # link read anything from 4.8 to 472 Mbit/s, and every such move sent
-            # the MOO exploring again).
+            # A shaped or policed link may pass a burst after idle at line rate: the
+            # sync's time says nothing of the rate, neither as a reading nor as a
+            # bound (the lab's Top-k syncs of 3-25 KB on a 20 Mbit/s link read
+            # anything from 4.8 to 472 Mbit/s, and every such move sent the MOO
+            # exploring again); only a shift of its level is news.
+            self._small_sync(f"{form}:{beta_bytes:.0f}", beta_bytes, seconds)
             return
         fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
@@ -306,8 +335,12 @@ class LinkEstimate:
         if beta is None or wire is None:
             if bound is not None:
                 self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
-            # a first figure keeps the owner's wish to probe the paths as they are
-            self.wants_probe = self.wants_probe or not narrow
+            # A first figure the syncs read is the path as the job loads it: the
+            # owner's wish to probe goes (a registration's test then shares the
+            # link with the job: the lab's dense job's read 4.5 of 20 Mbit/s in
+            # 1.4 s, the whole duty budget, and none was left when the link
+            # recovered). A bound keeps it.
+            self.wants_probe = not narrow
             return
         margin = self.config.change * wire
         slower = seconds > hi + wire + margin and slowest > beta * (1 + self.config.change)
@@ -322,6 +355,45 @@ class LinkEstimate:
             self._disagree(1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
+
+    def _small_sync(self, key: str, beta_bytes: float, seconds: float) -> None:
+        """A message's syncs of one burst-sized option (their median `seconds`):
+        learned into its level, or counted toward a shift of it; a shift that
+        persists asks for a probe sized by what it would mean and becomes the
+        level (a host that slowed asks once, not at every message)."""
+        if self.beta_s_per_byte is None:
+            return
+        syncs = self.small.setdefault(key, SmallSyncs())
+        shift = 1 + self.config.small_shift
+        direction = 1 if seconds > syncs.level_s * shift else -1 if seconds * shift < syncs.level_s else 0
+        if syncs.seen < self.config.persist or direction == 0:
+            syncs.level_s = ewma(syncs.level_s if syncs.seen else None, seconds, self.config.beta_weight)
+            syncs.seen, syncs.direction, syncs.times = syncs.seen + 1, 0, []
+            return
+        if direction != syncs.direction:
+            syncs.direction, syncs.times = direction, []
+        syncs.times.append(seconds)
+        if len(syncs.times) < self.config.persist:
+            return
+        moved = statistics.median(syncs.times)
+        self.suspect_beta = self._shifted_beta(beta_bytes, syncs.level_s, moved)
+        self.wants_probe = self.wants_probe or self.suspect_beta is not None
+        syncs.level_s, syncs.seen, syncs.direction, syncs.times = moved, 1, 0, []
+
+    def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
+        """The beta a sync's move from `old_s` to `new_s` would mean were it all the
+        wire's, within SHIFT_RANGE of the figure: only to size the probe by. A
+        faster move than the wire's time at the figure allows is the host's,
+        unless the figure is only a lower bound (then sized by the figure; the
+        probe repeats a test too short): None. (Sized by such a move, a test
+        expected 18 Gbit/s of a 1 Gbit/s path and ran to its 4 s cut-off.)"""
+        beta = self.beta_s_per_byte
+        assert beta is not None
+        wire = self._wire_s(beta, beta_bytes)
+        moved = wire + new_s - old_s
+        if moved <= wire / SHIFT_RANGE:
+            return beta if self.lower_bound else None
+        return min(self._beta(moved, beta_bytes), beta * SHIFT_RANGE)
 
     def _within_bound(self, bound: float | None, narrow: bool, ts: float) -> None:
         """A figure only bounded, and a sync that either stands for the path and
@@ -505,6 +577,7 @@ class LinkEstimate:
         test that read 10 Mbit/s a minute after a drop from 1 Gbit/s was ignored
         and the estimate stayed at 598-953 Mbit/s (a CI run of the short lab)."""
         old, change = self.beta_s_per_byte, self.config.change
+        self.suspect_beta = None  # whatever the burst-sized syncs suspected, this answers
         slower_pending = self.streak is not None and self.streak.direction > 0
         if shared and (old is None or beta <= old / (1 + change)):
             self._set(beta, PROBE_SHARED, ts, lower_bound=True)  # the path is at least this fast
@@ -537,7 +610,7 @@ class LinkEstimate:
         # drift is still judged against the link last declared
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
-        self.streak, self.probe_pending, self.syncs_agree = None, None, False
+        self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
         self.bounds = [(ts, beta)] if lower_bound else []
         if not lower_bound:
             self.confirmed = ts
@@ -565,6 +638,9 @@ class LinkEstimate:
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
                                             "aged_ask")}
+            # a state written before burst-sized syncs were watched had neither
+            fields["suspect_beta"] = state.get("suspect_beta")
+            small = {k: SmallSyncs(**v) for k, v in state.get("small", {}).items()}
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
@@ -577,7 +653,7 @@ class LinkEstimate:
             check_range("estimate.moved_beta", fields["moved_beta"], 0.0, math.inf, open_low=True)
         for name, value in fields.items():
             setattr(self, name, value)
-        self.overheads, self.streak, self.bounds = overheads, streak, bounds
+        self.overheads, self.streak, self.bounds, self.small = overheads, streak, bounds, small
 
     def _streak(self, state: dict[str, Any]) -> Streak:
         """A stored streak; one of format 1 has a `since` and every beta it read."""

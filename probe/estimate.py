@@ -15,7 +15,10 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   or correct it. It runs on the job's own clock (`LinkEstimate.advance`: the
   training time its reports add up to), the peers' paths on the caller's.
   Until the job's syncs or a probe made since it registered give it a figure,
-  the slowest peer probed within `max_probe_age_s` stands in.
+  the slowest peer probed within `max_probe_age_s` stands in. A probe for the
+  job reads the slowest of its peers tested since it registered, or since its
+  syncs last suspected a move (`moved_since`): a peer tested before a link
+  recovered would otherwise hold the job at the old, slower rate.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's beta, whether it is only a lower bound and how long ago it was confirmed,
   and the highest alpha among its peers.
@@ -107,7 +110,7 @@ class Estimator:
         self.peers: dict[str, PeerPath] = {}
         self.jobs: dict[str, LinkEstimate] = {}
         self.job_peers: dict[str, tuple[str, ...]] = {}
-        self.started: dict[str, float] = {}
+        self.fresh_since: dict[str, float] = {}  # per job: peer readings older than this are another network's
         self.reported_alpha: dict[str, float] = {}
 
     def peer(self, address: str) -> PeerPath:
@@ -120,12 +123,12 @@ class Estimator:
         self.job_peers[job_id] = tuple(dict.fromkeys(peers))
         link = self.config.link if self.job_peers[job_id] else replace(self.config.link, probes=False)
         self.jobs[job_id] = LinkEstimate(link, self.bucket)
-        self.started[job_id] = ts
+        self.fresh_since[job_id] = ts
         self.reported_alpha.pop(job_id, None)
         return self.jobs[job_id]
 
     def remove_job(self, job_id: str) -> None:
-        for table in (self.jobs, self.job_peers, self.started, self.reported_alpha):
+        for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha):
             table.pop(job_id, None)
 
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
@@ -134,12 +137,17 @@ class Estimator:
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         for job_id in affected if bandwidth else ():
-            since = max(self.started[job_id], ts - self.config.max_probe_age_s)
+            since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)
             if beta is not None:
                 job = self.jobs[job_id]
                 job.observe_probe(beta, job.trained_s, shared=job_id in shared)
         return affected
+
+    def moved_since(self, job_id: str, ts: float) -> None:
+        """The job's syncs suspect its path moved by `ts`: what its peers read
+        before describes the old network."""
+        self.fresh_since[job_id] = max(self.fresh_since[job_id], ts)
 
     def observe_reported_network(self, job_id: str, alpha_s: float, bandwidth_bps: float) -> None:
         """The job's own estimate of its network, taken as it is."""

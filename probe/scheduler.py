@@ -9,8 +9,8 @@ thread keeps them off the agent's event loop without changing how they are writt
 Rules:
 - Latency bursts are cheap and frequent (`latency_interval_s`, default 10 s).
 - Bandwidth tests are rare while nothing moves (`bandwidth_interval_s`, default
-  300 s), and asked for at once when the caller sees the path move
-  (`request_bandwidth`, e.g. the job's own sync times moved). They are exclusive:
+  300 s, a new peer's first too), and asked for at once when the caller wants a
+  figure (`request_bandwidth`: a job registered, or its own sync times moved). They are exclusive:
   this scheduler runs one at a time, a process-wide lock per target refuses a
   second one to the same target (an on-demand probe, say), and a target whose
   iperf3 server is busy with another node's test answers IperfBusy. Busy means
@@ -304,7 +304,8 @@ class ProbeScheduler:
 
     def set_peers(self, peers: Iterable[str]) -> None:
         """Probe exactly `peers` from now on, but for this host's own addresses;
-        new ones get their first probes within a second or so, peers kept keep
+        new ones get their first latency probe within a second or so and their
+        first bandwidth test when asked or on the schedule; peers kept keep
         their schedule."""
         peers = list(dict.fromkeys(peers))
         for p in peers:
@@ -314,9 +315,13 @@ class ProbeScheduler:
         peers = [p for p in peers if p not in self.skipped]
         with self._lock:
             now = self.clock()
-            # first probes spread over the first second or so, not all at once
+            # A new peer's latency is probed within a second or so; its bandwidth
+            # when a job's estimate asks (`request_bandwidth`) or on the schedule:
+            # tested at once, a 4-node lab job's three new peers spent the whole
+            # 120 s budget at its registration, and the test its syncs asked for
+            # when the link recovered 15 s later waited 119 s.
             self.schedule = {p: self.schedule.get(p) or PeerSchedule(
-                now + self._jittered(0.5), now + self._jittered(1.0)) for p in peers}
+                now + self._jittered(0.5), now + self._jittered(self.config.bandwidth_interval_s)) for p in peers}
         self._wake.set()
 
     def request_bandwidth(self, peers: Iterable[str], expected_bps: float | None = None) -> float:

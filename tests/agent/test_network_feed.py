@@ -221,3 +221,37 @@ def test_a_jobs_estimate_follows_its_reports_not_the_agents_clock(monkeypatch):
     steady, lagging = asyncio.run(estimate([0.0] * 30)), asyncio.run(estimate([0.9 * (i % 2) for i in range(30)]))
     assert steady["lower_bound"] and steady["moves"] >= 1
     assert lagging == steady
+
+
+def test_burst_sized_syncs_that_speed_up_ask_for_a_probe_whose_reading_is_taken():
+    # The default lab's Top-k 0.01 job: its 40 KB syncs are within the link's
+    # burst, so they read no rate, but their time fell when the link recovered.
+    # The peers were tested at 20 Mbit/s before; the probe asked for reads one.
+    async def recovered() -> tuple[NetworkFeed, list[float | None]]:
+        asked: list[float | None] = []
+
+        def request_probes(peers: object, expected_bps: float | None) -> float:
+            asked.append(expected_bps)
+            return 0.0
+
+        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes)
+        spec = JobSpec(job_id="j", world_size=3, grad_bytes=1_000_000,
+                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
+        job = Job(spec, policy_for(spec))
+        await feed.add_job(job)
+        job.estimate.wants_probe = False  # its registration's tests, 20 s ago:
+        feed.estimator.fresh_since["j"] = time.time() - 30
+        for peer in ("10.99.0.2", "10.99.0.3"):
+            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 20e6,
+                                      duration_s=0.3, ts=time.time() - 20))
+        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        for i, t_sync in enumerate([0.018, 0.021, 0.019, 0.020, 0.008, 0.007, 0.009]):
+            feed.reported(job, [StepReport(step=i, t_sync_s=t_sync, t_compute_s=0.01, **sync)], None)
+        assert asked and asked[-1] > 20e6  # sized for a faster path
+        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 950e6,
+                                  duration_s=0.3, ts=time.time() + 0.5))
+        return feed, asked
+
+    feed, asked = asyncio.run(recovered())
+    assert len(asked) == 1
+    assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(950e6)  # not held by 10.99.0.3's old test

@@ -39,6 +39,8 @@ def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, priv
         Shaper(here.ifname, netns=here.ns).apply(LinkState(RATE_BPS))
         agent = AgentProcess(tmp_path, "--probe-port", str(port), "--probe-interval", "300ms")
         agent.env["FLEXCOMM_AGENT_PROBE_TEST_DURATION_S"] = "1s"
+        # the jobs never report: their peers' first tests come on the schedule
+        agent.env["FLEXCOMM_AGENT_PROBE_BANDWIDTH_INTERVAL_S"] = "2s"
         agent.env["FLEXCOMM_AGENT_PROBE_SERVE"] = "false"
         in_namespace(agent, here, probe=True)
         agent.start()

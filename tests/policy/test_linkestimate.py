@@ -583,3 +583,73 @@ def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_fo
         estimate.observe_sync("art_tree", tree, 0.0055, 5.1 + 0.2 * i)  # 179 Mbit/s crossed
     assert estimate.moves == moves and estimate.bandwidth_bps == pytest.approx(400e6, rel=0.05)
     assert estimate.wants_probe
+
+
+TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
+
+
+def small_syncs(estimate: LinkEstimate, times_s: list[float], start: float) -> float:
+    """One message each of burst-sized Top-k syncs taking `times_s`, 0.1 s apart."""
+    for i, t in enumerate(times_s):
+        estimate.observe_sync("ag_topk", TOPK_BYTES, t, start + 0.1 * i)
+    return start + 0.1 * len(times_s)
+
+
+def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_sized_by_what_it_means():
+    # The lab's Top-k 0.01: 16-27 ms a message at 20 Mbit/s, 2-17 ms at 1 Gbit/s.
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 20e6, 0.0)
+    slow = [0.0205, 0.0166, 0.0213, 0.0262, 0.0178, 0.0231, 0.0192, 0.0254]
+    now = small_syncs(estimate, slow * 3, 0.1)
+    assert not estimate.wants_probe and estimate.suspect_beta is None  # noise within 1.5x asks nothing
+    now = small_syncs(estimate, [0.0092, 0.0056], now)
+    assert not estimate.wants_probe  # not yet persisted
+    small_syncs(estimate, [0.0083], now)
+    assert estimate.wants_probe and estimate.bandwidth_bps == pytest.approx(20e6)  # asked, nothing taken
+    assert 25e6 < estimate.expected_bps < 400e6  # sized for a faster path than the figure
+    estimate.observe_probe(8 / 950e6, now + 1.0)
+    assert estimate.bandwidth_bps == pytest.approx(950e6) and estimate.suspect_beta is None
+    assert estimate.expected_bps == pytest.approx(950e6)
+
+
+def test_burst_sized_syncs_that_slow_ask_once_for_a_slower_sized_probe():
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 950e6, 0.0)
+    now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088], 0.1)
+    now = small_syncs(estimate, [0.0205, 0.0213, 0.0190], now)
+    assert estimate.wants_probe and estimate.expected_bps < 100e6
+    estimate.wants_probe = False  # the owner asked
+    small_syncs(estimate, [0.0205, 0.0213, 0.0190, 0.0220], now)
+    assert not estimate.wants_probe  # the new level is the level: a slower host asks once
+
+
+def test_burst_sized_syncs_survive_a_restore():
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 20e6, 0.0)
+    now = small_syncs(estimate, [0.02, 0.021, 0.019, 0.0085, 0.009], 0.1)
+    twin = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    twin.load_state_dict(estimate.state_dict())
+    for e in (estimate, twin):
+        small_syncs(e, [0.0083], now)
+    assert twin.state_dict() == estimate.state_dict() and twin.wants_probe
+
+
+def test_burst_sized_syncs_faster_than_the_wire_allows_are_the_hosts():
+    # Confirmed at 950 Mbit/s, where 45 KB take 0.4 ms: syncs 4 ms quicker are the
+    # host's. Only a figure that is a lower bound could be that much too slow.
+    for lower_bound in (False, True):
+        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+        estimate.observe_probe(8 / 950e6, 0.0, shared=lower_bound)
+        assert estimate.lower_bound == lower_bound
+        now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088], 0.1)
+        small_syncs(estimate, [0.0041, 0.0038, 0.0044], now)
+        assert estimate.wants_probe == lower_bound
+        assert estimate.expected_bps == pytest.approx(950e6)  # never sized for a faster path than the figure
+
+
+def test_a_first_figure_the_syncs_read_is_no_reason_to_probe_but_a_bound_is():
+    read, bounded = Path(), Path()
+    read.run(DENSE, 20e6, 1)
+    bounded.run(TOPK_AG, 1e9, 1)
+    assert read.estimate.evidence == SYNC and not read.estimate.wants_probe
+    assert bounded.estimate.lower_bound and bounded.estimate.wants_probe

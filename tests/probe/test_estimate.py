@@ -65,7 +65,7 @@ def test_a_probe_of_a_peer_reaches_only_the_jobs_it_serves():
     assert est.observe(bandwidth("p1", 100e6), ts=1.0) == ["a"]
     assert est.jobs["a"].bandwidth_bps == pytest.approx(100e6) and est.jobs["b"].bandwidth_bps is None
     est.remove_job("a")
-    assert est.observe(bandwidth("p1", 100e6), ts=2.0) == [] and "a" not in est.started
+    assert est.observe(bandwidth("p1", 100e6), ts=2.0) == [] and "a" not in est.fresh_since
 
 
 def test_a_job_with_no_peers_gets_an_estimate_that_expects_no_probe():
@@ -79,3 +79,19 @@ def test_config_errors_name_the_field():
         EstimateConfig(max_probe_age_s=0.0)
     with pytest.raises(ValueError, match=r"^smoothing:"):
         EstimateConfig(smoothing=-1.0)
+
+
+def test_after_a_suspected_move_only_peers_tested_since_stand_for_the_path():
+    # A link that recovered: p1 and p2 read 20 Mbit/s before it, p2 reads 950
+    # after; the slowest of all three would hold the job at the old rate.
+    est = Estimator()
+    est.add_job("j", ("p1", "p2"), ts=0.0)
+    est.observe(bandwidth("p1", 20e6), ts=1.0)
+    est.observe(bandwidth("p2", 20e6), ts=2.0)
+    assert est.jobs["j"].bandwidth_bps == pytest.approx(20e6)
+    est.observe(bandwidth("p2", 950e6), ts=15.0)
+    assert est.jobs["j"].bandwidth_bps == pytest.approx(20e6)  # p1's reading still counts
+    est.moved_since("j", 14.0)
+    est.moved_since("j", 3.0)  # an older suspicion moves nothing back
+    est.observe(bandwidth("p2", 950e6), ts=16.0)
+    assert est.jobs["j"].bandwidth_bps == pytest.approx(950e6)

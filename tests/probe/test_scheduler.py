@@ -121,6 +121,7 @@ def test_busy_target_backs_off_doubling_then_succeeds():
     probes = FakeProbes(clock)
     probes.busy_left = 3
     sched = make(["p"], clock, probes, backoff_s=2.0, jitter=0.0, latency_interval_s=1000.0)
+    sched.request_bandwidth(["p"])
     run_for(sched, clock, 30)
     attempts = [t for _, t in probes.bandwidth_calls]
     gaps = [round(b - a, 2) for a, b in itertools.pairwise(attempts)]
@@ -203,6 +204,7 @@ def test_a_test_the_peers_server_turns_away_is_called_off():
     sched = make(["p"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=60.0)
     sched.on_bandwidth_start = lambda peer, unix: heard.append((peer, unix is not None))
     sched.on_measurement = lambda m: heard.append((m.peer, "measured")) if m.kind == "bandwidth" else None
+    sched.request_bandwidth(["p"])
     run_for(sched, clock, 10)
     assert heard == [("p", True), ("p", False), ("p", True), ("p", "measured")]
 
@@ -250,6 +252,7 @@ def test_requested_tests_run_at_once_and_sized_ones_within_the_budget():
     clock = FakeClock()
     probes = FakeProbes(clock, test_s=0.25)  # a test sized to a quarter second
     sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=300.0)
+    sched.request_bandwidth(["p", "q"])
     run_for(sched, clock, 5)
     assert sched.expected_bps("p") == 1e8  # its last reading sizes the next test
     start, ran = clock.now, 0
@@ -328,6 +331,21 @@ def test_a_test_cut_off_before_its_sender_settled_is_a_failure():
     sched.bandwidth_probe = sized_probe(cut_off_link(clock, 10e6, 4.0, 0.0, []), lambda peer: 470e6, 0.25)
     m = sched.measure_bandwidth("p")
     assert not m.ok and "no result within" in m.error and m.duration_s == 4.0
+
+
+def test_a_new_peers_bandwidth_is_tested_when_asked_or_on_the_schedule():
+    # Tested at once, a 4-node job's three new peers spent the whole duty budget
+    # at its registration, and the test its syncs asked for later waited 119 s.
+    clock = FakeClock()
+    probes = FakeProbes(clock, test_s=0.25)
+    sched = make(["p", "q", "r"], clock, probes, latency_interval_s=10.0, bandwidth_interval_s=300.0)
+    run_for(sched, clock, 30)
+    assert not probes.bandwidth_calls and {p for p, _ in probes.latency_calls} == {"p", "q", "r"}
+    assert sched.request_bandwidth(["q"]) == 0.0
+    run_for(sched, clock, 30)
+    assert [p for p, _ in probes.bandwidth_calls] == ["q"]
+    run_for(sched, clock, 300)
+    assert {p for p, _ in probes.bandwidth_calls} == {"p", "q", "r"}  # the schedule reaches the rest
 
 
 def test_peers_can_change_while_running():
@@ -442,6 +460,7 @@ def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binar
     with Store(tmp_path / "s.db") as store:
         sched = ProbeScheduler([dead, b.address], ProbeConfig(**REAL, netns=a.ns), store=store,
                                locks=TargetLocks())
+        sched.request_bandwidth([dead, b.address])
         sched.start()
         try:
             wait_for(lambda: len(store.measurements(kind="bandwidth")) >= 2
