@@ -26,12 +26,12 @@ option. Both are fitted together, with forgetting:
 - A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
   or policed link may pass it at line rate after idle, so its time cannot be
   read as a rate. Its level can still move: each such option's usual sync time
-  is learned, and `persist` messages in a row beyond it by `small_shift` say the
-  path (or the host) moved; a probe is asked for, sized by the rate the shift
-  would mean (`suspect_beta`), and readings of other peers made before it no
-  longer stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 16-27 ms
-  a message at 20 Mbit/s and 2-17 ms at 1 Gbit/s; ignored, the recovery never
-  reached the estimate.)
+  is learned with its spread, and `persist` messages in a row beyond it by
+  `small_shift` and by `sigmas` spreads say the path (or the host) moved; a
+  probe is asked for, sized by the rate the shift would mean (`suspect_beta`),
+  and readings of other peers made before it no longer stand for the path.
+  (The lab's Top-k 0.01 syncs of 45 KB took 16-27 ms a message at 20 Mbit/s
+  and 2-17 ms at 1 Gbit/s; ignored, the recovery never reached the estimate.)
 - While the figure is only a lower bound it is the fastest bound of the last
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
   shows as soon as the faster bounds age out. A sync that reads the path
@@ -229,6 +229,7 @@ class SmallSyncs:
     (`direction`: +1 slower, -1 faster; their times)."""
 
     level_s: float = 0.0
+    spread_s: float = 0.0  # the mean deviation of the messages learned from it
     seen: int = 0
     direction: int = 0
     times: list[float] = field(default_factory=list)
@@ -358,16 +359,22 @@ class LinkEstimate:
 
     def _small_sync(self, key: str, beta_bytes: float, seconds: float) -> None:
         """A message's syncs of one burst-sized option (their median `seconds`):
-        learned into its level, or counted toward a shift of it; a shift that
+        learned into its level and spread, or counted toward a shift of it beyond
+        both (under two CPU hogs, 27 KB syncs moved 2-12 ms a message on a steady
+        link, and 1.5x alone asked for a probe every second); a shift that
         persists asks for a probe sized by what it would mean and becomes the
         level (a host that slowed asks once, not at every message)."""
         if self.beta_s_per_byte is None:
             return
         syncs = self.small.setdefault(key, SmallSyncs())
-        shift = 1 + self.config.small_shift
-        direction = 1 if seconds > syncs.level_s * shift else -1 if seconds * shift < syncs.level_s else 0
+        shift, noise = 1 + self.config.small_shift, self.config.sigmas * syncs.spread_s
+        level = syncs.level_s
+        direction = 1 if seconds > max(level * shift, level + noise) else \
+            -1 if seconds < min(level / shift, level - noise) else 0
         if syncs.seen < self.config.persist or direction == 0:
-            syncs.level_s = ewma(syncs.level_s if syncs.seen else None, seconds, self.config.beta_weight)
+            if syncs.seen:
+                syncs.spread_s = ewma(syncs.spread_s, abs(seconds - level), self.config.beta_weight)
+            syncs.level_s = ewma(level if syncs.seen else None, seconds, self.config.beta_weight)
             syncs.seen, syncs.direction, syncs.times = syncs.seen + 1, 0, []
             return
         if direction != syncs.direction:
@@ -378,7 +385,8 @@ class LinkEstimate:
         moved = statistics.median(syncs.times)
         self.suspect_beta = self._shifted_beta(beta_bytes, syncs.level_s, moved)
         self.wants_probe = self.wants_probe or self.suspect_beta is not None
-        syncs.level_s, syncs.seen, syncs.direction, syncs.times = moved, 1, 0, []
+        syncs.level_s, syncs.spread_s, syncs.seen, syncs.direction, syncs.times = \
+            moved, statistics.mean(abs(t - moved) for t in syncs.times), 1, 0, []
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the

@@ -653,3 +653,14 @@ def test_a_first_figure_the_syncs_read_is_no_reason_to_probe_but_a_bound_is():
     bounded.run(TOPK_AG, 1e9, 1)
     assert read.estimate.evidence == SYNC and not read.estimate.wants_probe
     assert bounded.estimate.lower_bound and bounded.estimate.wants_probe
+
+
+def test_burst_sized_syncs_of_a_noisy_host_ask_nothing():
+    # Two CPU hogs beside a steady 100 Mbit/s link: 27 KB syncs took 2-12 ms a
+    # message, runs of slow ones included; beyond 1.5x alone, that asked every second.
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 100e6, 0.0)
+    noisy = [0.003, 0.009, 0.005, 0.011, 0.002, 0.007, 0.012, 0.004, 0.006, 0.010, 0.003, 0.008]
+    now = small_syncs(estimate, noisy * 3, 0.1)
+    small_syncs(estimate, [0.011, 0.012, 0.0115, *noisy], now)
+    assert not estimate.wants_probe and estimate.suspect_beta is None
