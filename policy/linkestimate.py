@@ -286,6 +286,13 @@ class LinkEstimate:
             return 8.0 / self.streak.slowest
         return self.bandwidth_bps
 
+    @property
+    def suspects_move(self) -> bool:
+        """Whether the syncs say the path may no longer be what the probes last
+        read: a shift of burst-sized syncs, a streak of readings one way, or a
+        figure they only bound from below."""
+        return self.suspect_beta is not None or self.streak is not None or self.lower_bound
+
     def age_s(self, now: float) -> float:
         """Seconds since the figure was last confirmed, in whole `AGE_STEP_S`."""
         if self.confirmed is None:

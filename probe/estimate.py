@@ -17,8 +17,9 @@ alpha: per-message latency (s); beta: seconds per byte (8 / bits per second).
   Until the job's syncs or a probe made since it registered give it a figure,
   the slowest peer probed within `max_probe_age_s` stands in. A probe for the
   job reads the slowest of its peers tested since it registered, or since its
-  syncs last suspected a move (`moved_since`): a peer tested before a link
-  recovered would otherwise hold the job at the old, slower rate.
+  syncs last suspected a move (`moved_since`, when a probe is asked for
+  then): a peer tested before a link recovered would otherwise hold the job
+  at the old, slower rate.
 - `Estimator` owns every path and computes the one bottleneck a policy sees: the
   job's beta, whether it is only a lower bound and how long ago it was confirmed,
   and the highest alpha among its peers.

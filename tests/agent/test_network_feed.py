@@ -255,3 +255,29 @@ def test_burst_sized_syncs_that_speed_up_ask_for_a_probe_whose_reading_is_taken(
     feed, asked = asyncio.run(recovered())
     assert len(asked) == 1
     assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(950e6)  # not held by 10.99.0.3's old test
+
+
+def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
+    # The lab's lm job: a peer read 25 Mbit/s 2 s before the link recovered; its
+    # syncs then bounded the path at "at least" hundreds of Mbit/s and asked; the
+    # test of another peer read 967. The slowest of both held it at 25.
+    async def recovered() -> NetworkFeed:
+        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=lambda p, e: 0.0)
+        spec = JobSpec(job_id="j", world_size=3, grad_bytes=8_000_000,
+                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
+        job = Job(spec, policy_for(spec))
+        await feed.add_job(job)
+        feed.estimator.fresh_since["j"] = time.time() - 30
+        for peer in ("10.99.0.2", "10.99.0.3"):
+            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 25e6,
+                                      duration_s=0.3, ts=time.time() - 2))
+        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        for i in range(6):  # 320 KB in 12 ms: at least 200 Mbit/s
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.012, t_compute_s=0.1, **sync)], None)
+        assert job.estimate.lower_bound and job.estimate.suspects_move
+        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 967e6,
+                                  duration_s=0.3, ts=time.time() + 0.5))
+        return feed
+
+    feed = asyncio.run(recovered())
+    assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(967e6)
