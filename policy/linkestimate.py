@@ -25,11 +25,11 @@ option. Both are fitted together, with forgetting:
   an estimate slower than what crossed is raised to it, flagged `lower_bound`.
 - A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
   or policed link may pass it at line rate after idle, so its time cannot be
-  read as a rate. Its level can still move: each such option's usual sync time
-  is learned with its spread, and `persist` messages in a row beyond it by
-  `small_shift` and by `sigmas` spreads say the path (or the host) moved; a
-  probe is asked for, sized by the rate the shift would mean (`suspect_beta`),
-  and readings of other peers made before it no longer stand for the path.
+  read as a rate. Its level can still move: when the median of an option's
+  last 8 messages is `small_shift` beyond the median of the 24 before, the path
+  (or the host) moved; a probe is asked for, sized by the rate the shift would
+  mean (`suspect_beta`), and readings of other peers made before it no longer
+  stand for the path.
   (The lab's Top-k 0.01 syncs of 45 KB took 16-27 ms a message at 20 Mbit/s
   and 2-17 ms at 1 Gbit/s; ignored, the recovery never reached the estimate.)
 - While the figure is only a lower bound it is the fastest bound of the last
@@ -98,6 +98,9 @@ STATE_FORMAT = 2
 AGE_STEP_S = 5.0
 # An overhead read off one sync is known to about this share of itself.
 FIRST_SPREAD = 0.25
+# Messages of a burst-sized option whose median is compared (the recent ones) with
+# that of those before them (the reference), and the reference's length.
+SMALL_RECENT, SMALL_REFERENCE = 8, 24
 # What a shift of burst-sized syncs is taken to mean is kept within this factor of
 # the figure: it sizes a probe (which repeats a test sized too small), nothing more.
 SHIFT_RANGE = 20.0
@@ -156,7 +159,7 @@ class LinkEstimateConfig:
     probes: bool = True  # whether a probe comes when one is wanted
     probe_wait_s: float = 5.0  # a probe further off than this counts as none coming
     burst_bytes: float = BURST_BYTES
-    small_shift: float = 0.5  # a burst-sized sync's level moved: 1.5x either way
+    small_shift: float = 0.5  # burst-sized syncs' median moved: 1.5x either way
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
@@ -224,14 +227,9 @@ class Streak:
 
 @dataclass
 class SmallSyncs:
-    """One option's syncs too small to read the link by: their usual time
-    (`level_s`, from `seen` messages), and the messages in a row beyond it one way
-    (`direction`: +1 slower, -1 faster; their times)."""
+    """One option's syncs too small to read the link by: the times of its last
+    messages (the median of each), oldest first."""
 
-    level_s: float = 0.0
-    spread_s: float = 0.0  # the mean deviation of the messages learned from it
-    seen: int = 0
-    direction: int = 0
     times: list[float] = field(default_factory=list)
 
 
@@ -366,34 +364,25 @@ class LinkEstimate:
 
     def _small_sync(self, key: str, beta_bytes: float, seconds: float) -> None:
         """A message's syncs of one burst-sized option (their median `seconds`):
-        learned into its level and spread, or counted toward a shift of it beyond
-        both (under two CPU hogs, 27 KB syncs moved 2-12 ms a message on a steady
-        link, and 1.5x alone asked for a probe every second); a shift that
-        persists asks for a probe sized by what it would mean and becomes the
-        level (a host that slowed asks once, not at every message)."""
+        when the median of the last SMALL_RECENT messages is `small_shift` beyond
+        the median of the SMALL_REFERENCE before them, a probe is asked for,
+        sized by what the move would mean, and the recent messages become the
+        reference (a host that slowed asks once, not at every message). Medians
+        of windows, not messages in a row: at 1 Gbit/s the lab's syncs (5-19 ms)
+        straddled any per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
         if self.beta_s_per_byte is None:
             return
         syncs = self.small.setdefault(key, SmallSyncs())
-        shift, noise = 1 + self.config.small_shift, self.config.sigmas * syncs.spread_s
-        level = syncs.level_s
-        direction = 1 if seconds > max(level * shift, level + noise) else \
-            -1 if seconds < min(level / shift, level - noise) else 0
-        if syncs.seen < self.config.persist or direction == 0:
-            if syncs.seen:
-                syncs.spread_s = ewma(syncs.spread_s, abs(seconds - level), self.config.beta_weight)
-            syncs.level_s = ewma(level if syncs.seen else None, seconds, self.config.beta_weight)
-            syncs.seen, syncs.direction, syncs.times = syncs.seen + 1, 0, []
+        syncs.times = [*syncs.times, seconds][-(SMALL_RECENT + SMALL_REFERENCE):]
+        if len(syncs.times) < SMALL_RECENT + SMALL_REFERENCE // 2:
             return
-        if direction != syncs.direction:
-            syncs.direction, syncs.times = direction, []
-        syncs.times.append(seconds)
-        if len(syncs.times) < self.config.persist:
+        before, recent = statistics.median(syncs.times[:-SMALL_RECENT]), statistics.median(syncs.times[-SMALL_RECENT:])
+        shift = 1 + self.config.small_shift
+        if before / shift <= recent <= before * shift:
             return
-        moved = statistics.median(syncs.times)
-        self.suspect_beta = self._shifted_beta(beta_bytes, syncs.level_s, moved)
+        self.suspect_beta = self._shifted_beta(beta_bytes, before, recent)
         self.wants_probe = self.wants_probe or self.suspect_beta is not None
-        syncs.level_s, syncs.spread_s, syncs.seen, syncs.direction, syncs.times = \
-            moved, statistics.mean(abs(t - moved) for t in syncs.times), 1, 0, []
+        syncs.times = syncs.times[-SMALL_RECENT:]
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the

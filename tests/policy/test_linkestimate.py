@@ -586,6 +586,9 @@ def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_fo
 
 
 TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
+# Per-message medians of its syncs in the lab: 20 Mbit/s, one of 48 ms, and 1 Gbit/s.
+SLOW = [0.0258, 0.0192, 0.0245, 0.0317, 0.0176, 0.0273, 0.0219, 0.048, 0.0186, 0.0265, 0.0203, 0.0241]
+FAST = [0.0121, 0.0084, 0.0135, 0.0062, 0.0129, 0.0091, 0.0118, 0.0077, 0.0104, 0.0055]
 
 
 def small_syncs(estimate: LinkEstimate, times_s: list[float], start: float) -> float:
@@ -596,16 +599,16 @@ def small_syncs(estimate: LinkEstimate, times_s: list[float], start: float) -> f
 
 
 def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_sized_by_what_it_means():
-    # The lab's Top-k 0.01: 16-27 ms a message at 20 Mbit/s, 2-17 ms at 1 Gbit/s.
     estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     estimate.observe_probe(8 / 20e6, 0.0)
-    slow = [0.0205, 0.0166, 0.0213, 0.0262, 0.0178, 0.0231, 0.0192, 0.0254]
-    now = small_syncs(estimate, slow * 3, 0.1)
+    now = small_syncs(estimate, SLOW * 3, 0.1)
     assert not estimate.wants_probe and estimate.suspect_beta is None  # noise within 1.5x asks nothing
-    now = small_syncs(estimate, [0.0092, 0.0056], now)
-    assert not estimate.wants_probe  # not yet persisted
-    small_syncs(estimate, [0.0083], now)
-    assert estimate.wants_probe and estimate.bandwidth_bps == pytest.approx(20e6)  # asked, nothing taken
+    now = small_syncs(estimate, FAST[:2], now)
+    assert not estimate.wants_probe  # a median moves only once most of the window has
+    fast = 2
+    while not estimate.wants_probe and fast < len(FAST):
+        now, fast = small_syncs(estimate, [FAST[fast]], now), fast + 1
+    assert estimate.wants_probe and fast <= 5 and estimate.bandwidth_bps == pytest.approx(20e6)  # nothing taken
     assert 25e6 < estimate.expected_bps < 400e6  # sized for a faster path than the figure
     estimate.observe_probe(8 / 950e6, now + 1.0)
     assert estimate.bandwidth_bps == pytest.approx(950e6) and estimate.suspect_beta is None
@@ -615,22 +618,22 @@ def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_sized_by_what_it_means():
 def test_burst_sized_syncs_that_slow_ask_once_for_a_slower_sized_probe():
     estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     estimate.observe_probe(8 / 950e6, 0.0)
-    now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088], 0.1)
-    now = small_syncs(estimate, [0.0205, 0.0213, 0.0190], now)
+    now = small_syncs(estimate, FAST * 3, 0.1)
+    now = small_syncs(estimate, SLOW[:6], now)
     assert estimate.wants_probe and estimate.expected_bps < 100e6
     estimate.wants_probe = False  # the owner asked
-    small_syncs(estimate, [0.0205, 0.0213, 0.0190, 0.0220], now)
-    assert not estimate.wants_probe  # the new level is the level: a slower host asks once
+    small_syncs(estimate, SLOW * 2, now)
+    assert not estimate.wants_probe  # the new level is the reference: a slower host asks once
 
 
 def test_burst_sized_syncs_survive_a_restore():
     estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     estimate.observe_probe(8 / 20e6, 0.0)
-    now = small_syncs(estimate, [0.02, 0.021, 0.019, 0.0085, 0.009], 0.1)
+    now = small_syncs(estimate, SLOW * 2 + FAST[:3], 0.1)
     twin = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     twin.load_state_dict(estimate.state_dict())
     for e in (estimate, twin):
-        small_syncs(e, [0.0083], now)
+        small_syncs(e, FAST[3:6], now)
     assert twin.state_dict() == estimate.state_dict() and twin.wants_probe
 
 
@@ -641,8 +644,8 @@ def test_burst_sized_syncs_faster_than_the_wire_allows_are_the_hosts():
         estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
         estimate.observe_probe(8 / 950e6, 0.0, shared=lower_bound)
         assert estimate.lower_bound == lower_bound
-        now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088], 0.1)
-        small_syncs(estimate, [0.0041, 0.0038, 0.0044], now)
+        now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088] * 6, 0.1)
+        small_syncs(estimate, [0.0041, 0.0038, 0.0044, 0.0040, 0.0042], now)
         assert estimate.wants_probe == lower_bound
         assert estimate.expected_bps == pytest.approx(950e6)  # never sized for a faster path than the figure
 
@@ -657,10 +660,9 @@ def test_a_first_figure_the_syncs_read_is_no_reason_to_probe_but_a_bound_is():
 
 def test_burst_sized_syncs_of_a_noisy_host_ask_nothing():
     # Two CPU hogs beside a steady 100 Mbit/s link: 27 KB syncs took 2-12 ms a
-    # message, runs of slow ones included; beyond 1.5x alone, that asked every second.
+    # message, scattered both ways; three in a row beyond 1.5x asked every second.
     estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     estimate.observe_probe(8 / 100e6, 0.0)
     noisy = [0.003, 0.009, 0.005, 0.011, 0.002, 0.007, 0.012, 0.004, 0.006, 0.010, 0.003, 0.008]
-    now = small_syncs(estimate, noisy * 3, 0.1)
-    small_syncs(estimate, [0.011, 0.012, 0.0115, *noisy], now)
+    small_syncs(estimate, noisy * 3 + [0.011, 0.003, 0.012, 0.0025, 0.0115] + noisy, 0.1)
     assert not estimate.wants_probe and estimate.suspect_beta is None
