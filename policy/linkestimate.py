@@ -29,9 +29,9 @@ option. Both are fitted together, with forgetting:
   last 8 messages is `small_shift` beyond the median of the 24 before, the path
   (or the host) moved; a probe is asked for, sized by the rate the shift would
   mean (`suspect_beta`), and readings of other peers made before it no longer
-  stand for the path.
-  (The lab's Top-k 0.01 syncs of 45 KB took 16-27 ms a message at 20 Mbit/s
-  and 2-17 ms at 1 Gbit/s; ignored, the recovery never reached the estimate.)
+  stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 17-32 ms a
+  message at 20 Mbit/s and 5-19 ms at 1 Gbit/s; ignored, the recovery never
+  reached the estimate.)
 - While the figure is only a lower bound it is the fastest bound of the last
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
   shows as soon as the faster bounds age out. A sync that reads the path

@@ -10,10 +10,11 @@ Rules:
 - Latency bursts are cheap and frequent (`latency_interval_s`, default 10 s).
 - Bandwidth tests are rare while nothing moves (`bandwidth_interval_s`, default
   300 s, a new peer's first too), and asked for at once when the caller wants a
-  figure (`request_bandwidth`: a job registered, or its own sync times moved). They are exclusive:
-  this scheduler runs one at a time, a process-wide lock per target refuses a
-  second one to the same target (an on-demand probe, say), and a target whose
-  iperf3 server is busy with another node's test answers IperfBusy. Busy means
+  figure (`request_bandwidth`: a job registered, or its own sync times moved).
+  They are exclusive: this scheduler runs one at a time, a process-wide lock
+  per target refuses a second one to the same target (an on-demand probe,
+  say), and a target whose iperf3 server is busy with another node's test
+  answers IperfBusy. Busy means
   back off (`backoff_s`, doubling up to `backoff_max_s`) and retry; no
   measurement is recorded for it.
 - Duty cycle: bandwidth tests may use at most `duty_cycle` (default 1%) of wall
