@@ -226,14 +226,6 @@ class Streak:
 
 
 @dataclass
-class SmallSyncs:
-    """One option's syncs too small to read the link by: the times of its last
-    messages (the median of each), oldest first."""
-
-    times: list[float] = field(default_factory=list)
-
-
-@dataclass
 class LinkEstimate:
     """The estimate of one job's path (see the module docstring). The owner reads
     `beta_s_per_byte`, `lower_bound`, `confirmed` (when the figure was last
@@ -256,7 +248,8 @@ class LinkEstimate:
     aged_ask: float | None = None  # when a probe was last asked for because the figure aged
     bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
     trained_s: float = 0.0  # the job's training time its reports added up to (`advance`)
-    small: dict[str, SmallSyncs] = field(default_factory=dict)  # per option of burst-sized syncs
+    # per option of burst-sized syncs: its last messages' times (each a median), oldest first
+    small: dict[str, list[float]] = field(default_factory=dict)
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
 
     @property
@@ -372,17 +365,16 @@ class LinkEstimate:
         straddled any per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
         if self.beta_s_per_byte is None:
             return
-        syncs = self.small.setdefault(key, SmallSyncs())
-        syncs.times = [*syncs.times, seconds][-(SMALL_RECENT + SMALL_REFERENCE):]
-        if len(syncs.times) < SMALL_RECENT + SMALL_REFERENCE // 2:
+        times = self.small[key] = [*self.small.get(key, ()), seconds][-(SMALL_RECENT + SMALL_REFERENCE):]
+        if len(times) < SMALL_RECENT + SMALL_REFERENCE // 2:
             return
-        before, recent = statistics.median(syncs.times[:-SMALL_RECENT]), statistics.median(syncs.times[-SMALL_RECENT:])
+        before, recent = statistics.median(times[:-SMALL_RECENT]), statistics.median(times[-SMALL_RECENT:])
         shift = 1 + self.config.small_shift
         if before / shift <= recent <= before * shift:
             return
         self.suspect_beta = self._shifted_beta(beta_bytes, before, recent)
         self.wants_probe = self.wants_probe or self.suspect_beta is not None
-        syncs.times = syncs.times[-SMALL_RECENT:]
+        self.small[key] = times[-SMALL_RECENT:]
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the
@@ -644,13 +636,13 @@ class LinkEstimate:
                                             "aged_ask")}
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
-            small = {k: SmallSyncs(**v) for k, v in state.get("small", {}).items()}
+            small = {str(k): [float(t) for t in v] for k, v in state.get("small", {}).items()}
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
             # a state written before the job's clock ran on the caller's: go on from its last time
             fields["trained_s"] = float(state.get("trained_s", _latest(state, bounds)))
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"estimate: damaged state ({exc!r})") from None
         check_count("estimate.moves", fields["moves"])
         if fields["moved_beta"] is not None:

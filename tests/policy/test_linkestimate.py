@@ -666,3 +666,12 @@ def test_burst_sized_syncs_of_a_noisy_host_ask_nothing():
     noisy = [0.003, 0.009, 0.005, 0.011, 0.002, 0.007, 0.012, 0.004, 0.006, 0.010, 0.003, 0.008]
     small_syncs(estimate, noisy * 3 + [0.011, 0.003, 0.012, 0.0025, 0.0115] + noisy, 0.1)
     assert not estimate.wants_probe and estimate.suspect_beta is None
+
+
+def test_a_damaged_record_of_burst_sized_syncs_is_named():
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 20e6, 0.0)
+    small_syncs(estimate, SLOW, 0.1)
+    for damage in ({"ag_topk:45000": ["fast"]}, {"ag_topk:45000": 3}):
+        with pytest.raises(ValueError, match=r"^estimate: damaged state"):
+            LinkEstimate().load_state_dict({**estimate.state_dict(), "small": damage})
