@@ -25,8 +25,9 @@ option. Both are fitted together, with forgetting:
   an estimate slower than what crossed is raised to it, flagged `lower_bound`.
 - A sync no larger than the link's burst (`burst_bytes`) is neither: a shaped
   or policed link may pass it at line rate after idle, so its time cannot be
-  read as a rate. Its level can still move: when the median of an option's
-  last 8 messages is `small_shift` beyond the median of the 24 before, the path
+  read as a rate. Its level can still move (every option's is watched): when
+  the median of an option's last 8 messages is `level_shift` beyond the median
+  of the 24 before, the path
   (or the host) moved; a probe is asked for, sized by the rate the shift would
   mean (`suspect_beta`), and readings of other peers made before it no longer
   stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 17-32 ms a
@@ -36,7 +37,12 @@ option. Both are fitted together, with forgetting:
   `bound_window_s` (a windowed maximum, as BBR keeps), so a link that slowed
   shows as soon as the faster bounds age out. A sync that reads the path
   replaces it at once where it agrees or reads faster; one slower moves it only
-  as it would a confirmed figure, below.
+  as it would a confirmed figure, below. A test the job shared the link with
+  is a bound that stands longer (the `floor`): until an option's syncs slow by
+  `level_shift` as above, which asks for a probe, or `max_age_s` passes. (Left to the window, the lm lab's shared test
+  read 956 Mbit/s and PowerSGD's syncs, mostly gloo's own work, bound the
+  estimate back to 38-157 within a second; each fall asked for a test, and the
+  duty budget they spent left the next recovery unseen.)
 - The estimate counts the moves it detects (`moves`; the observation carries the
   count, and a policy takes a changed count as the move): a figure 12.5% or more
   from where the last move was counted, except a bound that fell (syncs that
@@ -98,10 +104,10 @@ STATE_FORMAT = 2
 AGE_STEP_S = 5.0
 # An overhead read off one sync is known to about this share of itself.
 FIRST_SPREAD = 0.25
-# Messages of a burst-sized option whose median is compared (the recent ones) with
-# that of those before them (the reference), and the reference's length.
-SMALL_RECENT, SMALL_REFERENCE = 8, 24
-# What a shift of burst-sized syncs is taken to mean is kept within this factor of
+# Messages of an option whose median is compared (the recent ones) with that of
+# those before them (the reference), and the reference's length.
+LEVEL_RECENT, LEVEL_REFERENCE = 8, 24
+# What a shift of an option's syncs is taken to mean is kept within this factor of
 # the figure: it sizes a probe (which repeats a test sized too small), nothing more.
 SHIFT_RANGE = 20.0
 
@@ -159,11 +165,11 @@ class LinkEstimateConfig:
     probes: bool = True  # whether a probe comes when one is wanted
     probe_wait_s: float = 5.0  # a probe further off than this counts as none coming
     burst_bytes: float = BURST_BYTES
-    small_shift: float = 0.5  # burst-sized syncs' median moved: 1.5x either way
+    level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
-                     "small_shift"):
+                     "level_shift"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
@@ -248,8 +254,9 @@ class LinkEstimate:
     aged_ask: float | None = None  # when a probe was last asked for because the figure aged
     bounds: list[tuple[float, float]] = field(default_factory=list)  # (when, beta) while only bounded
     trained_s: float = 0.0  # the job's training time its reports added up to (`advance`)
-    # per option of burst-sized syncs: its last messages' times (each a median), oldest first
-    small: dict[str, list[float]] = field(default_factory=dict)
+    # per option: its last messages' sync times (each a median), oldest first
+    levels: dict[str, list[float]] = field(default_factory=dict)
+    floor: tuple[float, float] | None = None  # (when, beta) a test the job shared read: at least this fast
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
 
     @property
@@ -307,14 +314,19 @@ class LinkEstimate:
         if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
+        level = self._level_shift(f"{form}:{beta_bytes:.0f}", seconds)
         if beta_bytes <= self.config.burst_bytes:
             # A shaped or policed link may pass a burst after idle at line rate: the
             # sync's time says nothing of the rate, neither as a reading nor as a
             # bound (the lab's Top-k syncs of 3-25 KB on a 20 Mbit/s link read
             # anything from 4.8 to 472 Mbit/s, and every such move sent the MOO
             # exploring again); only a shift of its level is news.
-            self._small_sync(f"{form}:{beta_bytes:.0f}", beta_bytes, seconds)
+            if level is not None:
+                self._suspect(beta_bytes, *level)
             return
+        if level is not None and level[1] > level[0] and self.floor is not None:
+            self.floor = None  # the path may have slowed below what the shared test read
+            self._suspect(beta_bytes, *level)
         fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
@@ -355,26 +367,31 @@ class LinkEstimate:
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
-    def _small_sync(self, key: str, beta_bytes: float, seconds: float) -> None:
-        """A message's syncs of one burst-sized option (their median `seconds`):
-        when the median of the last SMALL_RECENT messages is `small_shift` beyond
-        the median of the SMALL_REFERENCE before them, a probe is asked for,
-        sized by what the move would mean, and the recent messages become the
-        reference (a host that slowed asks once, not at every message). Medians
-        of windows, not messages in a row: at 1 Gbit/s the lab's syncs (5-19 ms)
-        straddled any per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
+    def _level_shift(self, key: str, seconds: float) -> tuple[float, float] | None:
+        """One message's syncs of an option (their median `seconds`): the medians
+        (before, recent) when the median of its last LEVEL_RECENT messages is
+        `level_shift` beyond that of the LEVEL_REFERENCE before them, and the
+        recent messages become the reference (a host that slowed shows once, not
+        at every message); else None. Medians of windows, not messages in a row:
+        at 1 Gbit/s the lab's burst-sized syncs (5-19 ms) straddled any
+        per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
         if self.beta_s_per_byte is None:
-            return
-        times = self.small[key] = [*self.small.get(key, ()), seconds][-(SMALL_RECENT + SMALL_REFERENCE):]
-        if len(times) < SMALL_RECENT + SMALL_REFERENCE // 2:
-            return
-        before, recent = statistics.median(times[:-SMALL_RECENT]), statistics.median(times[-SMALL_RECENT:])
-        shift = 1 + self.config.small_shift
+            return None
+        times = self.levels[key] = [*self.levels.get(key, ()), seconds][-(LEVEL_RECENT + LEVEL_REFERENCE):]
+        if len(times) < LEVEL_RECENT + LEVEL_REFERENCE // 2:
+            return None
+        before, recent = statistics.median(times[:-LEVEL_RECENT]), statistics.median(times[-LEVEL_RECENT:])
+        shift = 1 + self.config.level_shift
         if before / shift <= recent <= before * shift:
-            return
-        self.suspect_beta = self._shifted_beta(beta_bytes, before, recent)
+            return None
+        self.levels[key] = times[-LEVEL_RECENT:]
+        return before, recent
+
+    def _suspect(self, beta_bytes: float, before_s: float, recent_s: float) -> None:
+        """An option's syncs moved from `before_s` to `recent_s`: a probe is asked
+        for, sized by what the move would mean."""
+        self.suspect_beta = self._shifted_beta(beta_bytes, before_s, recent_s)
         self.wants_probe = self.wants_probe or self.suspect_beta is not None
-        self.small[key] = times[-SMALL_RECENT:]
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the
@@ -412,7 +429,9 @@ class LinkEstimate:
         as soon as the faster bounds age out of the window."""
         window = self.config.bound_window_s
         self.bounds = [(t, b) for t, b in self.bounds if t > ts - window] + [(ts, beta)]
-        figure = min(b for _, b in self.bounds)
+        if self.floor is not None and ts - self.floor[0] >= self.config.max_age_s:
+            self.floor = None
+        figure = min([b for _, b in self.bounds] + ([self.floor[1]] if self.floor else []))
         old = self.beta_s_per_byte
         if old is None or relative_change(old, figure) >= self.config.change / 2:
             self.evidence, self.wants_probe = SYNC_BOUND, True
@@ -577,8 +596,11 @@ class LinkEstimate:
         slower_pending = self.streak is not None and self.streak.direction > 0
         if shared and (old is None or beta <= old / (1 + change)):
             self._set(beta, PROBE_SHARED, ts, lower_bound=True)  # the path is at least this fast
+            self.floor = (ts, beta)
             return
         if shared and self.lower_bound and beta < old * (1 + change):
+            if self.floor is None or beta <= self.floor[1]:
+                self.floor = (ts, beta)
             return  # agrees with a figure only bounded: still only bounded
         if old is None or (self.lower_bound and beta < old):
             self._set(beta, PROBE, ts)
@@ -607,7 +629,7 @@ class LinkEstimate:
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
-        self.bounds = [(ts, beta)] if lower_bound else []
+        self.bounds, self.floor = ([(ts, beta)] if lower_bound else []), None
         if not lower_bound:
             self.confirmed = ts
         if moved:
@@ -636,7 +658,10 @@ class LinkEstimate:
                                             "aged_ask")}
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
-            small = {str(k): [float(t) for t in v] for k, v in state.get("small", {}).items()}
+            # a state written before every option's level was watched named only burst-sized ones
+            levels = {str(k): [float(t) for t in v] for k, v in state.get("levels", state.get("small", {})).items()}
+            floor = state.get("floor")
+            fields["floor"] = (float(floor[0]), float(floor[1])) if floor is not None else None
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
@@ -649,7 +674,7 @@ class LinkEstimate:
             check_range("estimate.moved_beta", fields["moved_beta"], 0.0, math.inf, open_low=True)
         for name, value in fields.items():
             setattr(self, name, value)
-        self.overheads, self.streak, self.bounds, self.small = overheads, streak, bounds, small
+        self.overheads, self.streak, self.bounds, self.levels = overheads, streak, bounds, levels
 
     def _streak(self, state: dict[str, Any]) -> Streak:
         """A stored streak; one of format 1 has a `since` and every beta it read."""
