@@ -248,10 +248,35 @@ def test_a_shared_tests_bound_goes_once_the_syncs_slow():
     while path.estimate.floor is not None and messages < 20:
         path.run(TOPK_AG, 20e6, 1, host=6.0)
         messages += 1
-    assert messages <= 6 and path.estimate.wants_probe  # the median of 8 moved: a probe is asked
+    assert messages <= 8 and path.estimate.wants_probe  # the last 8 moved: a probe is asked
     assert path.estimate.expected_bps < 100e6  # sized for the slower path
     path.run(TOPK_AG, 20e6, 6, host=6.0)  # the window holds the slow syncs' bounds alone
     assert path.mbps < 20 and path.estimate.lower_bound
+
+
+# The lm lab's PowerSGD rank 4 syncs a message (ms), mostly gloo's own work: on
+# its 1 Gbit/s phase, then on the 30 Mbit/s phase after it.
+POWERSGD_FAST = [30.5, 34.4, 29.7, 34.7, 23.2, 73.6, 68.3, 24.0, 61.8, 29.8, 49.1, 57.0, 14.6, 41.1, 76.6, 57.3,
+                 33.5, 62.0, 61.5, 11.5, 27.6, 18.0, 60.8, 51.3, 42.1, 23.6, 18.6, 50.8, 17.6, 22.6, 54.0, 64.2,
+                 31.8, 62.0, 8.8, 69.9, 54.0, 77.4, 10.2, 48.1, 29.3, 51.0, 19.7, 17.9, 15.9, 78.7, 75.2, 81.5]
+POWERSGD_SLOW = [75.8, 69.1, 79.4, 89.0, 106.5, 94.8, 69.3, 74.5, 74.6, 94.6, 85.3, 73.4, 76.7]
+
+
+def test_a_noisy_hosts_syncs_leave_a_shared_tests_bound_and_a_slower_link_takes_it():
+    estimate = LinkEstimate()
+    estimate.observe_probe(8 / 956e6, 0.0, shared=True)
+    now = 0.0
+    for ms in POWERSGD_FAST:
+        now += 0.15
+        estimate.observe_sync("dense_ring", 300_000, ms / 1e3, now)
+    assert estimate.bandwidth_bps == pytest.approx(956e6) and estimate.floor is not None
+    assert not estimate.wants_probe
+    for i, ms in enumerate(POWERSGD_SLOW):
+        now += 0.15
+        estimate.observe_sync("dense_ring", 300_000, ms / 1e3, now)
+        if estimate.floor is None:
+            break
+    assert i < 9 and estimate.wants_probe and estimate.bandwidth_bps < 100e6
 
 
 def test_a_shared_tests_bound_ages_out_after_max_age_s():
@@ -660,7 +685,7 @@ def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_sized_by_what_it_means():
     fast = 2
     while not estimate.wants_probe and fast < len(FAST):
         now, fast = small_syncs(estimate, [FAST[fast]], now), fast + 1
-    assert estimate.wants_probe and fast <= 5 and estimate.bandwidth_bps == pytest.approx(20e6)  # nothing taken
+    assert estimate.wants_probe and fast <= 8 and estimate.bandwidth_bps == pytest.approx(20e6)  # nothing taken
     assert 25e6 < estimate.expected_bps < 400e6  # sized for a faster path than the figure
     estimate.observe_probe(8 / 950e6, now + 1.0)
     assert estimate.bandwidth_bps == pytest.approx(950e6) and estimate.suspect_beta is None
@@ -671,7 +696,7 @@ def test_burst_sized_syncs_that_slow_ask_once_for_a_slower_sized_probe():
     estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     estimate.observe_probe(8 / 950e6, 0.0)
     now = small_syncs(estimate, FAST * 3, 0.1)
-    now = small_syncs(estimate, SLOW[:6], now)
+    now = small_syncs(estimate, SLOW[:8], now)
     assert estimate.wants_probe and estimate.expected_bps < 100e6
     estimate.wants_probe = False  # the owner asked
     small_syncs(estimate, SLOW * 2, now)
@@ -697,7 +722,7 @@ def test_burst_sized_syncs_faster_than_the_wire_allows_are_the_hosts():
         estimate.observe_probe(8 / 950e6, 0.0, shared=lower_bound)
         assert estimate.lower_bound == lower_bound
         now = small_syncs(estimate, [0.0085, 0.0079, 0.0091, 0.0088] * 6, 0.1)
-        small_syncs(estimate, [0.0041, 0.0038, 0.0044, 0.0040, 0.0042], now)
+        small_syncs(estimate, [0.0041, 0.0038, 0.0044, 0.0040, 0.0042, 0.0039, 0.0043, 0.0040], now)
         assert estimate.wants_probe == lower_bound
         assert estimate.expected_bps == pytest.approx(950e6)  # never sized for a faster path than the figure
 
