@@ -62,7 +62,10 @@ option. Both are fitted together, with forgetting:
   beats the streak's figure by `change`) moves nothing and asks for a probe.
   Readings in the streak before a change are not blended into the old figure.
 - A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
-  hide a 50x move of the link) asks for a probe, once per `max_age_s`.
+  hide a 50x move of the link) asks for a probe, once per `max_age_s`; a test
+  the job shared the link with looked at the path too (in the lm lab the aged
+  ask came 8 s after one, and its test left no duty budget for the next
+  recovery).
 - A probe that reads faster, or agrees, confirms; one that reads slower while
   the job's syncs say the path is as it was is the job sharing the link with the
   test, and a slower probe alone must read it twice. A test the owner knows the
@@ -311,7 +314,8 @@ class LinkEstimate:
         `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
-        if self.confirmed is not None and ts - self.confirmed >= self.config.max_age_s and \
+        looked = max(self.confirmed, self.floor[0]) if self.floor and self.confirmed is not None else self.confirmed
+        if looked is not None and ts - looked >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
         level = self._level_shift(f"{form}:{beta_bytes:.0f}", seconds)

@@ -271,12 +271,12 @@ def test_a_noisy_hosts_syncs_leave_a_shared_tests_bound_and_a_slower_link_takes_
         estimate.observe_sync("dense_ring", 300_000, ms / 1e3, now)
     assert estimate.bandwidth_bps == pytest.approx(956e6) and estimate.floor is not None
     assert not estimate.wants_probe
-    for i, ms in enumerate(POWERSGD_SLOW):
+    messages = 0
+    while estimate.floor is not None and messages < len(POWERSGD_SLOW):
         now += 0.15
-        estimate.observe_sync("dense_ring", 300_000, ms / 1e3, now)
-        if estimate.floor is None:
-            break
-    assert i < 9 and estimate.wants_probe and estimate.bandwidth_bps < 100e6
+        estimate.observe_sync("dense_ring", 300_000, POWERSGD_SLOW[messages] / 1e3, now)
+        messages += 1
+    assert messages <= 9 and estimate.wants_probe and estimate.bandwidth_bps < 100e6
 
 
 def test_a_shared_tests_bound_ages_out_after_max_age_s():
@@ -285,6 +285,19 @@ def test_a_shared_tests_bound_ages_out_after_max_age_s():
     assert path.mbps == pytest.approx(950)
     path.run(TOPK_AG, 1e9, 2, host=6.0)
     assert path.estimate.floor is None and path.mbps < 500
+
+
+def test_a_shared_test_counts_as_a_look_at_the_path_for_the_aged_ask():
+    path = Path(max_age_s=10.0)
+    path.run(DENSE, 20e6, 2)  # a figure the syncs read: confirmed
+    path.run(TOPK_AG, 1e9, 10, host=6.0)  # the link recovered: Top-k syncs bound it
+    path.probe(950e6, shared=True)
+    assert path.estimate.floor is not None
+    path.estimate.wants_probe = False
+    path.run(TOPK_AG, 1e9, 45, host=6.0)  # 11.3 s since the confirmation, 9 s since the test
+    assert not path.estimate.wants_probe and path.mbps == pytest.approx(950)
+    path.run(TOPK_AG, 1e9, 6, host=6.0)
+    assert path.estimate.wants_probe
 
 
 def test_a_shared_tests_bound_survives_a_restore():
