@@ -141,7 +141,7 @@ class NetworkFeed:
             return
         if job.reported_network is not None:
             self.estimator.observe_reported_network(job.job_id, *job.reported_network)
-        estimate.wants_probe = True  # the paths as they are now, before the job loads them
+        estimate.ask("registered")  # the paths as they are now, before the job loads them
 
     @staticmethod
     def _resume(estimate: LinkEstimate, job: Job) -> bool:
@@ -266,6 +266,7 @@ class NetworkFeed:
         estimate.wants_probe = False
         estimate.probe_late(wait_s)
         log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
+                                                      "reason": estimate.probe_reason,
                                                       "expected_bps": estimate.expected_bps,
                                                       "budget_wait_s": round(wait_s, 1)}})
 

@@ -250,6 +250,7 @@ class LinkEstimate:
     moved_beta: float | None = None  # the figure the last move was counted at
     confirmed: float | None = None
     wants_probe: bool = False
+    probe_reason: str = ""  # why a probe was last wanted
     overheads: dict[str, CollectiveFit] = field(default_factory=dict)
     streak: Streak | None = None
     probe_pending: float | None = None  # a slower probe read once, to be read again
@@ -317,7 +318,8 @@ class LinkEstimate:
         looked = max(self.confirmed, self.floor[0]) if self.floor and self.confirmed is not None else self.confirmed
         if looked is not None and ts - looked >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
-            self.aged_ask, self.wants_probe = ts, True  # nothing confirmed it for a while: look again
+            self.aged_ask = ts
+            self.ask("aged")  # nothing confirmed it for a while: look again
         level = self._level_shift(f"{form}:{beta_bytes:.0f}", seconds)
         if beta_bytes <= self.config.burst_bytes:
             # A shaped or policed link may pass a burst after idle at line rate: the
@@ -355,7 +357,9 @@ class LinkEstimate:
             # link with the job: the lab's dense job's read 4.5 of 20 Mbit/s in
             # 1.4 s, the whole duty budget, and none was left when the link
             # recovered). A bound keeps it.
-            self.wants_probe = not narrow
+            self.wants_probe = False
+            if not narrow:
+                self.ask("first figure a bound")
             return
         margin = self.config.change * wire
         slower = seconds > hi + wire + margin and slowest > beta * (1 + self.config.change)
@@ -401,7 +405,15 @@ class LinkEstimate:
         """An option's syncs moved from `before_s` to `recent_s`: a probe is asked
         for, sized by what the move would mean."""
         self.suspect_beta = self._shifted_beta(beta_bytes, before_s, recent_s)
-        self.wants_probe = self.wants_probe or self.suspect_beta is not None
+        if self.suspect_beta is not None:
+            self.ask("syncs slowed" if recent_s > before_s else "syncs quickened")
+
+    def ask(self, reason: str) -> None:
+        """Want a probe, and say why (the owner logs it with the ask): the first
+        reason while the wish stands."""
+        if not self.wants_probe:
+            self.probe_reason = reason
+        self.wants_probe = True
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the
@@ -444,7 +456,8 @@ class LinkEstimate:
         figure = min([b for _, b in self.bounds] + ([self.floor[1]] if self.floor else []))
         old = self.beta_s_per_byte
         if old is None or relative_change(old, figure) >= self.config.change / 2:
-            self.evidence, self.wants_probe = SYNC_BOUND, True
+            self.evidence = SYNC_BOUND
+            self.ask("bound moved")
         self.beta_s_per_byte = figure
         # A bound shows only that the link is at least this fast: a faster one is a
         # move; a slower one is syncs that said less (a busier host, or smaller
@@ -550,12 +563,14 @@ class LinkEstimate:
             # AllGather Top-k syncs read "65 Mbit/s" beside AR-tree syncs whose bytes
             # crossed at 330, and the estimate flipped between them). Nothing moves
             # on syncs that contradict each other; a probe settles it.
-            self.streak, self.wants_probe = None, True
+            self.streak = None
+            self.ask("syncs contradict each other")
             return
         if direction < 0:
             self._set(figure, SYNC if streak.informative else SYNC_BOUND, ts,
                       lower_bound=not streak.informative)
-            self.wants_probe = not streak.informative
+            if not streak.informative:
+                self.ask("faster, only bounded")
         elif streak.informative and streak.alone:
             self._set(figure, SYNC, ts, lower_bound=False)
         elif streak.beyond_host:
@@ -565,11 +580,12 @@ class LinkEstimate:
             # 305 ms bf16 syncs on a 10 Mbit/s link, an overhead of up to 100 ms
             # allowed, read too wide to stand alone, and the probe came too late.)
             self._set(figure, SYNC_BOUND, ts, lower_bound=True)
-            self.wants_probe = True
+            self.ask("slower than the host explains")
         elif not self.config.probes or (streak.probe_late and ts - streak.began >= self.config.probe_wait_s):
             self._set(figure, SYNC_BOUND, ts, lower_bound=True)  # no probe will confirm it (soon): a bound
         elif not streak.probe_asked:
-            streak.probe_asked = self.wants_probe = True
+            streak.probe_asked = True
+            self.ask("slower streak")
 
     def _beyond_host(self, seconds: float, beta_bytes: float) -> bool:
         """Whether a sync's bytes took longer than the estimate allows (by `change`)
@@ -627,7 +643,8 @@ class LinkEstimate:
         elif self.probe_pending is not None and relative_change(self.probe_pending, beta) < change:
             self._set(beta, PROBE, ts)
         else:  # one slower probe alone: read it again before believing it
-            self.probe_pending, self.wants_probe = beta, True
+            self.probe_pending = beta
+            self.ask("a slower probe, read again")
 
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""
@@ -668,6 +685,7 @@ class LinkEstimate:
                                             "aged_ask")}
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
+            fields["probe_reason"] = str(state.get("probe_reason", ""))
             # a state written before every option's level was watched named only burst-sized ones
             levels = {str(k): [float(t) for t in v] for k, v in state.get("levels", state.get("small", {})).items()}
             floor = state.get("floor")

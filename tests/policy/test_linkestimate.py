@@ -249,6 +249,7 @@ def test_a_shared_tests_bound_goes_once_the_syncs_slow():
         path.run(TOPK_AG, 20e6, 1, host=6.0)
         messages += 1
     assert messages <= 8 and path.estimate.wants_probe  # the last 8 moved: a probe is asked
+    assert path.estimate.probe_reason == "syncs slowed"
     assert path.estimate.expected_bps < 100e6  # sized for the slower path
     path.run(TOPK_AG, 20e6, 6, host=6.0)  # the window holds the slow syncs' bounds alone
     assert path.mbps < 20 and path.estimate.lower_bound
@@ -297,7 +298,7 @@ def test_a_shared_test_counts_as_a_look_at_the_path_for_the_aged_ask():
     path.run(TOPK_AG, 1e9, 45, host=6.0)  # 11.3 s since the confirmation, 9 s since the test
     assert not path.estimate.wants_probe and path.mbps == pytest.approx(950)
     path.run(TOPK_AG, 1e9, 6, host=6.0)
-    assert path.estimate.wants_probe
+    assert path.estimate.wants_probe and path.estimate.probe_reason == "aged"
 
 
 def test_a_shared_tests_bound_survives_a_restore():
@@ -700,6 +701,7 @@ def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_sized_by_what_it_means():
         now, fast = small_syncs(estimate, [FAST[fast]], now), fast + 1
     assert estimate.wants_probe and fast <= 8 and estimate.bandwidth_bps == pytest.approx(20e6)  # nothing taken
     assert 25e6 < estimate.expected_bps < 400e6  # sized for a faster path than the figure
+    assert estimate.probe_reason == "syncs quickened"
     estimate.observe_probe(8 / 950e6, now + 1.0)
     assert estimate.bandwidth_bps == pytest.approx(950e6) and estimate.suspect_beta is None
     assert estimate.expected_bps == pytest.approx(950e6)
