@@ -39,7 +39,9 @@ option. Both are fitted together, with forgetting:
   replaces it at once where it agrees or reads faster; one slower moves it only
   as it would a confirmed figure, below. A test the job shared the link with
   is a bound that stands longer (the `floor`): until an option's syncs slow by
-  `level_shift` as above, which asks for a probe, or `max_age_s` passes. (Left to the window, the lm lab's shared test
+  `level_shift` as above, a move taken at once to the window's fastest bound
+  (no probe: a slower link's syncs show it, and the duty budget is kept for a
+  recovery, which they cannot), or `max_age_s` passes. (Left to the window, the lm lab's shared test
   read 956 Mbit/s and PowerSGD's syncs, mostly gloo's own work, bound the
   estimate back to 38-157 within a second; each fall asked for a test, and the
   duty budget they spent left the next recovery unseen.)
@@ -331,8 +333,7 @@ class LinkEstimate:
                 self._suspect(beta_bytes, *level)
             return
         if level is not None and level[1] > level[0] and self.floor is not None:
-            self.floor = None  # the path may have slowed below what the shared test read
-            self._suspect(beta_bytes, *level)
+            self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
         fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
@@ -400,6 +401,19 @@ class LinkEstimate:
             return None
         self.levels[key] = recent_s
         return before, recent
+
+    def _floor_fell(self, bound: float | None, ts: float) -> None:
+        """An option's syncs slowed (the level rule) while a shared test's bound
+        stood: the path slowed below it. A move, at once, to the fastest bound of
+        the window, this sync's included; no probe is asked for: on a slower
+        link the syncs' bytes show it, and a recovery, which they cannot show,
+        needs the duty budget (in the lm lab the test that confirmed a fall
+        left none for the next recovery)."""
+        self.floor = None
+        window = [b for t, b in self.bounds if t > ts - self.config.bound_window_s]
+        figure = min(window + ([bound] if bound else []), default=self.beta_s_per_byte)
+        self.beta_s_per_byte, self.evidence, self.lower_bound = figure, SYNC_BOUND, True
+        self._moved(ts)
 
     def _suspect(self, beta_bytes: float, before_s: float, recent_s: float) -> None:
         """An option's syncs moved from `before_s` to `recent_s`: a probe is asked

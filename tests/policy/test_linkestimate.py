@@ -240,17 +240,17 @@ def test_a_shared_tests_bound_stands_past_the_window_while_the_syncs_keep_their_
     assert not path.estimate.wants_probe and path.estimate.moves == 2
 
 
-def test_a_shared_tests_bound_goes_once_the_syncs_slow():
+def test_a_shared_tests_bound_goes_once_the_syncs_slow_and_that_is_a_move():
     path = floored()
     path.run(TOPK_AG, 1e9, 30, host=6.0)
     path.estimate.wants_probe = False
-    messages = 0
+    moves, messages = path.estimate.moves, 0
     while path.estimate.floor is not None and messages < 20:
         path.run(TOPK_AG, 20e6, 1, host=6.0)
         messages += 1
-    assert messages <= 8 and path.estimate.wants_probe  # the last 8 moved: a probe is asked
-    assert path.estimate.probe_reason == "syncs slowed"
-    assert path.estimate.expected_bps < 100e6  # sized for the slower path
+    assert messages <= 8 and path.estimate.moves == moves + 1  # the last 8 slowed: a move at once
+    assert path.mbps < 100 and path.estimate.lower_bound
+    assert not path.estimate.wants_probe  # the slower syncs show it: no test
     path.run(TOPK_AG, 20e6, 6, host=6.0)  # the window holds the slow syncs' bounds alone
     assert path.mbps < 20 and path.estimate.lower_bound
 
@@ -277,7 +277,7 @@ def test_a_noisy_hosts_syncs_leave_a_shared_tests_bound_and_a_slower_link_takes_
         now += 0.15
         estimate.observe_sync("dense_ring", 300_000, POWERSGD_SLOW[messages] / 1e3, now)
         messages += 1
-    assert messages <= 9 and estimate.wants_probe and estimate.bandwidth_bps < 100e6
+    assert messages <= 9 and estimate.moves == 2 and estimate.bandwidth_bps < 100e6
 
 
 def test_a_shared_tests_bound_ages_out_after_max_age_s():
@@ -712,7 +712,7 @@ def test_burst_sized_syncs_that_slow_ask_once_for_a_slower_sized_probe():
     estimate.observe_probe(8 / 950e6, 0.0)
     now = small_syncs(estimate, FAST * 3, 0.1)
     now = small_syncs(estimate, SLOW[:8], now)
-    assert estimate.wants_probe and estimate.expected_bps < 100e6
+    assert estimate.wants_probe and estimate.expected_bps < 100e6 and estimate.probe_reason == "syncs slowed"
     estimate.wants_probe = False  # the owner asked
     small_syncs(estimate, SLOW * 2, now)
     assert not estimate.wants_probe  # the new level is the reference: a slower host asks once
