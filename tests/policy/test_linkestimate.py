@@ -310,6 +310,18 @@ def test_a_shared_tests_bound_survives_a_restore():
         LinkEstimate().load_state_dict({**path.estimate.state_dict(), "floor": ["soon"]})
 
 
+def test_faster_bounds_ask_for_a_probe_only_beyond_the_level_rules_factor():
+    # A new collective's syncs, quicker than the figure's wire time: their
+    # bytes over their whole time bound the path, 1.43x and 2x faster.
+    for share, asks in ((0.7, False), (0.5, True)):
+        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+        estimate.observe_probe(8 / 20e6, 0.0)
+        for i in range(3):
+            estimate.observe_sync("art_tree", 250_000, share * 250_000 * 8 / 20e6, 0.2 * (i + 1))
+        assert estimate.lower_bound and estimate.bandwidth_bps == pytest.approx(20e6 / share)
+        assert estimate.wants_probe == asks
+
+
 def test_a_move_confirmed_by_a_probe_takes_the_faster_of_the_two():
     path = Path()
     path.probe(1e9)
@@ -371,6 +383,20 @@ def test_stalled_syncs_that_quicker_syncs_between_them_contradict_move_no_lower_
         path.run(TOPK_TREE, 1e9, 1, host=100.0, per_message=1)  # the host stalls a sync
         path.run(TOPK_AG, 1e9, 1, per_message=1)  # too wide to read the path, but it crossed fast
     assert path.mbps > 250 and e.lower_bound and e.moves == moves and e.wants_probe
+
+
+def test_syncs_that_contradict_each_other_ask_nothing_while_a_shared_test_stands():
+    # The test read what a probe would: in the lm lab such an ask 6 s after one
+    # spent the duty budget the next recovery needed.
+    path = Path()
+    path.run(TOPK_TREE, 1e9, 5)
+    path.probe(950e6, shared=True)
+    e = path.estimate
+    e.wants_probe = False
+    for _ in range(e.config.persist):
+        path.run(TOPK_TREE, 1e9, 1, host=100.0, per_message=1)
+        path.run(TOPK_AG, 1e9, 1, per_message=1)
+    assert path.mbps == pytest.approx(950) and e.floor is not None and not e.wants_probe
 
 
 def test_a_message_is_one_observation_per_option():
