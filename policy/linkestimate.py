@@ -48,10 +48,12 @@ option. Both are fitted together, with forgetting:
 - The estimate counts the moves it detects (`moves`; the observation carries the
   count, and a policy takes a changed count as the move): a figure 12.5% or more
   from where the last move was counted, except a bound that fell (syncs that
-  said less look the same), which counts once a probe confirms it, or at once
-  where no probe will come.
+  said less look the same), which counts once a probe confirms it, at once
+  where no probe will come, and at once where the syncs' slowing ended a
+  shared test's bound.
 - A change is `persist` reports in a row outside the interval (by more than
-  `change` of the bytes' time). Faster: taken (at least that fast). Slower: taken
+  `change` of the bytes' time). Faster: taken (at least that fast; only bounded,
+  a probe is asked for where it is `level_shift` beyond the figure). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path), or when
   even `overhead_max_s` of their time left the host's would not explain them (a
