@@ -27,8 +27,7 @@ option. Both are fitted together, with forgetting:
   or policed link may pass it at line rate after idle, so its time cannot be
   read as a rate. Its level can still move (every option's is watched): when
   the median of an option's last 8 messages is `level_shift` below the median
-  of the 24 before and each of the 8 below it, or each of the 8 is
-  `level_shift` above it, the path
+  of the 24 before, or each of the 8 is `level_shift` above it, the path
   (or the host) moved; a probe is asked for, sized by the rate the shift would
   mean (`suspect_beta`), and readings of other peers made before it no longer
   stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 17-32 ms a
@@ -325,18 +324,13 @@ class LinkEstimate:
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask = ts
             self.ask("aged")  # nothing confirmed it for a while: look again
-        level = self._level_shift(f"{form}:{beta_bytes:.0f}", seconds)
-        if beta_bytes <= self.config.burst_bytes:
+        if self._watch_level(f"{form}:{beta_bytes:.0f}", beta_bytes, seconds, ts):
             # A shaped or policed link may pass a burst after idle at line rate: the
             # sync's time says nothing of the rate, neither as a reading nor as a
             # bound (the lab's Top-k syncs of 3-25 KB on a 20 Mbit/s link read
             # anything from 4.8 to 472 Mbit/s, and every such move sent the MOO
             # exploring again); only a shift of its level is news.
-            if level is not None:
-                self._suspect(beta_bytes, *level)
             return
-        if level is not None and level[1] > level[0] and self.floor is not None:
-            self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
         fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
@@ -379,17 +373,41 @@ class LinkEstimate:
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
+    def _watch_level(self, key: str, beta_bytes: float, seconds: float, ts: float) -> bool:
+        """One message's syncs of an option, for its level (`_level_shift`): a
+        burst-sized option's move asks for a probe, but a quicker one while a
+        shared test's bound stands (the test read the link as fast); a larger
+        option's slower move ends that bound (`_floor_fell`). The level is
+        reset to the recent messages only when a move is acted on. Whether the
+        sync is burst-sized (nothing more to read from it)."""
+        level = self._level_shift(key, seconds)
+        slower = level is not None and level[1] > level[0]
+        small = beta_bytes <= self.config.burst_bytes
+        if level is None or not (slower or small) or (small and not slower and self.floor is not None):
+            return small
+        if small:
+            self._suspect(beta_bytes, *level)
+        elif self.floor is None:
+            return False
+        else:
+            self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
+        self.levels[key] = self.levels[key][-LEVEL_RECENT:]  # the new level is the reference
+        return small
+
     def _level_shift(self, key: str, seconds: float) -> tuple[float, float] | None:
         """One message's syncs of an option (their median `seconds`): the medians
         (before, recent) when the option's last LEVEL_RECENT messages moved
-        `level_shift` from the median of the LEVEL_REFERENCE before them, and
-        the recent messages then become the reference (a host that slowed shows
-        once, not at every message); else None. Quicker: their median beyond,
-        and each of them beyond the reference's median. Slower: each of them
-        beyond, since a busy host slows syncs too and a fall may be taken at
-        once (`_floor_fell`): on the lm lab's 1 Gbit/s phases Top-k's and
-        PowerSGD's syncs took 3-97 ms a message, and the looser rule saw seven
-        falls in five runs that were none. Windows, not messages in a row: at
+        `level_shift` from the median of the LEVEL_REFERENCE before them (a move
+        acted on makes them the reference: a host that slowed shows once, not
+        at every message); else None. Quicker: their median beyond,
+        which costs at most a probe (the default lab's MOO saw its PowerSGD
+        syncs quicken so in 3 of 3 runs, and in 1 of 4 when each had to be
+        beyond the reference's median too). Slower: each of them beyond, since
+        a busy host slows syncs too and a fall may be taken at once
+        (`_floor_fell`): on the lm lab's 1 Gbit/s phases Top-k's and PowerSGD's
+        syncs took 3-97 ms a message, and medians with each message beyond
+        the reference's median saw seven falls in five runs that were none.
+        Windows, not messages in a row: at
         1 Gbit/s the default lab's burst-sized syncs (5-19 ms) straddled any
         per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
         if self.beta_s_per_byte is None:
@@ -401,11 +419,8 @@ class LinkEstimate:
         before, recent = statistics.median(times[:-LEVEL_RECENT]), statistics.median(recent_s)
         shift = 1 + self.config.level_shift
         slower = min(recent_s) > before * shift
-        quicker = recent < before / shift and max(recent_s) < before
-        if not (slower or quicker):
-            return None
-        self.levels[key] = recent_s
-        return before, recent
+        quicker = recent < before / shift
+        return (before, recent) if slower or quicker else None
 
     def _floor_fell(self, bound: float | None, ts: float) -> None:
         """An option's syncs slowed (the level rule) while a shared test's bound
