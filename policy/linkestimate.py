@@ -67,9 +67,10 @@ option. Both are fitted together, with forgetting:
   Readings in the streak before a change are not blended into the old figure.
 - A figure nothing confirmed for `max_age_s` (Top-k syncs on a busy host can
   hide a 50x move of the link) asks for a probe, once per `max_age_s`; a test
-  the job shared the link with looked at the path too (in the lm lab the aged
-  ask came 8 s after one, and its test left no duty budget for the next
-  recovery).
+  the job shared the link with looked at the path too, and so did a fall of
+  its bound that the syncs showed (in the lm lab the aged ask came 8 s after
+  the one and 2 s after the other, and its test left no duty budget for the
+  next recovery).
 - A probe that reads faster, or agrees, confirms; one that reads slower while
   the job's syncs say the path is as it was is the job sharing the link with the
   test, and a slower probe alone must read it twice. A test the owner knows the
@@ -265,6 +266,7 @@ class LinkEstimate:
     # per option: its last messages' sync times (each a median), oldest first
     levels: dict[str, list[float]] = field(default_factory=dict)
     floor: tuple[float, float] | None = None  # (when, beta) a test the job shared read: at least this fast
+    fell_at: float | None = None  # when the syncs' slowing last ended such a bound
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
 
     @property
@@ -319,7 +321,9 @@ class LinkEstimate:
         `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
-        looked = max(self.confirmed, self.floor[0]) if self.floor and self.confirmed is not None else self.confirmed
+        looked = self.confirmed
+        if looked is not None:  # a shared test, or a fall the syncs showed, looked at the path too
+            looked = max(looked, self.floor[0] if self.floor else looked, self.fell_at or looked)
         if looked is not None and ts - looked >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask = ts
@@ -429,7 +433,7 @@ class LinkEstimate:
         link the syncs' bytes show it, and a recovery, which they cannot show,
         needs the duty budget (in the lm lab the test that confirmed a fall
         left none for the next recovery)."""
-        self.floor = None
+        self.floor, self.fell_at = None, ts
         window = [b for t, b in self.bounds if t > ts - self.config.bound_window_s]
         figure = min(window + ([bound] if bound else []), default=self.beta_s_per_byte)
         self.beta_s_per_byte, self.evidence, self.lower_bound = figure, SYNC_BOUND, True
@@ -730,6 +734,7 @@ class LinkEstimate:
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
             fields["probe_reason"] = str(state.get("probe_reason", ""))
+            fields["fell_at"] = None if state.get("fell_at") is None else float(state["fell_at"])
             # a state written before every option's level was watched named only burst-sized ones
             levels = {str(k): [float(t) for t in v] for k, v in state.get("levels", state.get("small", {})).items()}
             floor = state.get("floor")

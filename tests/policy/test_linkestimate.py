@@ -312,6 +312,22 @@ def test_a_shared_test_counts_as_a_look_at_the_path_for_the_aged_ask():
     assert path.estimate.wants_probe and path.estimate.probe_reason == "aged"
 
 
+def test_a_fall_the_syncs_showed_counts_as_a_look_at_the_path_for_the_aged_ask():
+    path = Path(max_age_s=10.0)
+    path.run(DENSE, 20e6, 2)  # confirmed
+    path.run(TOPK_AG, 1e9, 10, host=6.0)
+    path.probe(950e6, shared=True)
+    path.run(TOPK_AG, 1e9, 30, host=6.0)
+    e = path.estimate
+    while e.floor is not None:
+        path.run(TOPK_AG, 20e6, 1, host=6.0)  # the link fell: the syncs end the test's bound
+    e.wants_probe = False
+    path.run(TOPK_AG, 20e6, 49, host=6.0)  # 20 s since the confirmation, 9.8 s since the fall
+    assert not e.wants_probe
+    path.run(TOPK_AG, 20e6, 1, host=6.0)
+    assert e.wants_probe and e.probe_reason == "aged"
+
+
 def test_a_shared_tests_bound_survives_a_restore():
     path = floored()
     restored = LinkEstimate(path.estimate.config)
