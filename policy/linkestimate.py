@@ -381,21 +381,33 @@ class LinkEstimate:
         """One message's syncs of an option, for its level (`_level_shift`): a
         burst-sized option's move asks for a probe, but a quicker one while a
         shared test's bound stands (the test read the link as fast); a larger
-        option's slower move ends that bound (`_floor_fell`). The level is
-        reset to the recent messages only when a move is acted on. Whether the
-        sync is burst-sized (nothing more to read from it)."""
-        level = self._level_shift(key, seconds)
-        slower = level is not None and level[1] > level[0]
+        option's slower move ends that bound (`_floor_fell`), so a larger
+        option's level is kept only while the bound stands (kept always, every
+        job's stored state grew by them, and the agent's ingest of large report
+        messages fell in bench/agent_load.py). The level is reset to the recent
+        messages only when a move is acted on. Whether the sync is burst-sized
+        (nothing more to read from it)."""
         small = beta_bytes <= self.config.burst_bytes
-        if level is None or not (slower or small) or (small and not slower and self.floor is not None):
+        if not small and self.floor is None:
+            self.levels.pop(key, None)
+            return False
+        level = self._level_shift(key, seconds)
+        if level is None:
             return small
+        slower = level[1] > level[0]
+        if small and (slower or self.floor is None):
+            self._suspect(beta_bytes, *level)
+            self.levels[key] = self.levels[key][-LEVEL_RECENT:]  # the new level is the reference
+        elif not small and slower:
+            self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
+            self.levels.pop(key)
+        return small
         if small:
             self._suspect(beta_bytes, *level)
-        elif self.floor is None:
-            return False
+            self.levels[key] = self.levels[key][-LEVEL_RECENT:]  # the new level is the reference
         else:
             self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
-        self.levels[key] = self.levels[key][-LEVEL_RECENT:]  # the new level is the reference
+            self.levels.pop(key)
         return small
 
     def _level_shift(self, key: str, seconds: float) -> tuple[float, float] | None:
