@@ -41,10 +41,11 @@ option. Both are fitted together, with forgetting:
   is a bound that stands longer (the `floor`): until an option's syncs slow by
   `level_shift` as above, a move taken at once to the window's fastest bound
   (no probe: a slower link's syncs show it, and the duty budget is kept for a
-  recovery, which they cannot), or `max_age_s` passes. (Left to the window, the lm lab's shared test
-  read 956 Mbit/s and PowerSGD's syncs, mostly gloo's own work, bound the
-  estimate back to 38-157 within a second; each fall asked for a test, and the
-  duty budget they spent left the next recovery unseen.)
+  recovery, which they cannot), or `max_age_s` passes. (Left to the window,
+  the lm lab's shared test read 956 Mbit/s and PowerSGD's syncs, mostly
+  gloo's own work, bound the estimate back to 38-157 within a second; each
+  fall asked for a test, and the duty budget they spent left the next
+  recovery unseen.)
 - The estimate counts the moves it detects (`moves`; the observation carries the
   count, and a policy takes a changed count as the move): a figure 12.5% or more
   from where the last move was counted, except a bound that fell (syncs that
@@ -321,9 +322,7 @@ class LinkEstimate:
         `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
-        looked = self.confirmed
-        if looked is not None:  # a shared test, or a fall the syncs showed, looked at the path too
-            looked = max(looked, self.floor[0] if self.floor else looked, self.fell_at or looked)
+        looked = self._looked_at()
         if looked is not None and ts - looked >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
             self.aged_ask = ts
@@ -377,6 +376,19 @@ class LinkEstimate:
         else:
             self._agree(fit, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)
 
+    def _looked_at(self) -> float | None:
+        """When the path was last looked at, for the aged ask: a confirmation, a
+        shared test whose bound stands, or a fall of one the syncs showed (None
+        while nothing was ever confirmed)."""
+        if self.confirmed is None:
+            return None
+        seen = [self.floor[0] if self.floor else None, self.fell_at]
+        return max([self.confirmed, *(t for t in seen if t is not None)])
+
+    def _window(self, ts: float) -> list[tuple[float, float]]:
+        """The bounds of the last `bound_window_s` before `ts`."""
+        return [(t, b) for t, b in self.bounds if t > ts - self.config.bound_window_s]
+
     def _watch_level(self, key: str, beta_bytes: float, seconds: float, ts: float) -> bool:
         """One message's syncs of an option, for its level (`_level_shift`): a
         burst-sized option's move asks for a probe, but a quicker one while a
@@ -402,30 +414,23 @@ class LinkEstimate:
             self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
             self.levels.pop(key)
         return small
-        if small:
-            self._suspect(beta_bytes, *level)
-            self.levels[key] = self.levels[key][-LEVEL_RECENT:]  # the new level is the reference
-        else:
-            self._floor_fell(self._bound_beta(seconds, beta_bytes), ts)
-            self.levels.pop(key)
-        return small
 
     def _level_shift(self, key: str, seconds: float) -> tuple[float, float] | None:
         """One message's syncs of an option (their median `seconds`): the medians
         (before, recent) when the option's last LEVEL_RECENT messages moved
         `level_shift` from the median of the LEVEL_REFERENCE before them (a move
         acted on makes them the reference: a host that slowed shows once, not
-        at every message); else None. Quicker: their median beyond,
-        which costs at most a probe (the default lab's MOO saw its PowerSGD
-        syncs quicken so in 3 of 3 runs, and in 1 of 4 when each had to be
-        beyond the reference's median too). Slower: each of them beyond, since
-        a busy host slows syncs too and a fall may be taken at once
-        (`_floor_fell`): on the lm lab's 1 Gbit/s phases Top-k's and PowerSGD's
-        syncs took 3-97 ms a message, and medians with each message beyond
-        the reference's median saw seven falls in five runs that were none.
-        Windows, not messages in a row: at
-        1 Gbit/s the default lab's burst-sized syncs (5-19 ms) straddled any
-        per-message line drawn under the 20 Mbit/s ones (17-32 ms)."""
+        at every message); else None. Quicker: their median beyond, which
+        costs at most a probe (the default lab's MOO saw its PowerSGD syncs
+        quicken so in 3 of 3 runs, and in 1 of 4 when each had to be beyond
+        the reference's median too). Slower: each of them beyond, since a busy
+        host slows syncs too and a fall may be taken at once (`_floor_fell`):
+        on the lm lab's 1 Gbit/s phases Top-k's and PowerSGD's syncs took 3-97
+        ms a message, and medians with each message beyond the reference's
+        median saw seven falls in five runs that were none. Windows, not
+        messages in a row: at 1 Gbit/s the default lab's burst-sized syncs
+        (5-19 ms) straddled any per-message line drawn under the 20 Mbit/s
+        ones (17-32 ms)."""
         if self.beta_s_per_byte is None:
             return None
         times = self.levels[key] = [*self.levels.get(key, ()), seconds][-(LEVEL_RECENT + LEVEL_REFERENCE):]
@@ -446,7 +451,7 @@ class LinkEstimate:
         needs the duty budget (in the lm lab the test that confirmed a fall
         left none for the next recovery)."""
         self.floor, self.fell_at = None, ts
-        window = [b for t, b in self.bounds if t > ts - self.config.bound_window_s]
+        window = [b for _, b in self._window(ts)]
         figure = min(window + ([bound] if bound else []), default=self.beta_s_per_byte)
         self.beta_s_per_byte, self.evidence, self.lower_bound = figure, SYNC_BOUND, True
         self._moved(ts)
@@ -499,8 +504,7 @@ class LinkEstimate:
         """A figure only bounded: the fastest bound of the last `bound_window_s` (a
         windowed maximum of the bandwidth, as BBR keeps): a link that slowed shows
         as soon as the faster bounds age out of the window."""
-        window = self.config.bound_window_s
-        self.bounds = [(t, b) for t, b in self.bounds if t > ts - window] + [(ts, beta)]
+        self.bounds = [*self._window(ts), (ts, beta)]
         if self.floor is not None and ts - self.floor[0] >= self.config.max_age_s:
             self.floor = None
         figure = min([b for _, b in self.bounds] + ([self.floor[1]] if self.floor else []))
