@@ -41,7 +41,8 @@ option. Both are fitted together, with forgetting:
   is a bound that stands longer (the `floor`): until an option's syncs slow by
   `level_shift` as above, a move taken at once to the window's fastest bound
   (no probe: a slower link's syncs show it, and the duty budget is kept for a
-  recovery, which they cannot), or `max_age_s` passes. (Left to the window,
+  recovery, which they cannot), syncs slower than the host explains end it as
+  they would a confirmed figure (below), or `max_age_s` passes. (Left to the window,
   the lm lab's shared test read 956 Mbit/s and PowerSGD's syncs, mostly
   gloo's own work, bound the estimate back to 38-157 within a second; each
   fall asked for a test, and the duty budget they spent left the next
@@ -364,7 +365,13 @@ class LinkEstimate:
             return
         margin = self.config.change * wire
         slower = seconds > hi + wire + margin and slowest > beta * (1 + self.config.change)
-        if self.lower_bound and not (narrow and slower):
+        # A shared test's bound is a reading, not a sync's: syncs slower than any
+        # host explains end it as they would a confirmed figure. Against the level
+        # rule alone, a test that read 918 Mbit/s just before the short lab's link
+        # fell to 10 left no fast messages to judge the slow ones by, and stood
+        # through the slow phase.
+        against_floor = self.floor is not None and self._beyond_host(seconds, beta_bytes)
+        if self.lower_bound and not (slower and (narrow or against_floor)):
             self._within_bound(bound, narrow, ts)
         elif seconds < lo + wire - margin:
             self._disagree(-1, fastest, slowest, narrow, seconds, beta_bytes, ts, reports)

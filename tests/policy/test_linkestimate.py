@@ -426,6 +426,32 @@ def test_syncs_that_contradict_each_other_ask_nothing_while_a_shared_test_stands
     assert path.mbps == pytest.approx(950) and e.floor is not None and not e.wants_probe
 
 
+# The short lab's fixed Top-k 0.1 job (152 KB AllGather syncs a message, ms): a
+# shared test read 918 Mbit/s just before the link fell to 10 Mbit/s, so no
+# message of the option's fast level came after it for the level rule to hold
+# the slow ones against; the estimate stayed at 918 through the slow phase.
+TOPK_TENTH_BYTES = 152_328
+TOPK_TENTH_FAST = [2.3, 1.7, 1.9, 1.6]
+TOPK_TENTH_SLOW = [173.5, 164.2, 123.4, 120.6, 131.6, 164.2, 164.3, 164.2, 164.3, 140.3, 164.5]
+
+
+def test_syncs_slower_than_the_host_explains_end_a_shared_tests_bound_with_no_level_before_it():
+    estimate = LinkEstimate()
+    estimate.observe_probe(8 / 918e6, 0.0, shared=True)
+    now = 0.0
+    for ms in TOPK_TENTH_FAST:
+        now += 0.2
+        estimate.observe_sync("ag_topk", TOPK_TENTH_BYTES, ms / 1e3, now)
+    assert estimate.bandwidth_bps == pytest.approx(918e6) and estimate.floor is not None
+    messages = 0
+    while estimate.floor is not None and messages < len(TOPK_TENTH_SLOW):
+        now += 0.17
+        estimate.observe_sync("ag_topk", TOPK_TENTH_BYTES, TOPK_TENTH_SLOW[messages] / 1e3, now)
+        messages += 1
+    assert messages <= estimate.config.persist and estimate.lower_bound
+    assert 5e6 <= estimate.bandwidth_bps <= 12.5e6 and estimate.moves == 2
+
+
 def test_a_message_is_one_observation_per_option():
     seen = []
 
