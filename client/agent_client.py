@@ -158,6 +158,7 @@ class AgentClient:
         self._network: tuple[float, float] | None = None
         self._network_sent: tuple[float, float] | None = None
         self._registered = False
+        self._closing_by = 0.0  # when close() wants the thread done (monotonic; 0 until it is called)
         self._ever_registered = False
         self.reachable: bool | None = None  # None until the first attempt
         self.refusal: str | None = None  # why the agent refuses the job, while it does
@@ -217,15 +218,20 @@ class AgentClient:
         """The job's own estimate of its network, sent with the next reports."""
         self._network = (float(alpha_s), float(bandwidth_bps))
 
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Stop the thread, sending what it can and ending the job at the agent
-        (each within its RPC timeout). Called at interpreter exit if not before."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread, sending what it can (within the RPC timeout) and ending
+        the job at the agent, both within `timeout_s` once an RPC in flight
+        returns. Ending the job waits past the RPC timeout: at exit it holds no
+        training step, and a job left at the agent is its until idle expiry (with
+        1 s, a CI run beside two CPU hogs left one there). Called at interpreter
+        exit if not before."""
         atexit.unregister(self.close)
         if self._stop.is_set():
             return
+        self._closing_by = time.monotonic() + timeout_s
         self._stop.set()
         self._nodes_known.set()
-        self._thread.join(timeout_s + 2 * self.timeout_s)
+        self._thread.join(timeout_s + self.timeout_s)
         self._channel.close()
 
     # -- the background thread --------------------------------------------------
@@ -288,7 +294,8 @@ class AgentClient:
         if not self._registered or not self._ends_job:
             return
         with contextlib.suppress(grpc.RpcError):  # an agent gone meanwhile expires it instead
-            self._stub.EndJob(pb.EndJobRequest(job_id=self.job_id), timeout=self.timeout_s)
+            self._stub.EndJob(pb.EndJobRequest(job_id=self.job_id),
+                              timeout=max(self.timeout_s, self._closing_by - time.monotonic()))
             self.ended = True
             log.info("ended job %s at the agent", self.job_id, extra={"fields": {"job": self.job_id}})
 

@@ -5,6 +5,7 @@ decision while the agent is away (saying so once) and comes back by itself."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from flexcomm.client.decisions import DecisionSource
 from flexcomm.policy.types import Compression, StepReport
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
-from support.agent_process import AgentProcess, running, wait_for
+from support.agent_process import AgentProcess, job_ids, running, wait_for
 from support.waiting import scaled
 
 GRAD_BYTES = 4_000_000
@@ -41,7 +42,7 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
 
 def client_for(agent: AgentProcess, job_id: str, **kw) -> AgentClient:
     return AgentClient(agent.socket, job_id=job_id, world_size=2, grad_bytes=GRAD_BYTES,
-                       nodes=["127.0.0.1"], policy=kw.pop("policy", "moo"), timeout_s=1.0,
+                       nodes=["127.0.0.1"], policy=kw.pop("policy", "moo"), timeout_s=kw.pop("timeout_s", 1.0),
                        poll_interval_s=0.1, retry_max_s=0.3, **kw)
 
 
@@ -149,6 +150,21 @@ def test_agent_absent_at_start(tmp_path: Path) -> None:
     finally:
         client.close()
         agent.stop()
+
+
+def test_close_ends_the_job_at_an_agent_slower_than_the_rpc_timeout(agent: AgentProcess) -> None:
+    # A starved agent (SIGSTOP for 1.5 s, five RPC timeouts) answers the end late:
+    # with the end held to the RPC timeout, a CI run beside two CPU hogs left
+    # the README torchrun job at the agent after its processes had exited.
+    client = client_for(agent, "slow-end", policy="dense", timeout_s=0.3)
+    wait_for(lambda: client.latest() is not None, what="the first decision")
+    assert job_ids(agent) == {"slow-end"}
+    agent.pause()
+    threading.Timer(1.5, agent.resume).start()
+    t0 = time.monotonic()
+    client.close(timeout_s=scaled(10))
+    assert client.ended and time.monotonic() - t0 >= 1.4
+    assert job_ids(agent) == set()
 
 
 def test_channel_targets() -> None:

@@ -119,6 +119,11 @@ class AgentProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
 
+    def resume(self) -> None:
+        """SIGCONT: a paused agent answers again (a host that starved it, then let it run)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def terminate(self, timeout_s: float = 15.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
