@@ -221,10 +221,10 @@ class AgentClient:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread, sending what it can (within the RPC timeout) and ending
         the job at the agent, both within `timeout_s` once an RPC in flight
-        returns. Ending the job waits past the RPC timeout: at exit it holds no
-        training step, and a job left at the agent is its until idle expiry (with
-        1 s, a CI run beside two CPU hogs left one there). Called at interpreter
-        exit if not before."""
+        returns. Ending the job waits past the RPC timeout: at exit no training
+        step waits on it, and a job left at the agent stays there until idle
+        expiry (held to 1 s, a CI run beside two CPU hogs left one). Called at
+        interpreter exit if not before."""
         atexit.unregister(self.close)
         if self._stop.is_set():
             return
