@@ -796,6 +796,23 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_run_then_the_running_one_
     assert policy.phase == EXPLOIT and policy.explorations == explorations + 1
 
 
+def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_puts_it() -> None:
+    # A noisy host: the running PowerSGD rank 4's median step is 3x what the model
+    # (and the host's quieter steps) put it at. Rank 2, untimed, is put 1.4x ahead
+    # of rank 4's model figure: no look. Against the measured median it was 4x
+    # ahead, and on a steady link the job looked at one option after another.
+    policy = moo()
+    settle(policy, Job(policy), *SLOW)
+    policy._s.sync.pop("powersgd:2@dense_ring")
+    policy._set_current(policy._by_label["powersgd:4@dense_ring"], "running as the test puts it")
+    rows = policy.evaluate()
+    running = policy._current_row(rows)
+    noisy = replace(running, t_sync_s=3 * running.t_sync_s, t_step_s=3 * running.t_step_s)
+    rows = [noisy if r is running else r for r in rows]
+    assert not policy._measure_an_untimed_first_choice(rows)
+    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:4@dense_ring"
+
+
 def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -> None:
     # The agent decides once per report message: looking every tenth report of a
     # 256-report message was a third of its ingest. Reports between two decisions
