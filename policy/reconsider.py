@@ -7,9 +7,11 @@ detector of its moves: an observation it judged carries its count of moves, and
 estimator only refined is the same link). A figure no estimator judged (a
 user's, a probe's) is compared with the settled one by `threshold`; latency
 always is. The running option's syncs give its figure (the
-median of its latest steps, so one slow step does not switch the job) and say
-when a running lossy option got much faster than where it settled (`fell`):
-the link got faster than anything observed says.
+median of its latest steps, so one slow step does not switch the job), how
+far it moved from where its first steps settled (`drift_s`: the others'
+figures were taken before whatever moved it), and say when a running lossy
+option got much faster than where it settled (`fell`): the link got faster
+than anything observed says.
 
 Pure and deterministic; its state is plain data.
 """
@@ -35,6 +37,7 @@ class Reconsideration:
     beta_s_per_byte: float | None = None
     moves: int | None = None  # the estimator's count of moves when it settled
     chosen_sync: float | None = None  # the running option's sync time when it was chosen (measured)
+    settled_sync: float | None = None  # the median of its first RUNNING_SAMPLES syncs since
     settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
     running_level: list[float] = field(default_factory=list)  # the same per second of their compute
@@ -46,7 +49,7 @@ class Reconsideration:
         and syncs seen before are of another network."""
         self.settled = True
         self.levels = {}
-        self.settled_level = None
+        self.settled_level = self.settled_sync = None
         self.running_sync, self.running_level = [], []
         self.alpha_s = net.alpha_s if net else None
         self.beta_s_per_byte = net.beta_s_per_byte if net else None
@@ -92,7 +95,7 @@ class Reconsideration:
         that sped up just as the budget switched options is then still seen."""
         if self.running and self.running not in self.levels and len(self.running_level) >= LEFT_SAMPLES:
             self.levels[self.running] = statistics.median(self.running_level)
-        self.running, self.chosen_sync = label, sync_s
+        self.running, self.chosen_sync, self.settled_sync = label, sync_s, None
         self.settled_level = self.levels.get(label) if label else None
         self.running_sync, self.running_level = [], []
 
@@ -101,6 +104,8 @@ class Reconsideration:
         compute. Its first RUNNING_SAMPLES steps settle the level `fell` compares with."""
         self.running_sync = [*self.running_sync, sync_s][-RUNNING_SAMPLES:]
         self.running_level = [*self.running_level, per_compute_s][-RUNNING_SAMPLES:]
+        if self.settled_sync is None and len(self.running_sync) >= RUNNING_SAMPLES:
+            self.settled_sync = statistics.median(self.running_sync)
         if self.settled_level is None and len(self.running_level) >= RUNNING_SAMPLES:
             self.settled_level = statistics.median(self.running_level)
             if self.running:
@@ -112,6 +117,14 @@ class Reconsideration:
         if len(self.running_sync) >= RUNNING_SAMPLES:
             return statistics.median(self.running_sync)
         return self.chosen_sync
+
+    def drift_s(self) -> float:
+        """How far the running option's sync (the median of its latest steps) moved,
+        either way, from where its first steps settled (not from the figure it was
+        chosen on: an exploring item's one or two steps are a noisy host's luck)."""
+        if self.settled_sync is None:
+            return 0.0
+        return abs(statistics.median(self.running_sync) - self.settled_sync)
 
     def fell(self) -> float:
         """How far the running option's sync per second of compute fell below

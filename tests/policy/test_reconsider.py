@@ -82,3 +82,17 @@ def test_an_option_chosen_again_keeps_the_level_it_settled_at_on_this_network() 
     watch.settle_on(NetworkObservation.from_link(1e-3, 80e6, 4))  # another network: levels start over
     watch.chose("a", None)
     assert watch.settled_level is None
+
+
+def test_the_drift_is_how_far_the_running_syncs_moved_from_where_its_first_steps_settled() -> None:
+    watch = Reconsideration()
+    watch.chose("a", 0.010)  # an exploring item's lucky figure is not the level
+    for sync_s in (0.020, 0.021, 0.019, 0.020, 0.022):
+        assert watch.drift_s() == 0.0
+        watch.ran(sync_s, 1.0)
+    assert watch.drift_s() == pytest.approx(0.0)  # settled at 20 ms
+    for _ in range(3):
+        watch.ran(0.030, 1.0)
+    assert watch.drift_s() == pytest.approx(0.010)  # the median of the latest five, 30 ms
+    watch.chose("b", None)
+    assert watch.drift_s() == 0.0
