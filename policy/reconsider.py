@@ -111,20 +111,25 @@ class Reconsideration:
             if self.running:
                 self.levels[self.running] = self.settled_level
 
+    def latest_sync(self) -> float | None:
+        """The median of the running option's latest RUNNING_SAMPLES steps (None
+        until that many ran)."""
+        return statistics.median(self.running_sync) if len(self.running_sync) >= RUNNING_SAMPLES else None
+
     def sync(self) -> float | None:
         """The running option's sync time: the median of its latest steps, or the
         figure it was chosen on until RUNNING_SAMPLES of them ran."""
-        if len(self.running_sync) >= RUNNING_SAMPLES:
-            return statistics.median(self.running_sync)
-        return self.chosen_sync
+        latest = self.latest_sync()
+        return self.chosen_sync if latest is None else latest
 
     def drift_s(self) -> float:
         """How far the running option's sync (the median of its latest steps) moved,
         either way, from where its first steps settled (not from the figure it was
         chosen on: an exploring item's one or two steps are a noisy host's luck)."""
-        if self.settled_sync is None:
+        latest = self.latest_sync()
+        if self.settled_sync is None or latest is None:
             return 0.0
-        return abs(statistics.median(self.running_sync) - self.settled_sync)
+        return abs(latest - self.settled_sync)
 
     def fell(self) -> float:
         """How far the running option's sync per second of compute fell below

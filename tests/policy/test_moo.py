@@ -813,6 +813,31 @@ def test_a_running_option_that_slowed_before_any_move_was_seen_is_not_left_for_a
     assert set(job.decisions[seen:]) == {"topk:0.011@art_ring"}, policy._s.why
 
 
+def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> None:
+    # Top-k 0.011 over the AR ring on a 10 Gbit/s link; the link falls to 20 Mbit/s
+    # and its steps slow from 29 ms to 290 before the estimate moves. The model now
+    # prefers PowerSGD rank 2: the exploration measures it alone and weighs it
+    # against the running option's latest steps, which ran on the new link.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *FAST)
+    assert policy.decide().label == "topk:0.011@art_ring"
+    job.run(6, *SLOW, observe=False)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    assert policy._s.plan == [("powersgd:2@dense_ring", False)], policy._s.why
+    assert policy._s.sync["topk:0.011@art_ring"] == pytest.approx(0.29, rel=0.05)
+    job.run(policy.config.explore_steps + 4, *SLOW)
+    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:2@dense_ring"
+
+
+def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_link() -> None:
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *FAST)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))  # a probe saw it first
+    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+
+
 def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_puts_it() -> None:
     # A noisy host: the running PowerSGD rank 4's median step is 3x what the model
     # (and the host's quieter steps) put it at. Rank 2, untimed, is put 1.4x ahead
