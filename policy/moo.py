@@ -46,6 +46,7 @@ Pure and deterministic: same calls, same decisions.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping
@@ -69,7 +70,7 @@ from flexcomm.policy.costmodel import (
 from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.policy.linkestimate import ewma as _ewma
-from flexcomm.policy.reconsider import Reconsideration
+from flexcomm.policy.reconsider import LEFT_SAMPLES, Reconsideration
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -1015,22 +1016,25 @@ class MooPolicy:
 
     def _running_shows_the_move(self) -> float | None:
         """The running option's sync on the network just observed, where its latest
-        steps already ran on it: their median is nearer (as a ratio) what the model
-        puts the option at on this network than on the one it settled on (a move
-        its own syncs showed). The cnn lab's bf16 ran 5 steps at 0.43-0.54 s as the
-        link fell to 20 Mbit/s, and the exploration the fall started ran it 4 more
-        beside PowerSGD rank 4 at 0.11-0.16 s. None where they are nearer the old
-        network's figure, or nothing is known to judge by."""
+        steps already ran on it: the median of its latest syncs, taken from the
+        last back while each is nearer (as a ratio) what the calibrated model puts
+        the option at on this network than on the one it settled on, when
+        LEFT_SAMPLES or more are (a move its own syncs showed; the agent hands the
+        policy the network a report message shows before that message's steps,
+        so the last syncs may not have reached it yet). The cnn lab's bf16 ran 5
+        steps at 0.43-0.54 s as the link fell to 20 Mbit/s, and the exploration
+        the fall started ran it 4 more beside PowerSGD rank 4 at 0.11-0.16 s."""
         w, net, option = self.watch, self._net(), self._by_label.get(self._current_label() or "")
-        latest = w.latest_sync()
-        if not latest or net is None or option is None or w.alpha_s is None or w.beta_s_per_byte is None:
+        if net is None or option is None or w.alpha_s is None or w.beta_s_per_byte is None:
             return None
         before = replace(net, alpha_s=w.alpha_s, beta_s_per_byte=w.beta_s_per_byte)
         terms, key = self._terms(option, net.nodes), calibration_key(option.compression, option.collective)
         now, then = (self.calibration.apply(key, link_time(terms, n)) for n in (net, before))
         if min(now, then) <= 0:
             return None
-        return latest if abs(math.log(latest / now)) < abs(math.log(latest / then)) else None
+        shown = list(itertools.takewhile(
+            lambda t: t > 0 and abs(math.log(t / now)) < abs(math.log(t / then)), reversed(w.running_sync)))
+        return statistics.median(shown) if len(shown) >= LEFT_SAMPLES else None
 
     def _keep_running(self) -> None:
         """Carry on with the running option, judged from now on by what it

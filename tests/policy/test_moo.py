@@ -822,7 +822,7 @@ def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> 
     job = Job(policy)
     settle(policy, job, *FAST)
     assert policy.decide().label == "topk:0.011@art_ring"
-    job.run(6, *SLOW, observe=False)
+    job.run(2, *SLOW, observe=False)  # the agent's estimate moved on 3; the third is yet to come
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     assert policy._s.plan == [("powersgd:2@dense_ring", False)], policy._s.why
     assert policy._s.sync["topk:0.011@art_ring"] == pytest.approx(0.29, rel=0.05)
@@ -834,6 +834,7 @@ def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_li
     policy = moo()
     job = Job(policy)
     settle(policy, job, *FAST)
+    job.run(1, *SLOW, observe=False)  # one slow step is no figure
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))  # a probe saw it first
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
 
