@@ -1188,8 +1188,8 @@ class MooPolicy:
         current = self._current_row(rows)
         if current is not None and current != best and self._not_worth_switching(
                 current, best, rows, self._margin(current, best) + self.watch.drift_s() / best.t_step_s):
-            # The margin widens by how far the running option's sync moved since it
-            # was chosen: the figures it is compared with were taken before, and what
+            # The margin widens by how far the running option's sync moved from where
+            # its first steps settled: the figures it is compared with were taken before, and what
             # moved it (a link or host nobody has judged yet) moves them too. On the
             # cnn lab's fall to 20 Mbit/s PowerSGD rank 4's steps slowed 0.110 ->
             # 0.124 s, the job left it for Top-k 0.1, timed at 0.117 s on the fast
