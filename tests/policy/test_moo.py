@@ -839,6 +839,21 @@ def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_li
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
 
 
+def test_a_step_measuring_an_option_is_charged_no_more_than_a_choice_could_deliver() -> None:
+    # The model's first choice, measured as a free item, delivers nothing (Top-k
+    # over an AR collective whose non-root ranks send little): 12 such steps are
+    # the price of finding out, not 12 steps of debt to repay on a slow link.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    saved, allowance, ref = policy.budget.saved, policy._allowance(), policy._reference_error()
+    policy._measure_both("topk:0.033@art_ring", policy._current_label(), "the test measures it")
+    for step in range(job.step, job.step + 12):
+        policy.observe_step(StepReport(step=step, family="topk", param=0.033, collective="art_ring", t_comp_s=0.01,
+                                       t_sync_s=0.3, gain=0.0, t_compute_s=0.02))
+    assert policy.budget.saved >= saved - 12 * (allowance - ref) - 1e-9
+
+
 def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_puts_it() -> None:
     # A noisy host: the running PowerSGD rank 4's median step is 3x what the model
     # (and the host's quieter steps) put it at. Rank 2, untimed, is put 1.4x ahead
