@@ -70,7 +70,7 @@ from flexcomm.policy.costmodel import (
 from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.linkestimate import BURST_BYTES
 from flexcomm.policy.linkestimate import ewma as _ewma
-from flexcomm.policy.reconsider import LEFT_SAMPLES, Reconsideration
+from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -128,6 +128,7 @@ ERROR_BAND = 0.25
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
+SHOWN_SAMPLES = 2  # the running option's syncs on a new network that make its figure there
 SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
 MAX_CANDIDATE_CRS = MAX_PROBES
 
@@ -565,28 +566,30 @@ class MooPolicy:
         # delivering little) left the run 17% in debt, and the debt kept the
         # reference itself out of the allowance through a 10 Mbit/s phase.
         if reference is not None and not exploring:
-            if self._is_reference(report.choice):
-                # A reference spends what it allows, by definition. Charged its own
-                # step's error, a family reference (PowerSGD rank 4, whose delivered
-                # gain falls from 0.9 to 0.15 as its residual fills) was chosen on
-                # its smoothed figure and charged each lower step: on lm, where Top-k
-                # 0.1 loses 0.3% a step, that was 250% of the budget in 17 steps, and
-                # the debt kept every lossy option out of a 30 Mbit/s phase (bf16).
-                self.budget.observe(reference, reference)
-                return
-            priced = self._family_priced(report.choice, reference)  # charged as it was chosen
-            error = 1.0 - (report.gain if priced is None else priced)
-            if self._s.phase == EXPLORE:
-                # A step that measures an option is charged at most what a choice
-                # could have delivered: what it delivered beyond that is the price of
-                # finding out, which the exploring share bounds. Charged in full, the
-                # lm lab's 12 steps measuring Top-k 0.033 over the AR collectives (the
-                # model's first choices, delivering next to nothing) left the run
-                # 32% in debt, and it repaid with bf16 at 0.9 s a step through a
-                # 30 Mbit/s phase where PowerSGD rank 4 ran at 0.18 s.
-                allowance = self._allowance()
-                error = error if allowance is None else min(error, allowance)
-            self.budget.observe(error, reference)
+            self.budget.observe(self._charge(report.choice, report.gain, reference), reference)
+
+    def _charge(self, choice: Choice, gain: float, reference: float) -> float:
+        """The error a step of `choice` that delivered `gain` spends of the budget.
+
+        A reference spends what it allows, by definition: charged its own step's
+        error, a family reference (PowerSGD rank 4, whose delivered gain falls from
+        0.9 to 0.15 as its residual fills) was chosen on its smoothed figure and
+        charged each lower step; on lm, where Top-k 0.1 loses 0.3% a step, that was
+        250% of the budget in 17 steps. Any other option is charged as it was
+        chosen (`_family_priced`), or as delivered; and while the policy measures,
+        no more than the reference or the allowance, whichever is more: what it
+        delivered beyond a choice's is the price of finding out, which the exploring
+        share bounds (charged in full, the lm lab's 12 steps measuring Top-k 0.033
+        over the AR collectives, delivering next to nothing, left the run 32% in
+        debt, repaid with bf16 at 0.9 s a step through a 30 Mbit/s phase where
+        PowerSGD rank 4 ran at 0.18 s)."""
+        if self._is_reference(choice):
+            return reference
+        priced = self._family_priced(choice, reference)
+        error = 1.0 - (gain if priced is None else priced)
+        if self._s.phase == EXPLORE:
+            error = min(error, max(reference, self._allowance() or 0.0))
+        return error
 
     def _is_reference(self, choice: Choice) -> bool:
         """`choice` is the budget's reference or a family's, as a user runs it."""
@@ -953,15 +956,15 @@ class MooPolicy:
         # budget by definition (the short lab timed Top-k 0.033 on three collectives,
         # over the budget as delivered, and ran bf16 at 10 Mbit/s, never Top-k 0.1).
         reference = [r for r in rows if r.label == self._reference_label]
-        # Against the running option as the model puts it, not as measured: what the
-        # model leaves out on this host then cancels. Against its measured median,
-        # AR-Topk was put at a sync of ~1 ms on a steady 100 Mbit/s link where
-        # AllGather Top-k's took 4 ms, and looked at one collective after another
-        # (2-3 looks per 1,000 steps); the model put AllGather Top-k at 2.4.
+        # Ahead of the running option both as measured and as the model puts it:
+        # against its measured median alone, AR-Topk was put at a sync of ~1 ms on a
+        # steady 100 Mbit/s link where AllGather Top-k's took 4 ms (the model put
+        # them at 2.4), and looked at one collective after another (2-3 looks per
+        # 1,000 steps).
         modelled = self._current_row(self.evaluate(predicted=True)) or current
         best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
-                     and not self._close(modelled, r, rows, max(UNTIMED_MARGIN, self._margin(modelled, r)))),
-                    None)
+                     and not any(self._close(c, r, rows, max(UNTIMED_MARGIN, self._margin(c, r)))
+                                 for c in (current, modelled))), None)
         if best is None:
             return False
         self._measure_both(best.label, current.label,
@@ -1030,7 +1033,7 @@ class MooPolicy:
         steps already ran on it: the median of its latest syncs, taken from the
         last back while each is nearer (as a ratio) what the calibrated model puts
         the option at on this network than on the one it settled on, when
-        LEFT_SAMPLES or more are (a move its own syncs showed; the agent hands the
+        SHOWN_SAMPLES or more are (a move its own syncs showed; the agent hands the
         policy the network a report message shows before that message's steps,
         so the last syncs may not have reached it yet). The cnn lab's bf16 ran 5
         steps at 0.43-0.54 s as the link fell to 20 Mbit/s, and the exploration
@@ -1045,7 +1048,7 @@ class MooPolicy:
             return None
         shown = list(itertools.takewhile(
             lambda t: t > 0 and abs(math.log(t / now)) < abs(math.log(t / then)), reversed(w.running_sync)))
-        return statistics.median(shown) if len(shown) >= LEFT_SAMPLES else None
+        return statistics.median(shown) if len(shown) >= SHOWN_SAMPLES else None
 
     def _keep_running(self) -> None:
         """Carry on with the running option, judged from now on by what it
@@ -1104,35 +1107,21 @@ class MooPolicy:
 
     def _exploration_plan(self, with_lossless: bool, measured: str | None = None) -> list[tuple[str, bool]]:
         """What to measure, as (label, exploring) pairs: the option the model ranks
-        first, the running one (unless `measured`: its steps ran on this network
-        already) and the reference until it has delivered a figure
-        cost nothing (the job would run them anyway);
-        the next ones, within explore_prune of the first choice's predicted step, as many
-        as explore_max and the exploring share allow. With the budget spent, only
-        the free ones: the policy runs what the model predicts best and stays."""
+        first, the running one and the reference until it has delivered a figure
+        cost nothing (the job would run them anyway); the running one is left out
+        where `measured` (its steps ran on this network already) unless it is the
+        model's first; the next ones, within explore_prune of the first choice's
+        predicted step, as many as explore_max and the exploring share allow. With
+        the budget spent, only the free ones: the policy runs what the model
+        predicts best and stays."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
         if not rows:  # no network to predict with: one option per family, the reference for its own, second
             rows = [Evaluation(o, 0.0, 0.0, 0.0, None, False) for o in self._blind_picks()]
             free = {self._current_label(), self._reference_label}
         else:
-            ranked = self.ranking(rows)
-            rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * cfg.explore_prune
-                    and (r.label != measured or r is ranked[0])]
-            if with_lossless:
-                rows = _with_best_lossless(rows, ranked)
-            free = {rows[0].label, self._current_label()}
-            if self._reference_label not in self._s.delivered:
-                # Run for its delivered error, which the budget needs once; a
-                # moved network does not change it (the cnn's MOO re-ran Top-k 0.1
-                # over AllGather at 20 Mbit/s after each move, 190 ms a sync where
-                # PowerSGD took 40).
-                rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label), None))
-                free.add(self._reference_label)
-            # An option another one outdoes on its own collective could not be chosen:
-            # the default lab's first exploration ran dense beside bf16 on the ring at
-            # 20 Mbit/s, 500 ms a step for 4 steps (2 s of a 14 s run to the target).
-            rows = [r for r in rows if r.label in free or not _outdone(r, rows)]
+            rows, free = self._planned_rows(self.ranking(rows), with_lossless)
+            rows = [r for r in rows if r.label != measured or r is rows[0]]
         budget, cost = self._explore_allowance(), self._item_cost()
         plan: list[tuple[str, bool]] = []
         for r in rows:
@@ -1147,6 +1136,25 @@ class MooPolicy:
         # the job takes to adopt a decision before any explored item is charged
         # (sorted() keeps the ranking within each part).
         return sorted(plan, key=lambda item: item[1])
+
+    def _planned_rows(self, ranked: list[Evaluation], with_lossless: bool) -> tuple[list[Evaluation], set[str]]:
+        """With a network known: the rows an exploration may measure, best first,
+        and the labels among them that are free."""
+        rows = [r for r in ranked if r.t_step_s <= ranked[0].t_step_s * self.config.explore_prune]
+        if with_lossless:
+            rows = _with_best_lossless(rows, ranked)
+        free = {rows[0].label, self._current_label()}
+        if self._reference_label not in self._s.delivered:
+            # Run for its delivered error, which the budget needs once; a
+            # moved network does not change it (the cnn's MOO re-ran Top-k 0.1
+            # over AllGather at 20 Mbit/s after each move, 190 ms a sync where
+            # PowerSGD took 40).
+            rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label), None))
+            free.add(self._reference_label)
+        # An option another one outdoes on its own collective could not be chosen:
+        # the default lab's first exploration ran dense beside bf16 on the ring at
+        # 20 Mbit/s, 500 ms a step for 4 steps (2 s of a 14 s run to the target).
+        return [r for r in rows if r.label in free or not _outdone(r, rows)], free
 
     def _blind_picks(self) -> list[Choice]:
         """What an exploration with no network known measures: each family's first
@@ -1197,17 +1205,24 @@ class MooPolicy:
             return
         rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
-        if current is not None and current != best and self._not_worth_switching(
-                current, best, rows, self._margin(current, best) + self.watch.drift_s() / best.t_step_s):
-            # The margin widens by how far the running option's sync moved from where
-            # its first steps settled: the figures it is compared with were taken before, and what
-            # moved it (a link or host nobody has judged yet) moves them too. On the
-            # cnn lab's fall to 20 Mbit/s PowerSGD rank 4's steps slowed 0.110 ->
-            # 0.124 s, the job left it for Top-k 0.1, timed at 0.117 s on the fast
-            # link, and ran 6 steps at 0.35-0.62 s before the estimate saw the fall.
-            return
+        if current is not None and current != best:
+            settled = self._as_settled(current)
+            compared = [settled if r is current else r for r in rows]
+            if self._not_worth_switching(settled, best, compared, self._margin(settled, best)):
+                return
         if current != best:
             self._set_current(best.option, self.explain(best, self.evaluate(), leaving=current), best)
+
+    def _as_settled(self, current: Evaluation) -> Evaluation:
+        """The running option's row with its step credited how far its sync moved,
+        either way, from where its first steps settled: the figures it is compared
+        with were taken before, and what moved it (a link or host the estimator has
+        not judged yet) moves them too. Time only: a move of its sync says nothing
+        of its gain. (On the cnn lab's fall to 20 Mbit/s PowerSGD rank 4's steps
+        slowed 0.110 -> 0.124 s and the job left it for Top-k 0.1, timed at 0.117 s
+        on the fast link, for 6 steps at 0.35-0.62 s.)"""
+        drift = self.watch.drift_s()
+        return replace(current, t_step_s=current.t_step_s - drift) if drift else current
 
     def _look_due(self) -> bool:
         """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS

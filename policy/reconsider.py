@@ -147,4 +147,4 @@ class Reconsideration:
         return cls(**state)
 
 
-__all__ = ["LEFT_SAMPLES", "RUNNING_SAMPLES", "Reconsideration"]
+__all__ = ["RUNNING_SAMPLES", "Reconsideration"]

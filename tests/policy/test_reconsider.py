@@ -96,3 +96,16 @@ def test_the_drift_is_how_far_the_running_syncs_moved_from_where_its_first_steps
     assert watch.drift_s() == pytest.approx(0.010)  # the median of the latest five, 30 ms
     watch.chose("b", None)
     assert watch.drift_s() == 0.0
+
+
+def test_a_state_stored_before_the_settled_sync_was_kept_loads() -> None:
+    watch = Reconsideration()
+    watch.chose("a", 0.01)
+    for _ in range(RUNNING_SAMPLES):
+        watch.ran(0.02, 1.0)
+    state = json.loads(json.dumps(watch.state_dict()))
+    del state["settled_sync"]
+    restored = Reconsideration.from_state(state)
+    assert restored.drift_s() == 0.0 and restored.sync() == pytest.approx(0.02)
+    restored.ran(0.02, 1.0)  # it settles again from the restored steps
+    assert restored.settled_sync == pytest.approx(0.02)
