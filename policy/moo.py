@@ -1241,10 +1241,8 @@ class MooPolicy:
         measured since the network last changed, and an option priced without
         running it, predicted by a calibrated fit (PREDICTION_TRUSTED pairs: bf16
         over the ring once dense has run there) when it beats the best measured
-        by more than that fit's error. Priced without running: a lossless option
-        (its figures are its sync alone) and one of a family priced by its
-        probes (PowerSGD's ranks); any other lossy option's delivered gain is
-        known only once it runs, so it is measured first. Measured options
+        by more than that fit's error. Priced without running here: what
+        `_priced_unrun` says. Measured options
         only: the job alternated between the two it had timed (dense, Top-k
         0.033) with bf16 predicted at half dense's step; and the cnn's MOO ran
         Top-k 0.1 at 0.42 s a step through a 20 Mbit/s phase with PowerSGD rank
@@ -1257,12 +1255,23 @@ class MooPolicy:
         best = self.choose(measured)
         reference_error = self._reference_error()
         trusted = [r for r in rows if r.measured or (
-            (r.option.lossless or self._family_priced(r.option, reference_error) is not None)
-            and self._fit_is_calibrated(r))]
+            self._priced_unrun(r.option, reference_error) and self._fit_is_calibrated(r))]
         challenger = self.choose(trusted)
         if challenger.measured or self._close(best, challenger, trusted, self._margin(challenger)):
             return measured, best
         return trusted, challenger
+
+    def _priced_unrun(self, option: Choice, reference_error: float | None) -> bool:
+        """Whether `option`'s gain is known without running it on this network: a
+        lossless option's (its figures are its sync alone), one of a family priced
+        by its probes (PowerSGD's ranks), and what an option delivered where it
+        ran before (a gain does not move with the link). Any other lossy option's
+        is known only once it runs, so it is measured first. The short lab ran
+        bf16 at 0.31 s a step after the link fell, with Top-k 0.1 over AllGather,
+        which had delivered its figure on the fast link, predicted faster by a
+        calibrated fit and never re-run."""
+        return (option.lossless or option.label in self._s.delivered
+                or self._family_priced(option, reference_error) is not None)
 
     def _fit_is_calibrated(self, row: Evaluation) -> bool:
         """The fit has PREDICTION_TRUSTED pairs and its latest steps agree with it:

@@ -328,6 +328,22 @@ def test_a_powersgd_rank_priced_by_its_probes_may_be_chosen_on_a_calibrated_pred
     assert policy._best_trusted([measured, untimed])[1] == measured
 
 
+def test_an_option_that_delivered_where_it_ran_before_may_be_chosen_on_a_calibrated_prediction() -> None:
+    # The short lab: bf16 chosen on the fast link ran 0.31 s a step after the fall,
+    # with Top-k 0.1 over AllGather, which had delivered its gain on the fast link,
+    # predicted faster by a fit that had run it; a gain does not move with the link.
+    policy = moo(quality_reference="topk:0.1")
+    policy._s.gains["topk:0.1"] = 0.6
+    bf16, topk = Choice(Compression("bf16"), "dense_ring"), Choice(Compression("topk", 0.1), "ag_topk")
+    for _ in range(PREDICTION_TRUSTED):
+        policy.calibration.observe(calibration_key(topk.compression, topk.collective), 0.15, 0.15)
+    measured = Evaluation(bf16, 0.29, 0.004, 0.31, 1.0, True)
+    predicted = Evaluation(topk, 0.15, 0.005, 0.18, 0.6, False)
+    assert policy._best_trusted([measured, predicted])[1] == measured  # probed only: it runs first
+    policy._s.delivered[topk.label] = 0.6
+    assert policy._best_trusted([measured, predicted])[1] == predicted
+
+
 def test_no_network_explores_one_option_per_family_the_reference_second() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1)
     plan = [label for label, _ in policy._s.plan]
@@ -876,7 +892,8 @@ def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_
     # ahead, and on a steady link the job looked at one option after another.
     policy = moo()
     settle(policy, Job(policy), *SLOW)
-    policy._s.sync.pop("powersgd:2@dense_ring")
+    for figures in (policy._s.sync, policy._s.delivered):  # never ran: its gain is a probe's
+        figures.pop("powersgd:2@dense_ring")
     policy._set_current(policy._by_label["powersgd:4@dense_ring"], "running as the test puts it")
     rows = policy.evaluate()
     running = policy._current_row(rows)
