@@ -1205,6 +1205,14 @@ class MooPolicy:
             return
         rows, best = self._best_trusted(rows)
         current = self._current_row(rows)
+        if current is None and self._s.current is not None:
+            # The running option has no figure on this network yet and no trusted
+            # prediction: its own steps are timing it. Left now, the choice was
+            # made among what the network's move left timed, or what straggled in
+            # after it: the short lab kept PowerSGD rank 4 at the link's fall and
+            # then took bf16, timed at 0.32 s a step by its last steps before rank
+            # 4 was adopted, over it (rank 4 ran 0.07 s there).
+            return
         if current is not None and current != best:
             settled = self._as_settled(current)
             compared = [settled if r is current else r for r in rows]

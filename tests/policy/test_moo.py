@@ -27,7 +27,7 @@ from flexcomm.policy.moo import (
     _outdone,
     candidate_crs,
 )
-from flexcomm.policy.reconsider import Reconsideration
+from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
 from flexcomm.policy.types import Choice, Compression, GradientLayout, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
 
@@ -470,6 +470,25 @@ def test_a_slow_step_of_the_running_option_does_not_switch_the_job() -> None:
     job, alpha = _tied_job(hysteresis=0.05, settle_steps=30)
     job.run(20, alpha, 100e6, noise=lambda step: 1.3 if step % 20 in (0, 1) else 1.0, observe=False)
     assert job.switches(20) == 0
+
+
+def test_a_running_option_kept_at_a_move_is_not_left_before_its_own_steps_time_it() -> None:
+    # The short lab: the link fell as PowerSGD rank 4 was being adopted; the model
+    # kept it, its fit flagged by its slow first steps, and bf16's last steps
+    # before the adoption, timed on the slow link, were the one figure there.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    running = policy.decide()
+    other = next(o for o in policy.options if o.lossless)
+    policy._s.outliers[calibration_key(running.compression, running.collective)] = 1
+    policy._keep_running()
+    policy.observe_step(StepReport(step=job.step, family=other.compression.family, param=other.compression.param,
+                                   collective=other.collective, t_comp_s=0.001, t_sync_s=2.0, gain=1.0,
+                                   t_compute_s=0.02))
+    assert other.label in policy._s.sync and policy.decide().label == running.label
+    job.run(RUNNING_SAMPLES, *SLOW, observe=False)  # timed now: its own figure decides
+    assert policy.decide().label == running.label and policy.phase == EXPLOIT
 
 
 def test_state_round_trips_through_json_and_resumes_identically() -> None:
