@@ -971,12 +971,16 @@ class MooPolicy:
                            f"the model puts {best.label} ahead at {best.t_step_s:.3g} s a step, untimed")
         return True
 
-    def _measure_both(self, first: str, running: str, why: str) -> None:
+    def _measure_both(self, first: str, running: str, why: str, *, shown: float | None = None) -> None:
         """Run `first`, then `running`, and choose between them as measured. No
-        exploring step: the job would run either."""
+        exploring step: the job would run either. `shown`: the running option's
+        sync on this network, as its latest steps showed it; then it is not run
+        again."""
         s = self._s
         s.why = why
-        self._new_plan([(first, False), (running, False)])
+        self._new_plan([(first, False)] + ([(running, False)] if shown is None else []))
+        if shown is not None:
+            s.sync[running] = shown
         s.explorations += 1
         s.phase = EXPLORE
         self._run_plan_item()
@@ -1022,9 +1026,11 @@ class MooPolicy:
             # Too close for the model to call on a network nothing ran on yet: the
             # short lab kept bf16 through 10 Mbit/s at 1.27x the step of Top-k 0.1,
             # which the model rated within its margin and nothing measured there.
+            shown = self._running_shows_the_move()
             self._rebase()
             self._measure_both(best.label, current.label,
-                               f"{why}; {best.label} and {current.label} too close to call: measuring both")
+                               f"{why}; {best.label} and {current.label} too close to call: measuring "
+                               f"{'both' if shown is None else best.label}", shown=shown)
         else:
             self._start_exploration(f"{why}; the model now prefers {best.label}")
 

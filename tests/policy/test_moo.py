@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexcomm.policy import make_policy, policy_from_state
-from flexcomm.policy.costmodel import calibration_key, crossover_ratio
+from flexcomm.policy.costmodel import calibration_key, crossover_ratio, option_sync_time
 from flexcomm.policy.moo import (
     EXPLOIT,
     EXPLORE,
@@ -807,6 +807,21 @@ def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert "too close to call: measuring both" in policy._s.why
     assert policy._s.plan == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
+    job.run(10, *FAST)
+    assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
+
+
+def test_after_a_move_its_own_steps_showed_a_call_too_close_measures_the_other_alone() -> None:
+    small = GradientLayout(((500, 500),), 0, 4)
+    policy = MooPolicy(small.grad_bytes, MooConfig(families=("dense", "bf16")), small)
+    job = Job(policy, small, t_compute=0.5)
+    settle(policy, job, *SLOW)
+    job.run(3, *FAST, observe=False)  # bf16's steps ran on the new link before the estimate moved
+    policy.observe_network(NetworkObservation.from_link(*FAST, 4))
+    assert policy._s.plan == [("dense@dense_ring", False)], policy._s.why
+    assert "too close to call: measuring dense@dense_ring" in policy._s.why
+    bf16_fast = option_sync_time(Compression("bf16"), "dense_ring", small, NetworkObservation.from_link(*FAST, 4))
+    assert policy._s.sync["bf16@dense_ring"] == pytest.approx(bf16_fast * job.model_error, rel=0.05)
     job.run(10, *FAST)
     assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
 
