@@ -631,8 +631,9 @@ class MooPolicy:
             raw = self._link_time(option, net) if net else None
             measured = not predicted
             if measured and option.label == running and s.phase == EXPLOIT and self.watch.sync() is not None:
-                # The median of its latest steps: one slow step must not switch the job.
-                t_sync = self.watch.sync()
+                # The median of its latest steps, else the figure it was chosen on
+                # (measured or predicted): one slow step must not switch the job.
+                t_sync, measured = self.watch.sync(), self.watch.sync_measured()
             elif measured and option.label in s.sync:
                 t_sync = s.sync[option.label]
             elif raw is not None:
@@ -1020,7 +1021,7 @@ class MooPolicy:
         # the network did change, and the first choice after it is free of that.
         margin = self._margin(current, best)
         if best.label == current.label:
-            self._keep_running()
+            self._keep_running(current.t_sync_s)
             s.current = replace(s.current, reason=f"{why}; keeping {current.label}: still the best by the model")
         elif self._close(current, best, rows, margin):
             # Too close for the model to call on a network nothing ran on yet: the
@@ -1056,12 +1057,13 @@ class MooPolicy:
             lambda t: t > 0 and abs(math.log(t / now)) < abs(math.log(t / then)), reversed(w.running_sync)))
         return statistics.median(shown) if len(shown) >= SHOWN_SAMPLES else None
 
-    def _keep_running(self) -> None:
-        """Carry on with the running option, judged from now on by what it
-        measures on the network as it now is."""
+    def _keep_running(self, predicted_sync: float | None) -> None:
+        """Carry on with the running option, judged on the model's
+        `predicted_sync` until its own steps on the network as it now is give
+        its figure."""
         s = self._s
         s.sync = {}
-        self.watch.chose(self._current_label(), None)
+        self.watch.chose(self._current_label(), predicted_sync, predicted=True)
         self._rebase()
 
     def _start_exploration(self, why: str, *, with_lossless: bool = False) -> None:
@@ -1345,9 +1347,13 @@ class MooPolicy:
         s.version += 1
         s.phase_steps = s.next_look = 0
         self.exploring.decision_changed()
-        # What the choice was made on, when it was measured: a step that runs far
-        # slower than that means the network moved under it.
-        self.watch.chose(option.label, row.t_sync_s if row is not None and row.measured else None)
+        # What the choice was made on, measured or predicted: it stands for the
+        # option until its own steps give a figure. Left on its first steps' mean
+        # instead, the cnn lab's PowerSGD rank 4, chosen on a 0.11 s prediction,
+        # was left after 4 steps (0.17 s as the link began to fall) for bf16,
+        # timed before, which then ran 0.6 s a step at 20 Mbit/s.
+        self.watch.chose(option.label, row.t_sync_s if row is not None else None,
+                         predicted=row is not None and not row.measured)
         s.current = Decision.of(
             option, root=self.config.root, version=s.version,
             predicted_sync_s=row.t_sync_s if row else 0.0,

@@ -36,7 +36,8 @@ class Reconsideration:
     alpha_s: float | None = None  # the network it settled on; None: it settled blind
     beta_s_per_byte: float | None = None
     moves: int | None = None  # the estimator's count of moves when it settled
-    chosen_sync: float | None = None  # the running option's sync time when it was chosen (measured)
+    chosen_sync: float | None = None  # the running option's sync time when it was chosen
+    chosen_predicted: bool = False  # chosen_sync is the calibrated model's, not a measurement
     settled_sync: float | None = None  # the median of its first RUNNING_SAMPLES syncs since
     settled_level: float | None = None  # its first steps' sync per second of compute
     running_sync: list[float] = field(default_factory=list)  # its latest steps' sync times
@@ -87,15 +88,17 @@ class Reconsideration:
         return (f"network moved{seen}: bandwidth {old_bw / 1e6:.4g} -> {net.bandwidth_bps / 1e6:.4g} Mbit/s, "
                 f"latency {old_alpha * 1e3:.3g} -> {net.alpha_s * 1e3:.3g} ms")
 
-    def chose(self, label: str | None, sync_s: float | None) -> None:
-        """Option `label` runs, chosen on `sync_s` when that was measured. Its
-        syncs are compared with the level it showed on this network before (its
+    def chose(self, label: str | None, sync_s: float | None, *, predicted: bool = False) -> None:
+        """Option `label` runs, chosen on `sync_s` (`predicted`: the calibrated
+        model's figure, not a measurement; None: on nothing). Its syncs are
+        compared with the level it showed on this network before (its
         first RUNNING_SAMPLES steps, or the steps it ran when it was left
         sooner, as an exploring item), else with its first steps now: a link
         that sped up just as the budget switched options is then still seen."""
         if self.running and self.running not in self.levels and len(self.running_level) >= LEFT_SAMPLES:
             self.levels[self.running] = statistics.median(self.running_level)
         self.running, self.chosen_sync, self.settled_sync = label, sync_s, None
+        self.chosen_predicted = predicted and sync_s is not None
         self.settled_level = self.levels.get(label) if label else None
         self.running_sync, self.running_level = [], []
 
@@ -121,6 +124,10 @@ class Reconsideration:
         figure it was chosen on until RUNNING_SAMPLES of them ran."""
         latest = self.latest_sync()
         return self.chosen_sync if latest is None else latest
+
+    def sync_measured(self) -> bool:
+        """Whether `sync()` is a measurement, not the prediction it was chosen on."""
+        return self.latest_sync() is not None or not self.chosen_predicted
 
     def drift_s(self) -> float:
         """How far the running option's sync (the median of its latest steps) moved,
