@@ -965,12 +965,27 @@ class MooPolicy:
         modelled = self._current_row(self.evaluate(predicted=True)) or current
         best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
                      and not any(self._close(c, r, rows, max(UNTIMED_MARGIN, self._margin(c, r)))
-                                 for c in (current, modelled))), None)
+                                 for c in (current, self._as_modelled_beside(modelled, r)))), None)
         if best is None:
             return False
         self._measure_both(best.label, current.label,
                            f"the model puts {best.label} ahead at {best.t_step_s:.3g} s a step, untimed")
         return True
+
+    def _as_modelled_beside(self, running: Evaluation, untimed: Evaluation) -> Evaluation:
+        """The running option's model row on the footing of `untimed`'s: the
+        uncalibrated model's figure where nothing calibrated `untimed`'s
+        collective, so that neither carries a host correction the other lacks.
+        Calibrated against raw, on the churn bench's steady 100 Mbit/s link
+        beside two CPU hogs, PowerSGD rank 4 (6.4 ms a step measured, 8.9
+        modelled) looked twice as slow as Top-k 0.033 over the AR ring, never
+        run, put at 3.2 ms; it was looked at, then over the tree: 2 looks per
+        1,000 steps. Raw beside raw, rank 4 is at 4.0 ms."""
+        key = calibration_key(untimed.option.compression, untimed.option.collective)
+        if self.calibration.observations(key) or running.raw_sync_s is None:
+            return running
+        return replace(running, t_sync_s=running.raw_sync_s,
+                       t_step_s=running.t_step_s - running.t_sync_s + running.raw_sync_s)
 
     def _measure_both(self, first: str, running: str, why: str, *, shown: float | None = None) -> None:
         """Run `first`, then `running`, and choose between them as measured. No

@@ -953,6 +953,35 @@ def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_
     assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:4@dense_ring"
 
 
+def test_the_look_puts_the_running_option_on_the_untimed_ones_footing() -> None:
+    # The churn bench: the running option's fit carries the host's per-call cost,
+    # an AR-Topk collective nothing ran has none, and on a steady link the job
+    # looked at one after another. Raw beside raw, Top-k 0.011 over the AR ring is
+    # no faster than the running PowerSGD rank 2; once a fit speaks for its
+    # collective, calibrated beside calibrated, it is 4x ahead: looked at.
+    policy = moo()
+    settle(policy, Job(policy), *SLOW)
+    running = policy.decide()
+    key = calibration_key(running.compression, running.collective)
+    policy.calibration.forget(key)
+    for raw in (0.05, 0.1, 0.2) * 2:
+        policy.calibration.observe(key, raw, raw + 1.0)  # 1 s of the host's a call
+    for collective in ("ag_topk", "art_ring", "art_tree"):
+        policy.calibration.forget(collective)
+    policy._s.sync = {running.label: policy._s.sync[running.label]}
+    slow = policy._current_row(policy.evaluate(predicted=True)).t_sync_s
+    for _ in range(RUNNING_SAMPLES):
+        policy.watch.ran(slow, slow / 0.02)
+    rows = policy.evaluate()
+    untimed = policy.choose(rows)
+    assert untimed.label == "topk:0.011@art_ring" and not untimed.measured
+    assert policy._current_row(rows).t_step_s > (1 + UNTIMED_MARGIN) * untimed.t_step_s  # as measured
+    assert not policy._measure_an_untimed_first_choice(rows)
+    policy.calibration.observe("art_ring", 0.3, 0.3)
+    assert policy._measure_an_untimed_first_choice(policy.evaluate())
+    assert policy._s.plan == [("topk:0.011@art_ring", False), (running.label, False)]
+
+
 def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -> None:
     # The agent decides once per report message: looking every tenth report of a
     # 256-report message was a third of its ingest. Reports between two decisions
