@@ -290,8 +290,9 @@ class AgentClient:
 
     def _end_job(self) -> None:
         # Tried even after a failed call: one report past its deadline on a loaded
-        # host left `reachable` False and a CI run's job at the agent after exit.
-        if not self._registered or not self._ends_job:
+        # host left `reachable` False and a CI run's job at the agent after exit;
+        # a poll past its deadline also unsets `_registered` (to register again).
+        if not self._ever_registered or not self._ends_job:
             return
         with contextlib.suppress(grpc.RpcError):  # an agent gone meanwhile expires it instead
             self._stub.EndJob(pb.EndJobRequest(job_id=self.job_id),

@@ -167,6 +167,21 @@ def test_close_ends_the_job_at_an_agent_slower_than_the_rpc_timeout(agent: Agent
     assert job_ids(agent) == set()
 
 
+def test_close_ends_the_job_after_a_poll_timed_out(agent: AgentProcess) -> None:
+    # A poll past its deadline marks the job for registering again; closing then
+    # must still end it (a quiet CI run left the job at the agent so).
+    client = client_for(agent, "timed-out-poll", policy="dense", timeout_s=0.3)
+    wait_for(lambda: client.latest() is not None, what="the first decision")
+    agent.pause()
+    try:
+        wait_for(lambda: client.reachable is False, what="the client to see the agent unreachable")
+    finally:
+        threading.Timer(0.5, agent.resume).start()
+    client.close(timeout_s=scaled(10))
+    assert client.ended
+    assert job_ids(agent) == set()
+
+
 def test_channel_targets() -> None:
     assert channel_target("/run/flexcomm/agent.sock") == "unix:/run/flexcomm/agent.sock"
     assert channel_target("unix:/x") == "unix:/x"
