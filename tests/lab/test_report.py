@@ -30,6 +30,7 @@ from flexcomm.lab.report import build_summary, is_exploring
 from flexcomm.lab.runner import LabConfig, policy_dir
 from flexcomm.lab.summary import LabSummary, from_json, to_json
 from flexcomm.lab.table import format_table
+from flexcomm.lab.trainer import STOP_LOOK_INTERVAL
 from flexcomm.lab.workload import WorkloadSpec
 from support.waiting import scaled, wait_for
 
@@ -386,8 +387,6 @@ def assert_stopped_at_the_first_look_past(steps: list[dict], budget_s: float) ->
     that step ran more than fourfold slower than the ones before it, at the next
     look (the stop rule reads the clock every few steps, spaced by the recent step
     time: beside two CPU hogs one 5 ms step took 62 ms, and one more step ran)."""
-    from flexcomm.lab.trainer import STOP_LOOK_INTERVAL
-
     ends = [s["t"] for s in steps]
     assert ends[-1] >= budget_s
     first = next(i for i, t in enumerate(ends) if t >= budget_s)
