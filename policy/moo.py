@@ -931,9 +931,8 @@ class MooPolicy:
         lab, 20 Mbit/s: Top-k 0.1 over AllGather warmed up at 220-240 ms a step
         where PowerSGD rank 4 ran 40). With a network, the budget's reference
         unless it is far behind another (`_reference_far_behind`)."""
-        candidates = [reference, *self._family_references.values()]
         if self._net() is None:
-            return min(candidates, key=lambda o: (self._terms(o, 2)[1], o))
+            return min([reference, *self._family_references.values()], key=lambda o: (self._terms(o, 2)[1], o))
         return self._reference_far_behind() or reference
 
     def _reference_far_behind(self) -> Choice | None:

@@ -135,8 +135,8 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     calibrated = {r.label: r.t_step_s for r in gbit.evaluate(predicted=True)}
     assert calibrated[reference] <= gbit.config.explore_prune * calibrated[rank4]
     assert gbit.decide().label == rank4
-    # Where it is within the window of the first choice it is the warm-up's option,
-    # and a first exploration runs it free.
+    # Where it is within the window it is the warm-up's option; and once the slow
+    # job's link turns fast, the exploration that move starts runs it free.
     fast = moo(quality_reference="topk:0.1+powersgd:4")
     fast.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert fast.decide().label == reference
