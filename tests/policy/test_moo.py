@@ -122,7 +122,7 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     assert predicted[reference] > policy.config.explore_prune * predicted[rank4]
     assert policy.decide().label == rank4
     job = Job(policy)
-    job.run(1, *SLOW)  # nor does the first exploration run it: its probes price it
+    job.run(2, *SLOW)  # the warm-up (a set-up step, a timed one); nor does the first exploration run it
     assert policy.phase == EXPLORE and reference not in dict(policy._s.plan)
     job.run(60, *SLOW)
     assert reference not in policy._s.delivered and policy._reference_error() is not None
@@ -313,7 +313,7 @@ def test_evaluate_models_another_network_when_given_one_and_keeps_its_own() -> N
 def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     policy = moo(explore_max=3)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    Job(policy).run(1, *SLOW)  # the warm-up step, on the reference: it has delivered
+    Job(policy).run(2, *SLOW)  # the warm-up (a set-up step, a timed one), on the reference: it has delivered
     assert policy.phase == EXPLORE and len(policy._s.plan) == 3
     assert policy._reference_label in policy._s.delivered
     ranking = policy.ranking(policy.evaluate(predicted=True))
@@ -630,6 +630,28 @@ def test_decisions_carry_probes_reason_and_increasing_versions() -> None:
     assert versions == sorted(versions) and versions[-1] > versions[0]
 
 
+def test_a_compressions_first_step_is_its_set_up_and_left_out_of_its_time() -> None:
+    # Seen in the default lab: PowerSGD rank 4's first step compressed in 42 ms,
+    # the next ones in 1 ms. The figure is the steady one, across a restart too.
+    policy = moo()
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+
+    def ran(step: int, t_comp: float) -> None:
+        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01))
+
+    def figure() -> float:
+        return next(r for r in policy.evaluate() if r.label == "powersgd:4@dense_ring").t_comp_s
+
+    ran(0, 0.042)
+    modelled = figure()
+    assert modelled < 0.042  # the model's own figure until a steady step is seen
+    policy = policy_from_state(json.loads(json.dumps(policy.state_dict())))
+    ran(1, 0.001)
+    ran(2, 0.001)
+    assert figure() == pytest.approx(0.001)
+
+
 def test_stale_reports_of_an_old_decision_do_not_advance_exploration() -> None:
     policy = moo(warmup_steps=2)
     for i in range(5):  # reports of a compression the policy never asked for
@@ -772,7 +794,7 @@ def test_an_item_being_measured_waits_for_steps_a_bandwidth_test_did_not_disturb
     policy = moo()
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     job = Job(policy)
-    job.run(1, *SLOW, observe=False)  # the warm-up step
+    job.run(2, *SLOW, observe=False)  # the warm-up: its compression's set-up step and a timed one
     assert policy.phase == EXPLORE
     item = policy.decide().label
     for _ in range(5):  # a test runs: every step of the item is disturbed
