@@ -13,6 +13,7 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from flexcomm.client.gains import merge_masses
 from flexcomm.client.hook import register
 from flexcomm.client.layout import layout_of
 from flexcomm.policy import GradientLayout, make_policy
@@ -42,7 +43,7 @@ class FlexcommSync:
         if stats is None:
             return {}
         decision = self.state.decision
-        return {
+        record = {
             "compression": stats.compression.name,
             "cr": stats.bytes_sent / self.grad_bytes,  # the share of a dense step's bytes
             "collective": stats.collective,
@@ -55,6 +56,9 @@ class FlexcommSync:
             "reason": decision.reason,
             "exploring": decision.exploring,
         }
+        if stats.probes:  # resolved above (stats.gain); with the estimates, what replaying the policy needs
+            record["gains"] = merge_masses(stats.probes)
+        return record
 
     def close(self) -> None:
         self.state.close()

@@ -46,17 +46,19 @@ def every_method(rank: int, world: int) -> dict:
                           hook_options={"control_interval": 2})
         sync = attach_sync(ddp, cfg, rank, gradient_bytes(model))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        probed = 0  # records that carry the probes' readings
         for step, (x, y) in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
             loss_of(ddp(x), y).backward()
             optimizer.step()
             last = sync.after_step(step, 0)
+            probed += "gains" in last
         sync.close()
         after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         results[label] = {"params": after, "moved": float((after - before).norm()),
                           "last": {k: last.get(k) for k in ("compression", "cr", "collective",
                                                             "bytes_sent")},
-                          "grad_bytes": gradient_bytes(model)}
+                          "grad_bytes": gradient_bytes(model), "probed": probed}
     return results
 
 
@@ -72,6 +74,8 @@ def test_every_baseline_and_policy_trains_4d_weights_alike_on_every_rank() -> No
             assert torch.equal(mine["params"], theirs["params"]), f"{label}: ranks disagree"
         assert torch.isfinite(mine["params"]).all(), label
         assert mine["moved"] > 1e-3, label
+    # rank 0 records what its probes read, for a replay of the policy; nothing reads them elsewhere
+    assert ranks[0]["moo"]["probed"] > 0 and ranks[1]["moo"]["probed"] == ranks[0]["dense"]["probed"] == 0
     last = {label: r["last"] for label, r in ranks[0].items()}
     full = ranks[0]["dense"]["grad_bytes"]
     assert last["powersgd-1"]["collective"] == last["powersgd-4"]["collective"] == "powersgd"
