@@ -3,10 +3,14 @@ probe/test_iperf.py."""
 
 from __future__ import annotations
 
+import itertools
 import socket
+import sys
+import threading
 
 import pytest
 
+from flexcomm.probe import latency
 from flexcomm.probe.latency import RttSummary, latency_measurement, percentile, rtt_burst
 
 
@@ -26,6 +30,50 @@ def test_listening_port_answers():
         s = rtt_burst("127.0.0.1", server.getsockname()[1], count=5, interval_s=0.0)
     assert s.answered == 5 and s.loss == 0.0
     assert 0 < s.min_s <= s.p50_s <= s.p99_s
+
+
+def test_a_busy_prober_process_does_not_inflate_the_rtt():
+    # The agent's probing thread shares the GIL with its event loop: timed by the
+    # host around connect(), half of a loopback burst's RTTs read 10-100 ms (the
+    # switch interval here is 50 ms) while other threads ran; the kernel's own
+    # samples of the handshake read 14-50 us.
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    interval = sys.getswitchinterval()
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        sys.setswitchinterval(0.05)
+        try:
+            for t in spinners:
+                t.start()
+            s = rtt_burst("127.0.0.1", server.getsockname()[1], count=10)
+        finally:
+            stop.set()
+            sys.setswitchinterval(interval)
+            for t in spinners:
+                t.join()
+    assert s.answered == 10 and 0 < s.min_s <= s.p50_s < 0.002, s
+
+
+def test_a_completed_connect_is_timed_by_the_kernel_a_refused_one_by_the_host(monkeypatch) -> None:
+    # The host's clock here jumps 1 s across each connect(), as for a probing
+    # thread that waited that long to run again.
+    ticks = itertools.count(0.0, 1.0)
+    monkeypatch.setattr(latency.time, "perf_counter", lambda: next(ticks))
+    with socket.socket() as server, socket.socket() as closed:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: the kernel answers RST
+        answered = rtt_burst("127.0.0.1", server.getsockname()[1], count=3, interval_s=0.0)
+        refused = rtt_burst("127.0.0.1", closed.getsockname()[1], count=3, interval_s=0.0)
+    assert 0 < answered.min_s <= answered.p99_s < 0.002, answered
+    assert refused.min_s == refused.p99_s == 1.0
 
 
 def test_refused_connect_is_a_round_trip():
