@@ -50,6 +50,7 @@ class FlexcommSync:
             "version": stats.version,
             "t_sync_s": stats.t_sync_s,
             "t_comp_s": stats.t_comp_s,
+            "t_probe_s": stats.t_probe_s,  # rank 0's reading of the probes' gains, in no other figure
             "gain": stats.gain,
             "bytes_sent": stats.bytes_sent,
             "predicted_sync_s": decision.predicted_sync_s,
