@@ -325,9 +325,11 @@ def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_sho
         await lifecycle.ingest(job, [warm_up], None)
         assert job.policy.network is not None
         warm_up_option = job.decision.choice  # the quality reference as a user runs it
-        await lifecycle.ingest(job, [dataclasses.replace(warm_up, step=1, family=warm_up_option.compression.family,
-                                                         param=warm_up_option.compression.param,
-                                                         collective=warm_up_option.collective, gain=0.8)], None)
+        ran = dataclasses.replace(warm_up, family=warm_up_option.compression.family,
+                                  param=warm_up_option.compression.param, collective=warm_up_option.collective,
+                                  gain=0.8)
+        # its compression's set-up step and a timed one
+        await lifecycle.ingest(job, [dataclasses.replace(ran, step=1), dataclasses.replace(ran, step=2)], None)
         assert job.policy.phase == "explore" and job.policy._s.why == "first exploration"
         assert not job.policy.watch.blind  # planned on the network, by the model
         await persister.close()
