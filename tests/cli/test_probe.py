@@ -11,6 +11,7 @@ from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
 from flexcomm.probe.iperf import IperfServer
 from flexcomm.store import LATEST_VERSION, Measurement, Store
+from support.link_rate import reads_the_link
 from support.names import run_prefix
 
 
@@ -24,7 +25,7 @@ def test_probe_peer_prints_figures_records_them_and_history_reads_them(
             code = main(["probe", b.address, "--netns", a.ns, "--time", "1s", "--db", db, "--json"])
             result = json.loads(capsys.readouterr().out)
             assert code == 0 and result["ok"] and result["errors"] == []
-            assert 80e6 < result["bandwidth_bps"] < 105e6
+            assert reads_the_link(result["bandwidth_bps"], 100e6, b.address, 5201, a.ns), result
             assert result["beta_s_per_byte"] == pytest.approx(8 / result["bandwidth_bps"])
             rtt = result["rtt"]
             assert 0 < rtt["min_s"] <= rtt["p50_s"] <= rtt["p99_s"] and rtt["loss"] == 0
