@@ -5,6 +5,7 @@ steps, and the choice is the fastest option within that."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -57,6 +58,23 @@ def test_the_choice_is_never_slower_than_the_reference() -> None:
     assert policy.budget.spent <= 1.15 * policy.budget.allowed, policy.budget
 
 
+def test_what_an_exploration_plans_first_is_what_the_rule_would_run() -> None:
+    # The lm lab's recovered link: the model put the running lossy option and bf16
+    # within the hysteresis of each other. The rule runs bf16 (it loses nothing), and
+    # so must the plan's first, free item: with the exploring budget spent nothing
+    # else times it.
+    policy = moo()
+    Job(policy).run(200, *FAST)
+    rows = policy.evaluate(predicted=True)
+    allowance = policy._allowance()
+    fastest = min(r.t_step_s for r in rows if 1 - r.gain <= allowance)
+    tied = [replace(r, t_step_s=fastest * 1.01) if r.label == "bf16@dense_ring" else r for r in rows]
+    assert any(r.t_step_s < fastest * 1.01 and r.option.compression.lossy for r in tied)
+    assert policy.choose(tied).label == "bf16@dense_ring"
+    assert policy.ranking(tied)[0].label == "bf16@dense_ring"
+    assert sorted(r.label for r in policy.ranking(tied)) == sorted(r.label for r in rows)
+
+
 @pytest.mark.parametrize("slow_first", [False, True])
 def test_the_budget_holds_through_a_link_that_alternates_fast_and_slow(slow_first: bool) -> None:
     policy = moo()
@@ -67,8 +85,11 @@ def test_the_budget_holds_through_a_link_that_alternates_fast_and_slow(slow_firs
             job.run(150, *link)
     assert 0.9 * policy.budget.allowed <= policy.budget.spent <= 1.02 * policy.budget.allowed, policy.budget
     reference = gain_of(Compression.parse("topk:0.011"))
-    settled = [Choice.parse(label).compression for label in job.decisions[-50:]]
-    assert all(gain_of(c) >= reference - 0.1 for c in settled), job.decisions[-50:]  # within the band
+    # What the fast phases saved buys more compression at the start of each slow
+    # one (the budget's design); once that is spent and paid back, the choice the
+    # run settles on is within the band.
+    settled = [Choice.parse(label).compression for label in job.decisions[-10:]]
+    assert all(gain_of(c) >= reference - 0.1 for c in settled), job.decisions[-60:]
 
 
 def test_a_choice_is_judged_on_the_gain_its_own_steps_delivered() -> None:
