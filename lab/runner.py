@@ -285,7 +285,9 @@ def _train(lab: LabCluster, cfg: LabConfig, spec: PolicySpec, index: int, pdir: 
         ifname=lab.nodes[0].ifname, steps=cfg.steps, budget_s=budget_s or 0.0, batch=cfg.batch, optimizer=cfg.optimizer,
         lr=cfg.lr, eval_every=cfg.eval_every,
         hook_options={"control_interval": cfg.control_interval},
-        node_addresses=[n.address for n in lab.nodes], dataset_cache=str(cfg.out / "dataset.pt"),
+        # each host once: on loopback every rank is 127.0.0.1, one node hosting
+        # several ranks as a GPU node does (the agent refuses an address twice)
+        node_addresses=list(dict.fromkeys(n.address for n in lab.nodes)), dataset_cache=str(cfg.out / "dataset.pt"),
         epoch_ack=str(pdir / "epoch_ack") if schedule.by_epoch else "", job_id=job_id,
     )
     train.save(pdir / "train.json")

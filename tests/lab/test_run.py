@@ -140,6 +140,20 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     assert_nothing_left(out)
 
 
+@pytest.mark.slow
+def test_a_loopback_lab_runs_flexcomm_policies_through_node_0s_agent(tmp_path: Path) -> None:
+    # Without root, or with --loopback, every rank is 127.0.0.1: the job's nodes
+    # name that host once, and node 0's agent decides (it refused the job when
+    # the address came once per rank, and every flexcomm policy failed).
+    out = tmp_path / "loopback"
+    _, summary = run_lab_ok(out, "--loopback", "--policies", "topk-0.1", "--steps", "4", "--eval-every", "2",
+                            timeout=180)
+    s = summary["policies"]["topk-0.1"]
+    assert s["steps"] == 4 and s["warnings"] == [], s
+    log = (policy_dir(out, "topk-0.1") / "agents" / "node0.log").read_text()
+    assert "job registered" in log and "nodes=['127.0.0.1']" in log, log[-2000:]
+
+
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path) -> None:
