@@ -49,6 +49,12 @@ from flexcomm.policy.types import (
 log = logging.getLogger("flexcomm.client")
 
 DENSE = replace(DENSE_DECISION, reason="dense (warm-up)")
+# The probes' readings may take this share of the job's time: on the lm lab's
+# model (3.3 MB of gradient, 52 tensors) one reading took 82 ms, 4.3% of its
+# steps at every tenth, and the MOO's steps ran that much slower than a fixed
+# choice's; on the digits and cnn models a reading takes a few ms and every
+# tenth step stays well inside it.
+PROBE_SHARE = 0.02
 
 
 def check_runnable(collective: str, field_name: str = "collective") -> str:
@@ -108,12 +114,15 @@ class Controller:
         *,
         control_interval: int = 10,
         probe_interval: int = 10,
+        probe_share: float = PROBE_SHARE,
         warmup_steps: int = 0,
         history: int = 1000,
     ) -> None:
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be an integer >= 0, got {warmup_steps!r}")
-        self.probe_interval = probe_interval
+        self.probe_interval, self.probe_share = probe_interval, probe_share
+        self._probe_s = 0.0  # rank 0: the probes' readings so far
+        self._first_began: float | None = None
         self.agreement = Agreement(group, control_interval)
         self.rank = dist.get_rank(group)
         self.source = source
@@ -145,10 +154,17 @@ class Controller:
         """The compressions whose gains this step measures: the decision's probes,
         on rank 0, every probe_interval steps (a Top-k of the largest probed CR and
         a low-rank fit of every matrix are too dear for every step; the policies
-        smooth gains anyway)."""
-        if self.rank != 0 or self.step % self.probe_interval:
+        smooth gains anyway), while the readings so far took at most probe_share
+        of the time since the first step began (the other ranks wait for rank 0's
+        reading at the next sync)."""
+        if self.rank != 0 or self.step % self.probe_interval or self._over_probe_share():
             return ()
         return tuple(Compression.parse(name) for name in self.decision.probes)
+
+    def _over_probe_share(self) -> bool:
+        if self._first_began is None:
+            return False
+        return self._probe_s > self.probe_share * (time.perf_counter() - self._first_began)
 
     def begin_step(self) -> StepStats:
         """Open a step: adopt an agreement launched at the previous step, launch a
@@ -156,6 +172,8 @@ class Controller:
         decision applies from step 0; later ones apply from the step after they
         were launched, on every rank alike, and their latency hides behind a step."""
         now = time.perf_counter()
+        if self._first_began is None:
+            self._first_began = now
         if self.rank == 0 and self._last_finished is not None:
             self._next_began[self._last_finished.step] = now
         self._fold_finished(wait=False)
@@ -225,6 +243,7 @@ class Controller:
         while self._unresolved and self._unresolved[0].resolve(wait):
             stats = self._unresolved.popleft()
             self.history.append(stats)
+            self._probe_s += stats.t_probe_s
             for tell in self.finished:
                 tell(stats)
             for key, v in (("gain", stats.gain), ("t_sync_s", stats.t_sync_s), ("t_comp_s", stats.t_comp_s),

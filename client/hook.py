@@ -89,7 +89,9 @@ class FlexcommState(Runner):
         "powersgd:2", "bf16"; + collective, root) for a fixed choice; nothing at
         all means dense.
     control_interval: K, steps between agreements. probe_interval: steps between
-        readings of the probes' gains (rank 0). warmup_steps: dense steps first
+        readings of the probes' gains (rank 0); probe_share: the most of the
+        job's time those readings may take (0.02; a due reading is skipped while
+        over it). warmup_steps: dense steps first
         (>= 1). global_topk: one compression over all buckets. selector: Top-k's
         ("auto": "fast" on CPU tensors, "radix" on a GPU; or "exact", "fast",
         "sync_free", "radix"; client/selection.py). var_smoothing: EWMA factor of VAR-Topk's variance.

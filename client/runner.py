@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client.controller import DENSE, Controller, check_group, resolve_source
+from flexcomm.client.controller import DENSE, PROBE_SHARE, Controller, check_group, resolve_source
 from flexcomm.client.decisions import DecisionSource
 from flexcomm.client.nodes import share_nodes
 from flexcomm.client.selection import check_selector
@@ -46,6 +46,7 @@ class Runner:
         root: str = ROOT_STAR,
         control_interval: int = 10,
         probe_interval: int = 10,
+        probe_share: float = PROBE_SHARE,
         warmup_steps: int = 0,
         selector: str = "auto",
         var_smoothing: float = 0.9,
@@ -56,6 +57,8 @@ class Runner:
         for name, value in (("control_interval", control_interval), ("probe_interval", probe_interval)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(probe_share, bool) or not isinstance(probe_share, (int, float)) or not 0 < probe_share <= 1:
+            raise ValueError(f"probe_share: must be a number in (0, 1], got {probe_share!r}")
         if source is not None and policy is not None:
             raise ValueError("source: give a source or a policy, not both")
         decided_by = resolve_source(source if source is not None else policy, compression, collective, root)
@@ -67,6 +70,7 @@ class Runner:
         self.process_group = process_group
         self._decided_by = decided_by
         self._settings = {"control_interval": control_interval, "probe_interval": probe_interval,
+                          "probe_share": probe_share,
                           "warmup_steps": warmup_steps, "history": history}
         self._engine = {"selector": selector, "var_smoothing": var_smoothing}
         self._scalars = ScalarWriter(writer) if writer is not None else None

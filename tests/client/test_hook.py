@@ -314,6 +314,32 @@ def check_step_times(rank: int, world: int) -> dict:
     return {"outside": outside, "inside": inside, "reported": reported}
 
 
+def check_probe_share(rank: int, world: int) -> dict:
+    """Rank 0's readings of the probes' gains, asked for at every step, under a
+    share that allows all of them and under one that allows few."""
+    import time
+
+    from flexcomm.client.sync import GradientSync
+
+    out = {}
+    for share in (1.0, 0.02):
+        model = mlp(7)
+        policy = ScheduledPolicy({0: Decision("topk", 0.1, "ag_topk", version=1, probes=PROBES)})
+        sync = GradientSync(model, policy=policy, probe_interval=1, probe_share=share)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        start = time.perf_counter()
+        for step in range(30):
+            train_step(model, opt, rank, step)
+            time.sleep(0.005)
+            sync.synchronize()
+            opt.step()
+        elapsed = time.perf_counter() - start
+        probed = [s.t_probe_s for s in sync.history if s.t_probe_s > 0]
+        out[str(share)] = {"probed": probed, "elapsed": elapsed, "steps": len(sync.history)}
+        sync.close()
+    return out
+
+
 def check_switching(rank: int, world: int) -> dict:
     from flexcomm.client.hook import register
 
@@ -418,6 +444,7 @@ def battery(rank: int, world: int) -> dict:
         "sync": check_gradient_sync(rank, world),
         "switching": check_switching(rank, world),
         "step_times": check_step_times(rank, world),
+        "probe_share": check_probe_share(rank, world),
         "checkpoint": check_checkpoint_with_powersgd_and_policy(rank, world),
     }
 
@@ -553,6 +580,19 @@ def test_switching_follows_rank_0_on_every_rank(results):
 
 @pytest.mark.slow  # real gloo ranks
 @pytest.mark.timeout(260)
+def test_the_probes_readings_keep_within_their_share_of_the_jobs_time(results):
+    _, per_rank = results
+    every, few = per_rank[0]["probe_share"]["1.0"], per_rank[0]["probe_share"]["0.02"]
+    assert len(every["probed"]) == every["steps"]  # asked at every step
+    # Under the small share a due reading waits until the ones before it fit; the
+    # last one taken may overshoot by itself.
+    assert 1 <= len(few["probed"]) < len(every["probed"]) / 2, few
+    assert sum(few["probed"][:-1]) <= 0.02 * few["elapsed"], few
+    assert all(not res["probe_share"]["1.0"]["probed"] for res in per_rank[1:])  # rank 0 alone reads
+
+
+@pytest.mark.slow  # real gloo ranks
+@pytest.mark.timeout(260)
 def test_step_times_agree_with_a_clock_outside_the_client(results):
     _, per_rank = results
     t = per_rank[0]["step_times"]  # rank 0 reports, so it knows each step's compute time
@@ -601,6 +641,9 @@ def test_a_checkpoint_keeps_powersgds_factors_and_the_policy(results):
     ({"compression": "topk:0.1", "selector": "approx"}, "selector"),
     ({"compression": "topk:0.1", "warmup_steps": 0}, "warmup_steps"),
     ({"compression": "topk:0.1", "probe_interval": 0}, "probe_interval"),
+    ({"compression": "topk:0.1", "probe_share": 0}, "probe_share"),
+    ({"compression": "topk:0.1", "probe_share": 1.5}, "probe_share"),
+    ({"compression": "topk:0.1", "probe_share": True}, "probe_share"),
 ])
 def test_bad_input_fails_at_construction(kwargs, field):
     from flexcomm.client.hook import FlexcommState
