@@ -50,10 +50,10 @@ log = logging.getLogger("flexcomm.client")
 
 DENSE = replace(DENSE_DECISION, reason="dense (warm-up)")
 # The probes' readings may take this share of the job's time: on the lm lab's
-# model (3.3 MB of gradient, 52 tensors) one reading took 82 ms, 4.3% of its
-# steps at every tenth, and the MOO's steps ran that much slower than a fixed
-# choice's; on the digits and cnn models a reading takes a few ms and every
-# tenth step stays well inside it.
+# model (3.3 MB of gradient, 52 tensors) a reading took 30-32 ms in one hour
+# (1.5-1.6% of the run at every tenth step) and 82 ms in another (4.3%), and the
+# MOO's mean step ran that much slower than a fixed choice's. On the digits and
+# cnn models a reading takes a few ms and every tenth step stays well inside it.
 PROBE_SHARE = 0.02
 
 
