@@ -32,7 +32,7 @@ class GradientSync(Runner):
     """Average the gradients of `params` (a module or parameters) over the group.
 
     Options as FlexcommState (client/hook.py): source / policy / compression +
-    collective + root, control_interval, probe_interval, warmup_steps (default
+    collective + root, control_interval, probe_interval, probe_share, warmup_steps (default
     0), selector, var_smoothing, history.
     """
 
