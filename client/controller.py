@@ -123,6 +123,7 @@ class Controller:
         self.probe_interval, self.probe_share = probe_interval, probe_share
         self._probe_s = 0.0  # rank 0: the probes' readings so far
         self._first_began: float | None = None
+        self._probing: tuple[Compression, ...] = ()  # this step's probes, decided as it opens
         self.agreement = Agreement(group, control_interval)
         self.rank = dist.get_rank(group)
         self.source = source
@@ -151,20 +152,23 @@ class Controller:
         return DENSE if self.steps_run < self.warmup_steps else self.decision
 
     def probes(self) -> tuple[Compression, ...]:
-        """The compressions whose gains this step measures: the decision's probes,
-        on rank 0, every probe_interval steps (a Top-k of the largest probed CR and
-        a low-rank fit of every matrix are too dear for every step; the policies
-        smooth gains anyway), while the readings so far took at most probe_share
-        of the time since the first step began (the other ranks wait for rank 0's
-        reading at the next sync)."""
-        if self.rank != 0 or self.step % self.probe_interval or self._over_probe_share():
+        """The compressions whose gains this step measures (the same for each of its
+        buckets): the decision's probes, on rank 0, every probe_interval steps (a
+        Top-k of the largest probed CR and a low-rank fit of every matrix are too
+        dear for every step; the policies smooth gains anyway), while the readings
+        so far took at most probe_share of the time since the first step began
+        (the other ranks wait for rank 0's reading at the next sync)."""
+        return self._probing
+
+    def _probes_due(self, now: float) -> tuple[Compression, ...]:
+        """Decided once as a step opens: decided per bucket, a step that crossed the
+        share during its backward would read some buckets and not others, and
+        report their gains as the whole gradient's."""
+        assert self._first_began is not None
+        if self.rank != 0 or self.step % self.probe_interval or \
+                self._probe_s > self.probe_share * (now - self._first_began):
             return ()
         return tuple(Compression.parse(name) for name in self.decision.probes)
-
-    def _over_probe_share(self) -> bool:
-        if self._first_began is None:
-            return False
-        return self._probe_s > self.probe_share * (time.perf_counter() - self._first_began)
 
     def begin_step(self) -> StepStats:
         """Open a step: adopt an agreement launched at the previous step, launch a
@@ -184,6 +188,7 @@ class Controller:
             if self.step == 0:
                 self._adopt()
         d = self.running
+        self._probing = self._probes_due(now)
         self.stats = StepStats(self.step, d.family, d.param, d.collective, self.decision.version, began=now)
         return self.stats
 

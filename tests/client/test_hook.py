@@ -449,6 +449,30 @@ def battery(rank: int, world: int) -> dict:
     }
 
 
+def probes_of_one_step(rank: int, world: int) -> dict:
+    """One step's probes, asked for at its start and again after it crossed back
+    under the probe share (as a DDP hook asks once per bucket)."""
+    import time
+
+    from flexcomm.client.controller import Controller
+    from flexcomm.client.decisions import PolicySource
+
+    policy = ScheduledPolicy({0: Decision("topk", 0.1, "ag_topk", version=1, probes=PROBES)})
+    controller = Controller(None, PolicySource(policy), control_interval=1, probe_interval=1, probe_share=0.5)
+    stats = controller.begin_step()
+    first = controller.probes()
+    stats.t_probe_s = 0.2  # its reading took 0.2 s: over the share until 0.4 s have passed
+    controller.end_step()
+    controller.begin_step()
+    at_open = controller.probes()
+    time.sleep(0.5)  # under the share again, mid-step
+    mid_step = controller.probes()
+    controller.end_step()
+    controller.begin_step()
+    next_step = controller.probes()
+    return {"first": len(first), "at_open": len(at_open), "mid_step": len(mid_step), "next_step": len(next_step)}
+
+
 def group_of_one(rank: int, world: int) -> dict:
     from flexcomm.client.hook import FlexcommState
     from flexcomm.client.sync import GradientSync
@@ -650,6 +674,16 @@ def test_bad_input_fails_at_construction(kwargs, field):
 
     with pytest.raises(ValueError, match=rf"^{field}:"):
         FlexcommState(**kwargs)
+
+
+@pytest.mark.slow  # a real gloo process group of one
+@pytest.mark.timeout(90)
+def test_a_step_reads_its_probes_on_every_bucket_or_on_none():
+    # Decided per bucket, a step that crossed back under the share during its
+    # backward read some buckets and not others, and reported their gains as the
+    # whole gradient's.
+    (res,) = run_ranks(1, "client/test_hook.py:probes_of_one_step", timeout=60)
+    assert res == {"first": len(PROBES), "at_open": 0, "mid_step": 0, "next_step": len(PROBES)}, res
 
 
 @pytest.mark.slow  # real gloo ranks
