@@ -27,7 +27,7 @@ from flexcomm.client.selection import check_selector
 from flexcomm.client.stats import StepStats
 from flexcomm.client.step import GradientStep
 from flexcomm.client.summary import JobSummary, Scalars, ScalarWriter, show_decisions
-from flexcomm.policy.types import ROOT_STAR, Decision, Policy
+from flexcomm.policy.types import ROOT_STAR, Decision, Policy, check_range
 
 
 class Runner:
@@ -57,8 +57,7 @@ class Runner:
         for name, value in (("control_interval", control_interval), ("probe_interval", probe_interval)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(probe_share, bool) or not isinstance(probe_share, (int, float)) or not 0 < probe_share <= 1:
-            raise ValueError(f"probe_share: must be a number in (0, 1], got {probe_share!r}")
+        check_range("probe_share", probe_share, 0.0, 1.0, open_low=True)
         if source is not None and policy is not None:
             raise ValueError("source: give a source or a policy, not both")
         decided_by = resolve_source(source if source is not None else policy, compression, collective, root)
