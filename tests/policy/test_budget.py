@@ -75,6 +75,28 @@ def test_what_an_exploration_plans_first_is_what_the_rule_would_run() -> None:
     assert sorted(r.label for r in policy.ranking(tied)) == sorted(r.label for r in rows)
 
 
+def test_the_switch_makes_the_saving_the_rule_makes() -> None:
+    # The lm lab's last 1 Gbit/s phase: the running lossy option at 134 ms a step,
+    # bf16 put at 135. The rule runs bf16 there (as quick, losing nothing), so the
+    # switch to it must not be refused as "close enough"; a bf16 slower than the
+    # tie band, or a lossy option as quick losing as much, is not worth a switch.
+    policy = moo()
+    Job(policy).run(200, *FAST)
+    rows = policy.evaluate(predicted=True)
+    running = next(r for r in rows if r.label == "topk:0.011@ag_topk")
+    assert 1 - running.gain > 0.05
+    bf16 = next(r for r in rows if r.label == "bf16@dense_ring")
+    margin = policy.config.hysteresis
+    as_quick = replace(bf16, t_step_s=running.t_step_s * 1.01)
+    assert policy.choose([running, as_quick]) is as_quick
+    assert not policy._close(running, as_quick, [running, as_quick], margin)
+    slower = replace(bf16, t_step_s=running.t_step_s * 1.2)
+    assert policy._close(running, slower, [running, slower], margin)
+    twin = replace(next(r for r in rows if r.label == "topk:0.011@art_ring"),
+                   t_step_s=running.t_step_s * 0.99, gain=running.gain)
+    assert policy._close(running, twin, [running, twin], margin)
+
+
 @pytest.mark.parametrize("slow_first", [False, True])
 def test_the_budget_holds_through_a_link_that_alternates_fast_and_slow(slow_first: bool) -> None:
     policy = moo()
