@@ -32,6 +32,9 @@ generator is not one GIL):
    stream), and get-decision latency at the full rate from 8 clients that each
    stream 4,096-report messages (detail.large_messages_p99_ms: a large message
    must not hold the loop).
+With --agent-cpus the agent (every thread, and the probes it starts) runs on
+those cores and the load generators on the rest, as on a node whose training
+processes run beside it; by default all share every core.
 The same latency at a quarter of the rate is reported too (detail.light_*), and
 the time inside the agent's handler from its own histogram (detail.handler_*:
 the upper bound of the bucket holding p50/p99), to tell the agent's own cost
@@ -209,6 +212,28 @@ def run_generator(args: tuple[str, list[str], dict]) -> dict:
     return asyncio.run(_generator(*args))
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus` (threads started later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def cpu_split(agent_cpus: str | None) -> tuple[set[int], set[int]] | None:
+    """(the agent's cores, the generators') for --agent-cpus "0" or "0,1", or None."""
+    if agent_cpus is None:
+        return None
+    mine = os.sched_getaffinity(0)
+    try:
+        agent = {int(c) for c in agent_cpus.split(",")}
+    except ValueError:
+        raise SystemExit(f"agent_load: --agent-cpus: not a list of core numbers: {agent_cpus!r}") from None
+    rest = mine - agent
+    if not agent <= mine or not rest:
+        raise SystemExit(f"agent_load: --agent-cpus: {sorted(agent)} must be some, not all, of the cores "
+                         f"this process may use ({sorted(mine)})")
+    return agent, rest
+
+
 def run_phase(pool: ProcessPoolExecutor, socket: str, clients: int, phase: dict) -> dict:
     phase = {**phase, "clients": clients}
     shards = [[job_id(i) for i in range(clients) if i % GENERATORS == g] for g in range(GENERATORS)]
@@ -286,6 +311,8 @@ def main() -> None:
     parser.add_argument("--ingest-s", type=float, default=15.0)
     parser.add_argument("--soak-s", type=float, default=60.0)
     parser.add_argument("--policy", default="moo")
+    parser.add_argument("--agent-cpus", help='cores for the agent alone, e.g. "0"; the load generators '
+                        "get the rest (default: all share every core)")
     parser.add_argument("--prefix", default=PREFIX, help="namespace name prefix")
     parser.add_argument("--subnet", default=SUBNET, help="the namespaces' subnet")
     args = parser.parse_args()
@@ -312,12 +339,16 @@ def measure(args: argparse.Namespace, here: Node, peers: list[str], port: int) -
     in_namespace(agent, here, probe=True)
     started = time.time()
     agent.start()
+    split = cpu_split(args.agent_cpus)
     try:
+        if split:
+            pin(agent.proc.pid, split[0])
         for i in range(args.clients):
             agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec(
                 job_id(i), policy=args.policy, grad_bytes=GRAD_BYTES,
                 nodes=[here.address, peers[i % len(peers)]])), timeout=10)
-        with ProcessPoolExecutor(GENERATORS) as pool:
+        on_rest = {"initializer": os.sched_setaffinity, "initargs": (0, split[1])} if split else {}
+        with ProcessPoolExecutor(GENERATORS, **on_rest) as pool:
             steady_reports = {"report_batch": 100, "per_rpc": 1, "report_pause_s": 1.0}
 
             def phase(**kw: object) -> dict:
@@ -392,7 +423,10 @@ def summarise(args: argparse.Namespace, seen: dict) -> dict:
             "probes": seen["probes"], "peers": seen["peers"],
             "rss_before_mb": round(rss_before / 1e6, 1), "rss_after_mb": round(rss_after / 1e6, 1),
             "cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "note": "agent, load generators and probes share this machine's cores with other work",
+            "agent_cpus": args.agent_cpus,
+            "note": ("agent, load generators and probes share this machine's cores with other work"
+                     if args.agent_cpus is None else
+                     f"the agent and its probes on cores {args.agent_cpus}, the load generators on the rest"),
         },
     }
 
