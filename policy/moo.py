@@ -306,6 +306,11 @@ class Evaluation:
     def label(self) -> str:
         return self.option.label
 
+    @property
+    def error(self) -> float:
+        """1 - gain: what it does not send (an unknown gain counts as sending nothing)."""
+        return 1.0 - (self.gain or 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         return {"option": self.label, "family": self.option.compression.family,
                 "param": self.option.compression.param, "collective": self.option.collective,
@@ -1414,8 +1419,8 @@ class MooPolicy:
         if self.config.objective == "budget" and allowance is not None and all(r.gain is not None for r in rows):
             # Within the allowance and the running option's band, or losing no more than the best.
             ref = self._reference_error()
-            limit = max(min(allowance + ERROR_BAND * ref, _error_cap(ref)), 1.0 - (best.gain or 0.0))
-            within = 1.0 - (current.gain or 0.0) <= limit * (1 + margin)
+            limit = max(min(allowance + ERROR_BAND * ref, _error_cap(ref)), best.error)
+            within = current.error <= limit * (1 + margin)
             return (within and current.t_step_s <= best.t_step_s * (1 + margin)
                     and not self._saves(best, current, ref))
         return _within(current, best, margin)
@@ -1428,7 +1433,7 @@ class MooPolicy:
         1 Gbit/s phase with bf16 predicted at 135 ms, and Top-k 0.1 for 62 steps
         where bf16, once run, took 154 ms to Top-k's 180: the tight target slipped."""
         quicker = best.t_step_s <= current.t_step_s * (1 + self.config.hysteresis)
-        return quicker and (1.0 - (best.gain or 0.0)) < (1.0 - (current.gain or 0.0)) - ERROR_BAND * reference_error
+        return quicker and best.error < current.error - ERROR_BAND * reference_error
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
         label = self._current_label()
@@ -1509,20 +1514,19 @@ def _error_cap(reference_error: float) -> float:
 
 def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:
     """Within the allowance first, fastest first; then the rest, least error first."""
-    error = 1.0 - (r.gain or 0.0)
-    return (0, r.t_step_s, error) if error <= allowance else (1, error, r.t_step_s)
+    return (0, r.t_step_s, r.error) if r.error <= allowance else (1, r.error, r.t_step_s)
 
 
 def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float) -> Evaluation:
     """The fastest row whose error is within `allowance`, the one losing least among
     those within `hysteresis` of that time (so where compression buys no time the
     run saves its budget); with none within, the one losing least."""
-    within = [r for r in rows if 1.0 - (r.gain or 0.0) <= allowance]
+    within = [r for r in rows if r.error <= allowance]
     if not within:
         return min(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
     fastest = min(r.t_step_s for r in within)
     near = [r for r in within if r.t_step_s <= fastest * (1 + hysteresis)]
-    return min(near, key=lambda r: (1.0 - (r.gain or 0.0), r.t_step_s, r.option))
+    return min(near, key=lambda r: (r.error, r.t_step_s, r.option))
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:
