@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -66,11 +67,12 @@ class AgentConfig:
     probe: bool = True
     # Latency probes every probe_interval_s; bandwidth tests (iperf3, within a 1%
     # duty cycle) every probe_bandwidth_interval_s, and at once when a job's own
-    # sync times move. A test is sized to a quarter second at the rate the path is
-    # expected to have; one with no expected rate runs probe_test_duration_s.
+    # sync times move. A test is sized to take probe_sized_test_s at the rate a
+    # 256 KB pilot reads; with probe_sized_test_s 0 each runs probe_test_duration_s.
     probe_interval_s: float = 10.0
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
+    probe_sized_test_s: float = 0.15
     # A job's first estimate may start from a probe of its peers at most this old.
     max_probe_age_s: float = 60.0
     probe_port: int = 5201
@@ -130,6 +132,9 @@ class AgentConfig:
         if self.probe_test_duration_s < 1 or not float(self.probe_test_duration_s).is_integer():
             raise ValueError(f"probe_test_duration_s: iperf3 runs whole seconds >= 1, "
                              f"got {self.probe_test_duration_s!r}")
+        if not (math.isfinite(self.probe_sized_test_s) and 0 <= self.probe_sized_test_s <= self.probe_test_duration_s):
+            raise ValueError(f"probe_sized_test_s: must be in [0, probe_test_duration_s], "
+                             f"got {self.probe_sized_test_s!r}")
         if not 0 < self.probe_port < 65536:
             raise ValueError(f"probe_port: must be in 1..65535, got {self.probe_port}")
         self.link_bucket()

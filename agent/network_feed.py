@@ -53,8 +53,8 @@ IN_FLIGHT_MAX_S = 60.0
 # under a second at the lab's slowest, 500 ms steps).
 SHARED_GAP_S = 1.0
 
-# (peers, expected_bps) -> seconds until the duty budget has room for the first
-RequestProbes = Callable[[Sequence[str], "float | None"], float]
+# peers -> seconds until the duty budget has room for the first
+RequestProbes = Callable[[Sequence[str]], float]
 
 
 def job_layout(job: Job) -> GradientLayout:
@@ -112,7 +112,7 @@ class JobNetwork:
 
 class NetworkFeed:
     """`redecide(job_id)` gives a job's policy its current bottleneck;
-    `request_probes(peers, expected_bps)`, when probing runs, asks for bandwidth
+    `request_probes(peers)`, when probing runs, asks for bandwidth
     tests now and says how soon the duty budget allows them."""
 
     def __init__(self, estimator: Estimator, metrics: Metrics, redecide: Callable[[str], None],
@@ -248,8 +248,8 @@ class NetworkFeed:
         budget puts the test further off than its `probe_wait_s` and the syncs
         keep showing the move that long."""
         estimate = self.estimator.jobs.get(job_id)
-        if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
-            return  # without a figure to size it by the test would run whole seconds: the syncs give one
+        if estimate is None or not estimate.wants_probe:
+            return
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:
             estimate.wants_probe = False  # no probe will come: the syncs stand alone
@@ -260,14 +260,13 @@ class NetworkFeed:
             # test of one peer read the recovered link (967 Mbit/s) and the estimate
             # took another's, read 2 s before the recovery (25 Mbit/s).
             self.estimator.moved_since(job_id, time.time())
-        wait_s = self.request_probes([peer], estimate.expected_bps)
+        wait_s = self.request_probes([peer])
         if math.isinf(wait_s):
             return  # the prober does not know the peer yet: asked again when it does
         estimate.wants_probe = False
         estimate.probe_late(wait_s)
         log.info("probe asked for", extra={"fields": {"job": job_id, "peer": peer,
                                                       "reason": estimate.probe_reason,
-                                                      "expected_bps": estimate.expected_bps,
                                                       "budget_wait_s": round(wait_s, 1)}})
 
     def bottleneck(self, job: Job) -> NetworkObservation | None:

@@ -42,7 +42,8 @@ class Probing:
             iperf_port=config.probe_port, latency_port=config.probe_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
-            test_duration_s=config.probe_test_duration_s, auth=config.client_auth())
+            test_duration_s=config.probe_test_duration_s, sized_test_s=config.probe_sized_test_s,
+            auth=config.client_auth())
         self.on_measurement = on_measurement
         self.on_bandwidth_start = on_bandwidth_start
         self.servers = (ProbeServers(config.probe_port, auth=config.server_auth(),
@@ -81,12 +82,12 @@ class Probing:
         log.info("probing", extra={"fields": {"peers": sorted(self.scheduler.schedule),
                                               "own_addresses_skipped": list(self.scheduler.skipped)}})
 
-    def request_bandwidth(self, peers: Sequence[str], expected_bps: float | None = None) -> float:
+    def request_bandwidth(self, peers: Sequence[str]) -> float:
         """Bandwidth tests of `peers` as soon as the duty budget allows; the
         seconds until it does (inf before probing starts)."""
         if self.scheduler is None:
             return math.inf
-        return self.scheduler.request_bandwidth(peers, expected_bps)
+        return self.scheduler.request_bandwidth(peers)
 
     def _from_probe_thread(self, callback: Callable[..., None]) -> Callable[..., None]:
         """`callback`, called from the probe thread, run on the event loop (in order)."""

@@ -22,19 +22,19 @@ Rules:
   minutes: a few sized tests, and the share holds over any run of minutes); a
   test that would exceed it waits. The time charged is the test's
   real elapsed time, failed tests included, and a measurement's duration_s says it.
-- A test is sized to take about `sized_test_s` at the rate the path is expected
-  to have (the lower of its last reading and the rate a request expects; a
-  new peer, the slowest other peer's): iperf3 -n BYTES, so a test at 1 Gbit/s
-  costs a quarter second, not two. With no expected rate at all a test runs
-  `test_duration_s`, and a sized test that ran in under two thirds of
-  `sized_test_s` is repeated sized for twice its reading (`sized_probe`). One
-  sized for a far faster path overruns its timeout and is ended: past its
-  first second, its sender's rate over the rest is the reading (0.91-1.13x the
-  shaped rate of 10, 100 and 1000 Mbit/s links, ended at 1.5-4 s; the first
-  second holds the socket buffer filling, 2x); ended before that, it is a
-  failed test. Without that reading every later test was sized from the same
-  stale rate and cut off again: in the lab a 470 Mbit/s estimate stood through a
-  10 Mbit/s phase.
+- A test is sized by the path as it is now: a pilot of PILOT_BYTES (a few ms at
+  1 Gbit/s, a fifth of a second at 10 Mbit/s), then a test sized to take about
+  `sized_test_s` at the pilot's reading (iperf3 -n BYTES), unless the pilot took
+  that long itself (a slow path: its reading is the figure). Sized by the rate
+  the job's estimate expected instead, a test of a path that had slowed ran to
+  its cut-off (the cnn lab's 1-4 s tests, 5% of a run's wall time), and one sized
+  for a path that had quickened was repeated at twice its size (0.6 s of the
+  digits lab's 29 s runs). A test sized for a far faster path than it finds (a
+  pilot that passed inside a policer's burst) overruns its timeout and is
+  ended: past its first second, its sender's rate over the rest is the reading
+  (0.91-1.13x the shaped rate of 10, 100 and 1000 Mbit/s links, ended at 1.5-4 s;
+  the first second holds the socket buffer filling, 2x); ended before that, it
+  is a failed test. With `sized_test_s` 0 every test runs `test_duration_s`.
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
@@ -75,13 +75,14 @@ from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
 log = logging.getLogger(__name__)
 
 Probe = Callable[[str], Measurement]
-# A sized test sends at least this much: below it, a test at a fast rate is mostly
-# start-up and reads the shaper's burst rather than its rate.
-MIN_TEST_BYTES = 1 << 20
+# The pilot that sizes a test, and the least a test sends. On the lab's HTB links it
+# took 8 ms at 1 Gbit/s and read 1.37x the shaped rate (the shaper's burst), 26 ms
+# at 100 Mbit/s (1.16x), 115 ms at 20 Mbit/s (1.04x) and 223 ms at 10 (1.00x).
+PILOT_BYTES = 256 << 10
 SIZED_TIMEOUT_FACTOR = 4
-# A right-sized test's reading varies by a few percent, far from this; one sized for
-# a path 1.5x slower or more is repeated (see sized_probe).
-REPEAT_BELOW = 2 / 3
+# A pilot that took this share of `sized_test_s` is the test: a sized test of that
+# path would read it no better.
+PILOT_ENOUGH = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ class ProbeConfig:
     iperf_port: int = DEFAULT_PORT
     latency_port: int = DEFAULT_PORT
     test_duration_s: float = 1.0
-    sized_test_s: float = 0.25  # 0: every test runs test_duration_s
+    # 0: every test runs test_duration_s. A 0.15 s test read 0.98-1.03x the shaped
+    # rate of the lab's 100 and 1000 Mbit/s links (TCP's goodput is 0.956x).
+    sized_test_s: float = 0.15
     streams: int = 1
     reverse: bool = False
     latency_count: int = 10
@@ -132,10 +135,9 @@ class ProbeConfig:
         return self.duty_cycle * self.budget_window_s
 
 
-def iperf_probe(config: ProbeConfig,
-                expected_bps: Callable[[str], float | None] = lambda peer: None) -> Probe:
-    """The real bandwidth probe: one iperf3 test, sized by the rate `expected_bps`
-    gives for the peer (see the module docstring); raises IperfError on failure."""
+def iperf_test(config: ProbeConfig) -> Callable[[str, int | None], Measurement]:
+    """One iperf3 test to a peer: sending so many bytes (then cut off at a few
+    times `sized_test_s`), or None: `test_duration_s` long. Raises IperfError."""
     def test(peer: str, size: int | None) -> Measurement:
         # A sized test that cannot finish in a few times its length is a failed one: on
         # the loaded lab machine one ran 7 s, a minute of the duty budget.
@@ -144,30 +146,28 @@ def iperf_probe(config: ProbeConfig,
             peer, port=config.iperf_port, duration_s=config.test_duration_s, bytes_=size,
             streams=config.streams, reverse=config.reverse, timeout_s=timeout,
             connect_timeout_s=config.connect_timeout_s, netns=config.netns, auth=config.auth))
+    return test
 
+
+def iperf_probe(config: ProbeConfig) -> Probe:
+    """The real bandwidth probe: iperf3, sized by a pilot (see the module
+    docstring) unless `sized_test_s` is 0; raises IperfError on failure."""
+    test = iperf_test(config)
     if not config.sized_test_s:
         return lambda peer: test(peer, None)
-    return sized_probe(test, expected_bps, config.sized_test_s)
+    return sized_probe(test, config.sized_test_s)
 
 
-def sized_probe(test: Callable[[str, int | None], Measurement],
-                expected_bps: Callable[[str], float | None], sized_test_s: float) -> Probe:
-    """A probe that runs `test(peer, bytes)` sized to last `sized_test_s` at the
-    expected rate (`test(peer, None)`, a timed test, where none is expected).
-
-    A test that ran in under REPEAT_BELOW of `sized_test_s` was sized for a slower
-    path, and its reading, mostly TCP's start-up, is only a lower bound: a 1 MB
-    test of a 100 Mbit/s link read 65-80 Mbit/s. It is repeated sized for twice its
-    reading, which lasts at least `sized_test_s` on any path up to twice as fast."""
+def sized_probe(test: Callable[[str, int | None], Measurement], sized_test_s: float) -> Probe:
+    """A probe that runs `test(peer, PILOT_BYTES)` and then, unless the pilot took
+    PILOT_ENOUGH of `sized_test_s` itself, `test(peer, bytes)` sized to last
+    `sized_test_s` at the pilot's reading."""
     def probe(peer: str) -> Measurement:
-        expected = expected_bps(peer)
-        if not expected:
-            return test(peer, None)
-        size = test_bytes(expected, sized_test_s)
-        m = test(peer, size)
-        if m.bandwidth_bps and 8 * size / m.bandwidth_bps < REPEAT_BELOW * sized_test_s:
-            m = test(peer, test_bytes(2 * m.bandwidth_bps, sized_test_s))
-        return m
+        pilot = test(peer, PILOT_BYTES)
+        rate = pilot.bandwidth_bps if pilot.ok else None
+        if not rate or 8 * PILOT_BYTES / rate >= PILOT_ENOUGH * sized_test_s:
+            return pilot
+        return test(peer, sized_bytes(pilot.bandwidth_bps, sized_test_s))
     return probe
 
 
@@ -185,9 +185,9 @@ def cut_off_measurement(peer: str, cut: IperfTimeout) -> Measurement:
     return Measurement(peer=peer, kind=BANDWIDTH, bandwidth_bps=cut.sent_bps, beta_s_per_byte=8.0 / cut.sent_bps)
 
 
-def test_bytes(rate_bps: float, seconds: float) -> int:
-    """What a test of `seconds` at `rate_bps` sends, at least MIN_TEST_BYTES."""
-    return max(MIN_TEST_BYTES, int(rate_bps / 8 * seconds))
+def sized_bytes(rate_bps: float, seconds: float) -> int:
+    """What a test of `seconds` at `rate_bps` sends, at least PILOT_BYTES."""
+    return max(PILOT_BYTES, int(rate_bps / 8 * seconds))
 
 
 def tcp_latency_probe(config: ProbeConfig) -> Probe:
@@ -260,8 +260,6 @@ class PeerSchedule:
     next_bandwidth: float
     busy_attempts: int = 0
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
-    last_bps: float | None = None  # what its last test read
-    hint_bps: float | None = None  # the rate the last request expected, until tested
 
 
 class ProbeScheduler:
@@ -289,7 +287,7 @@ class ProbeScheduler:
         self.on_bandwidth_start = on_bandwidth_start
         self.own_address = own_address
         self.skipped: tuple[str, ...] = ()  # this host's own addresses among the peers asked for
-        self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config, self.expected_bps)
+        self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config)
         self.latency_probe = latency_probe or tcp_latency_probe(self.config)
         self.clock = clock
         self.rng = rng or random.Random()
@@ -325,9 +323,8 @@ class ProbeScheduler:
                 now + self._jittered(0.5), now + self._jittered(self.config.bandwidth_interval_s)) for p in peers}
         self._wake.set()
 
-    def request_bandwidth(self, peers: Iterable[str], expected_bps: float | None = None) -> float:
-        """Test these peers (those probed) as soon as the duty budget allows;
-        `expected_bps` is the rate the caller expects of them, if it has an idea.
+    def request_bandwidth(self, peers: Iterable[str]) -> float:
+        """Test these peers (those probed) as soon as the duty budget allows.
         Returns the seconds until the budget has room for the first (inf: none probed)."""
         asked = []
         with self._lock:
@@ -336,21 +333,9 @@ class ProbeScheduler:
                 sched = self.schedule.get(p)
                 if sched is not None:
                     sched.next_bandwidth = min(sched.next_bandwidth, now)
-                    sched.hint_bps = expected_bps
                     asked.append(p)
         self._wake.set()
-        return self._budget_wait(asked[0]) if asked else math.inf
-
-    def expected_bps(self, peer: str) -> float | None:
-        """The rate a test to `peer` is sized for: the lower of its last reading
-        and what a request expects (a path that slowed must not make a test long);
-        for a peer never tested, the slowest other peer's last reading (the paths
-        of one job usually share a fabric)."""
-        with self._lock:
-            sched = self.schedule.get(peer)
-            known = [r for r in (sched.hint_bps, sched.last_bps) if r] if sched else []
-            others = [s.last_bps for s in self.schedule.values() if s.last_bps]
-        return min(known or others) if known or others else None
+        return self._budget_wait() if asked else math.inf
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
@@ -373,21 +358,21 @@ class ProbeScheduler:
         if due:
             # the peer tested longest ago goes first, so a tight budget starves no one
             peer, sched = min(due, key=lambda item: item[1].last_bandwidth)
-            if self._budget_wait(peer) == 0:
+            if self._budget_wait() == 0:
                 self._bandwidth_turn(peer, sched)
         now = self.clock()
         peers = self._peers()
         if not peers:
             return self.config.latency_interval_s
-        next_due = min(min(s.next_latency, max(s.next_bandwidth, now + self._budget_wait(p)))
-                       for p, s in peers)
+        budget_free = now + self._budget_wait()
+        next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_free)) for _, s in peers)
         return max(0.0, next_due - now)
 
-    def _budget_wait(self, peer: str) -> float:
-        """Seconds until a test to `peer` fits the budget (a sized test costs less)."""
-        sized = self.config.sized_test_s and self.expected_bps(peer)
-        # a sized test's start-up (process, control connection) is about its length again
-        cost = 2 * self.config.sized_test_s if sized else self.config.test_duration_s
+    def _budget_wait(self) -> float:
+        """Seconds until a bandwidth test fits the budget. A sized test is charged
+        twice its length: its pilot, the shaper's burst it may read (up to 1.4x)
+        and start-up."""
+        cost = 2 * self.config.sized_test_s or self.config.test_duration_s
         with self._lock:
             return self.budget.wait_for(cost, self.clock())
 
@@ -406,8 +391,6 @@ class ProbeScheduler:
         with self._lock:
             sched.busy_attempts = 0
             sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
-            sched.last_bps = m.bandwidth_bps if m.ok else sched.last_bps
-            sched.hint_bps = None
         self._record(m)
 
     def measure_bandwidth(self, peer: str) -> Measurement:

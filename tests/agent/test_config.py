@@ -60,6 +60,7 @@ def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
     ("", {}, {"log_level": "loud"}, "log_level: "),
     ("", {}, {"emulation_schedule": "/x.toml"}, "emulation_interface: needed"),
     ("", {}, {"probe_test_duration_s": "1.5s"}, "probe_test_duration_s: "),
+    ("", {}, {"probe_sized_test_s": "2s"}, "probe_sized_test_s: must be in [0, probe_test_duration_s]"),
     ("", {}, {"link_peak_over_rate": "0.8"}, "link_peak_over_rate: must be in [1.0, 16.0]"),
     ('[agent]\nlink_burst_s = "-5ms"\n', {}, {}, "agent.link_burst_s: "),
     ("", {"FLEXCOMM_AGENT_LINK_BURST_S": "5"}, {}, "FLEXCOMM_AGENT_LINK_BURST_S: duration '5' needs a unit"),
