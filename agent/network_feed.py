@@ -248,7 +248,9 @@ class NetworkFeed:
         budget puts the test further off than its `probe_wait_s` and the syncs
         keep showing the move that long."""
         estimate = self.estimator.jobs.get(job_id)
-        if estimate is None or not estimate.wants_probe:
+        if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
+            # the job's first syncs give the first figure: a test run as they start shares the
+            # link with them (the digits lab's read 1-21 Mbit/s of 20 and took 0.3-0.65 s)
             return
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:

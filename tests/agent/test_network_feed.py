@@ -283,25 +283,3 @@ def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
     feed = asyncio.run(recovered())
     assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(967e6)
 
-
-def test_a_job_with_no_figure_yet_gets_the_test_its_registration_asked_for():
-    # A pilot sizes every test, so a job that reported no network and whose peers
-    # were never probed is tested as soon as the prober knows its peers.
-    async def registered() -> list[object]:
-        asked: list[object] = []
-
-        def request_probes(peers: object) -> float:
-            asked.append(list(peers))
-            return 0.0
-
-        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes)
-        spec = JobSpec(job_id="j", world_size=2, grad_bytes=1_000_000, nodes=("10.99.0.1", "10.99.0.2"),
-                       policy="dense")
-        job = Job(spec, policy_for(spec))
-        await feed.add_job(job)
-        assert job.estimate.bandwidth_bps is None and job.estimate.wants_probe
-        feed.probe_if_wanted("j")
-        assert not job.estimate.wants_probe
-        return asked
-
-    assert asyncio.run(registered()) == [["10.99.0.1"]]  # the peer tested longest ago: never
