@@ -1,7 +1,7 @@
 """The probe scheduler: its logic under a fake clock (fake probes that advance
 that clock, named as such), then for real with iperf3 between namespaces: a busy
 server (back off, then success), a peer that does not answer (recorded as a
-failure while probing goes on) and a test sized to a quarter second that reads
+failure while probing goes on) and a test sized by its pilot that reads
 the shaped rate."""
 
 from __future__ import annotations
