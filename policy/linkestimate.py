@@ -29,8 +29,8 @@ option. Both are fitted together, with forgetting:
   the median of an option's last 8 messages is `level_shift` below the median
   of the 24 before, or each of the 8 is `level_shift` above it, the path
   (or the host) moved; where the wire could have made the shift, a probe is
-  asked for (`suspect_beta`: the rate it would mean), and readings of other peers made before it no longer
-  stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 17-32 ms a
+  asked for (`suspect_beta`: the rate it would mean), and readings of other
+  peers made before it no longer stand for the path. (The lab's Top-k 0.01 syncs of 45 KB took 17-32 ms a
   message at 20 Mbit/s and 5-19 ms at 1 Gbit/s; ignored, the recovery never
   reached the estimate.)
 - While the figure is only a lower bound it is the fastest bound of the last

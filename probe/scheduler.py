@@ -26,11 +26,11 @@ Rules:
   1 Gbit/s, a fifth of a second at 10 Mbit/s), then a test sized to take about
   `sized_test_s` at the pilot's reading (iperf3 -n BYTES), unless the pilot took
   that long itself (a slow path: its reading is the figure); a test that ran
-  much shorter than it was sized for is sized again by its own reading. Sized by the rate
-  the job's estimate expected instead, a test of a path that had slowed ran to
-  its cut-off (the cnn lab's 1-4 s tests, 5% of a run's wall time), and one sized
-  for a path that had quickened was repeated at twice its size (0.6 s of the
-  digits lab's 29 s runs). A test sized for a far faster path than it finds (a
+  much shorter than it was sized for is sized again by its own reading. Sized
+  by the rate the job's estimate expected instead, a test of a path that had
+  slowed ran to its cut-off (the cnn lab's 1-4 s tests, 5% of a run's wall
+  time), and one sized for a path that had quickened was repeated at twice its
+  size (0.6 s of the digits lab's 29 s runs). A test sized for a far faster path than it finds (a
   pilot that passed inside a policer's burst) overruns its timeout and is
   ended: past its first second, its sender's rate over the rest is the reading
   (0.91-1.13x the shaped rate of 10, 100 and 1000 Mbit/s links, ended at 1.5-4 s;
@@ -377,9 +377,9 @@ class ProbeScheduler:
         return max(0.0, next_due - now)
 
     def _budget_wait(self) -> float:
-        """Seconds until a bandwidth test fits the budget. A sized test is charged
-        twice its length: its pilot, the shaper's burst it may read (up to 1.4x)
-        and start-up."""
+        """Seconds until a bandwidth test fits the budget. A sized test is reckoned
+        at twice its length (its pilot, the shaper's burst it may read, up to 1.4x,
+        and start-up); the budget is charged what it really took."""
         cost = 2 * self.config.sized_test_s or self.config.test_duration_s
         with self._lock:
             return self.budget.wait_for(cost, self.clock())
