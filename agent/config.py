@@ -23,6 +23,7 @@ from flexcomm.files import read_text
 from flexcomm.policy.types import LinkBucket
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import ClientAuth, ServerAuth
+from flexcomm.probe.scheduler import DUTY_CYCLE
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
@@ -73,6 +74,9 @@ class AgentConfig:
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
     probe_sized_test_s: float = 0.15
+    # Looks (64 KB tests: has the path moved?) for jobs whose syncs cannot show it
+    # take at most this share of wall time; 0: none.
+    probe_look_duty_cycle: float = 0.005
     # A job's first estimate may start from a probe of its peers at most this old.
     max_probe_age_s: float = 60.0
     probe_port: int = 5201
@@ -132,6 +136,9 @@ class AgentConfig:
         if self.probe_test_duration_s < 1 or not float(self.probe_test_duration_s).is_integer():
             raise ValueError(f"probe_test_duration_s: iperf3 runs whole seconds >= 1, "
                              f"got {self.probe_test_duration_s!r}")
+        if not (math.isfinite(self.probe_look_duty_cycle) and 0 <= self.probe_look_duty_cycle <= DUTY_CYCLE):
+            raise ValueError(f"probe_look_duty_cycle: must be in [0, {DUTY_CYCLE:g}] (the probes' whole "
+                             f"duty cycle), got {self.probe_look_duty_cycle!r}")
         if not (math.isfinite(self.probe_sized_test_s) and 0 <= self.probe_sized_test_s <= self.probe_test_duration_s):
             raise ValueError(f"probe_sized_test_s: must be in [0, probe_test_duration_s], "
                              f"got {self.probe_sized_test_s!r}")

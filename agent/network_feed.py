@@ -32,7 +32,7 @@ from flexcomm.policy.linkestimate import LinkEstimate, SyncReader
 from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 from flexcomm.probe.addresses import is_local, local_addresses
 from flexcomm.probe.estimate import Estimator, PeerPath
-from flexcomm.store import BANDWIDTH, Measurement
+from flexcomm.store import BANDWIDTH, LOOK, Measurement
 
 log = logging.getLogger("flexcomm.agent.network")
 # Bandwidth tests remembered per peer to mark the steps they overlapped.
@@ -55,6 +55,7 @@ SHARED_GAP_S = 1.0
 
 # peers -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str]], float]
+RequestLooks = Callable[[Sequence[str]], None]
 
 
 def job_layout(job: Job) -> GradientLayout:
@@ -113,14 +114,16 @@ class JobNetwork:
 class NetworkFeed:
     """`redecide(job_id)` gives a job's policy its current bottleneck;
     `request_probes(peers)`, when probing runs, asks for bandwidth
-    tests now and says how soon the duty budget allows them."""
+    tests now and says how soon the duty budget allows them, and
+    `request_looks(peers)` for looks."""
 
     def __init__(self, estimator: Estimator, metrics: Metrics, redecide: Callable[[str], None],
-                 request_probes: RequestProbes | None = None) -> None:
+                 request_probes: RequestProbes | None = None, request_looks: RequestLooks | None = None) -> None:
         self.estimator = estimator
         self.metrics = metrics
         self.redecide = redecide
         self.request_probes = request_probes
+        self.request_looks = request_looks
         self._readers: dict[str, SyncReader] = {}
         self._moved_unix: dict[str, float] = {}  # when each job's estimate last moved (this agent's clock)
         self._tests: dict[str, deque[tuple[float, float]]] = {}  # peer -> recent bandwidth tests
@@ -171,7 +174,7 @@ class NetworkFeed:
                                                               "error": m.error}})
         ts = m.ts or time.time()
         shared: set[str] = set()
-        if m.kind == BANDWIDTH:
+        if m.kind in (BANDWIDTH, LOOK):
             start = min(self._started.pop(m.peer, ts - (m.duration_s or 0.0)), ts)
             self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((start, ts))
             shared = {job_id for job_id, last in self._reported_unix.items() if last >= start - SHARED_GAP_S}
@@ -246,12 +249,25 @@ class NetworkFeed:
         knowing no probe comes (`LinkEstimateConfig.probes`) and takes a slower
         move from the syncs alone, as a lower bound; it does so too when the duty
         budget puts the test further off than its `probe_wait_s` and the syncs
-        keep showing the move that long."""
+        keep showing the move that long. A look when it wants one, of the peer
+        looked at longest ago."""
         estimate = self.estimator.jobs.get(job_id)
-        if estimate is None or not estimate.wants_probe or estimate.bandwidth_bps is None:
+        if estimate is None or estimate.bandwidth_bps is None:
             # the job's first syncs give the first figure: a test run as they start shares the
             # link with them (the digits lab's read 1-21 Mbit/s of 20 and took 0.3-0.65 s)
             return
+        if estimate.wants_look:
+            self._look(job_id, estimate)
+        if estimate.wants_probe:
+            self._probe(job_id, estimate)
+
+    def _look(self, job_id: str, estimate: LinkEstimate) -> None:
+        estimate.wants_look = False
+        peers = self.estimator.job_peers[job_id]
+        if self.request_looks is not None and peers:
+            self.request_looks([min(peers, key=lambda a: self.estimator.peer(a).looked or 0.0)])
+
+    def _probe(self, job_id: str, estimate: LinkEstimate) -> None:
         peers = self.estimator.job_peers[job_id]
         if self.request_probes is None or not peers:
             estimate.wants_probe = False  # no probe will come: the syncs stand alone

@@ -6,7 +6,7 @@ left out); when that set changes it is told so (`update_peers`), never
 replaced, so its duty-cycle budget keeps counting the tests it already ran.
 Measurements are stored by the scheduler and handed to the event loop
 (`on_measurement`), as is the start of each bandwidth test (`on_bandwidth_start`);
-`request_bandwidth` asks for tests now.
+`request_bandwidth` asks for tests now, `request_looks` for looks.
 
 The agent also keeps iperf3 servers on `probe_port` so that the agents of
 other nodes can measure the path to this one, bound only to the addresses the
@@ -43,6 +43,7 @@ class Probing:
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
             test_duration_s=config.probe_test_duration_s, sized_test_s=config.probe_sized_test_s,
+            look_duty_cycle=config.probe_look_duty_cycle,
             auth=config.client_auth())
         self.on_measurement = on_measurement
         self.on_bandwidth_start = on_bandwidth_start
@@ -88,6 +89,11 @@ class Probing:
         if self.scheduler is None:
             return math.inf
         return self.scheduler.request_bandwidth(peers)
+
+    def request_looks(self, peers: Sequence[str]) -> None:
+        """Looks at `peers` when their share of the time allows (none before probing starts)."""
+        if self.scheduler is not None:
+            self.scheduler.request_look(peers)
 
     def _from_probe_thread(self, callback: Callable[..., None]) -> Callable[..., None]:
         """`callback`, called from the probe thread, run on the event loop (in order)."""

@@ -141,6 +141,7 @@ class Agent:
             self.probing = Probing(config, on_measurement=self.network.measured,
                                    on_bandwidth_start=self.network.bandwidth_started)
             self.network.request_probes = self.probing.request_bandwidth
+            self.network.request_looks = self.probing.request_looks
             self.lifecycle.on_jobs_changed = self._probe_job_nodes
 
     @property

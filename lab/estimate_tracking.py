@@ -31,7 +31,7 @@ from typing import Any
 
 from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
 from flexcomm.lab.plan import agent_store, policy_dir
-from flexcomm.store import Store
+from flexcomm.store import BANDWIDTH, LOOK, Store
 
 ESTIMATES = "estimates.jsonl"
 POLL_S = 0.2
@@ -113,7 +113,7 @@ def _phase(link: dict[str, Any], seen: list[dict[str, Any]], steps: list[dict[st
 
 
 def probe_share(out: Path, runs: list[Any]) -> float | None:
-    """Seconds node 0's agents spent in bandwidth tests over the wall time of the
+    """Seconds node 0's agents spent in bandwidth tests and looks over the wall time of the
     runs they served (each from its first link step applied to its last step
     trained); None where no run had agents."""
     spent = wall = 0.0
@@ -123,7 +123,7 @@ def probe_share(out: Path, runs: list[Any]) -> float | None:
             continue
         start, end = run.links[0]["applied_at"], run.steps[-1]["wall"]
         with Store(db, create=False) as store:
-            tests = store.measurements(kind="bandwidth", limit=10**6)
+            tests = [m for kind in (BANDWIDTH, LOOK) for m in store.measurements(kind=kind, limit=10**6)]
         spent += sum(m.duration_s or 0.0 for m in tests if m.ts is not None and start <= m.ts <= end)
         wall += end - start
     return spent / wall if wall > 0 else None

@@ -73,6 +73,13 @@ option. Both are fitted together, with forgetting:
   its bound that the syncs showed (in the lm lab the aged ask came 8 s after
   the one and 2 s after the other, and its test left no duty budget for the
   next recovery).
+- Syncs that showed nothing of the path for `look_after_s` (all burst-sized, or
+  too wide to read it) want a look (`wants_look`): a test of a few tens of KB,
+  a few ms on a fast path, 42 ms at 20 Mbit/s. One that reads beyond the figure
+  by `level_shift` (allowing for the burst it may read, `look_overread`) asks
+  for a probe; one that agrees counts as a look at the path for the aged ask.
+  (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
+  on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A probe that reads faster, or agrees, confirms; one that reads slower while
   the job's syncs say the path is as it was is the job sharing the link with the
   test, and a slower probe alone must read it twice. A test the owner knows the
@@ -155,6 +162,9 @@ def relative_change(old: float, new: float) -> float:
 # HTB links passed 16 KB segments so, and Top-k syncs of a few KB read 67 Mbit/s
 # "at least" on a 10 Mbit/s link. A sync of no more says nothing of the link.
 BURST_BYTES = 65536.0
+# A look (a test of a few tens of KB) reads up to this times the path's rate: 1.2x
+# at 20-33 Mbit/s, 1.27x at 160 and 1.48x at 1 Gbit/s on the lab's HTB links.
+LOOK_OVERREAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -176,14 +186,17 @@ class LinkEstimateConfig:
     probe_wait_s: float = 5.0  # a probe further off than this counts as none coming
     burst_bytes: float = BURST_BYTES
     level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
+    look_after_s: float = 2.0  # syncs that showed nothing of the path this long want a look
+    look_overread: float = LOOK_OVERREAD
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
-                     "level_shift"):
+                     "level_shift", "look_after_s"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
         check_range("burst_bytes", self.burst_bytes, 0.0, math.inf)
+        check_range("look_overread", self.look_overread, 1.0, math.inf)
         if not isinstance(self.persist, int) or self.persist < 1:
             raise ValueError(f"persist: must be an integer >= 1, got {self.persist!r}")
         if not isinstance(self.probes, bool):
@@ -270,6 +283,9 @@ class LinkEstimate:
     floor: tuple[float, float] | None = None  # (when, beta) a test the job shared read: at least this fast
     fell_at: float | None = None  # when the syncs' slowing last ended such a bound
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
+    sighted: float | None = None  # when a sync last read the path (`_blind`)
+    looked: float | None = None  # when a look last found the path as the figure says
+    wants_look: bool = False  # cleared by the owner once it has asked
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -312,6 +328,19 @@ class LinkEstimate:
         `beta_bytes` bytes per unit of beta."""
         if seconds <= 0 or beta_bytes <= 0 or not math.isfinite(seconds):
             return
+        self._read_sync(form, beta_bytes, seconds, ts, reports)
+        if self._blind_s(ts) >= self.config.look_after_s:
+            self.wants_look = True
+
+    def _blind_s(self, ts: float) -> float:
+        """How long nothing has shown the path: no sync read it, nor did a look,
+        probe or move (0 while there is no figure)."""
+        if self.beta_s_per_byte is None:
+            return 0.0
+        seen = [t for t in (self.sighted, self._looked_at(), self.moved_at) if t is not None]
+        return ts - max(seen) if seen else 0.0
+
+    def _read_sync(self, form: str, beta_bytes: float, seconds: float, ts: float, reports: int) -> None:
         looked = self._looked_at()
         if looked is not None and ts - looked >= self.config.max_age_s and \
                 ts - (self.aged_ask or -math.inf) >= self.config.max_age_s:
@@ -336,6 +365,8 @@ class LinkEstimate:
         lo, hi = self._overhead_range(fit, seconds)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
+        if narrow:
+            self.sighted = ts
         # A wide reading bounds the path by its bytes over its whole time: with the
         # fit's overhead taken off, a noisy host's quick sync read "at least" 5 Gbit/s
         # on the cnn's 980 Mbit/s link (Top-k syncs of 246 KB in 8-68 ms).
@@ -374,11 +405,11 @@ class LinkEstimate:
 
     def _looked_at(self) -> float | None:
         """When the path was last looked at, for the aged ask: a confirmation, a
-        shared test whose bound stands, or a fall of one the syncs showed (None
-        while nothing was ever confirmed)."""
+        shared test whose bound stands, a fall of one the syncs showed, or a look
+        that found the figure (None while nothing was ever confirmed)."""
         if self.confirmed is None:
             return None
-        seen = [self.floor[0] if self.floor else None, self.fell_at]
+        seen = [self.floor[0] if self.floor else None, self.fell_at, self.looked]
         return max([self.confirmed, *(t for t in seen if t is not None)])
 
     def _window(self, ts: float) -> list[tuple[float, float]]:
@@ -710,6 +741,24 @@ class LinkEstimate:
             self.probe_pending = beta
             self.ask("a slower probe, read again")
 
+    def observe_look(self, beta: float, ts: float) -> None:
+        """A look at the job's path (a test of a few tens of KB, which reads up to
+        `look_overread` times its rate): beyond the figure by `level_shift` either
+        way, the path moved and a probe is asked for (the look's reading is what
+        the move would mean); else the figure stands, as of now."""
+        figure = self.beta_s_per_byte
+        if figure is None:
+            return
+        shift = 1 + self.config.level_shift
+        if beta * shift * self.config.look_overread <= figure:
+            self.suspect_beta = beta * self.config.look_overread
+            self.ask("a look read faster")
+        elif beta >= figure * shift:
+            self.suspect_beta = beta
+            self.ask("a look read slower")
+        else:
+            self.looked = ts
+
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""
         self._set(beta, REPORT, ts)
@@ -749,6 +798,10 @@ class LinkEstimate:
                                             "aged_ask")}
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
+            # nor had a state written before looks
+            for name in ("sighted", "looked"):
+                fields[name] = None if state.get(name) is None else float(state[name])
+            fields["wants_look"] = bool(state.get("wants_look", False))
             fields["probe_reason"] = str(state.get("probe_reason", ""))
             fields["fell_at"] = None if state.get("fell_at") is None else float(state["fell_at"])
             # a state written before every option's level was watched named only burst-sized ones

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from flexcomm.policy.linkestimate import PROBE, LinkEstimate, LinkEstimateConfig, ewma, relative_change
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, check_range
-from flexcomm.store.records import BANDWIDTH, LATENCY, PASSIVE, Measurement
+from flexcomm.store.records import BANDWIDTH, LATENCY, LOOK, PASSIVE, Measurement
 
 ALPHA_BURSTS = 5
 
@@ -70,6 +70,7 @@ class PeerPath:
     loss: float | None = None
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
+    looked: float | None = None  # the last look
     failures: int = 0
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
@@ -90,6 +91,8 @@ class PeerPath:
             if value is not None:
                 setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
         self.updated = ts
+        if m.kind == LOOK:
+            self.looked = ts  # a look reads whether the path moved, not its rate
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
         old, new = self.beta_s_per_byte, m.beta_s_per_byte
@@ -134,9 +137,14 @@ class Estimator:
 
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
         """One probe's measurement; the jobs whose paths it measured. `shared`: the
-        jobs that synced over the path while the test ran (LinkEstimate.observe_probe)."""
+        jobs that synced over the path while the test ran (LinkEstimate.observe_probe).
+        A look goes to those jobs' estimates alone (`LinkEstimate.observe_look`)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
+        if m.kind == LOOK and m.beta_s_per_byte:
+            for job_id in affected:
+                job = self.jobs[job_id]
+                job.observe_look(m.beta_s_per_byte, job.trained_s)
         for job_id in affected if bandwidth else ():
             since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)

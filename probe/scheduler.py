@@ -36,6 +36,11 @@ Rules:
   (0.91-1.13x the shaped rate of 10, 100 and 1000 Mbit/s links, ended at 1.5-4 s;
   the first second holds the socket buffer filling, 2x); ended before that, it
   is a failed test. With `sized_test_s` 0 every test runs `test_duration_s`.
+- A look (`request_look`) is one test of LOOK_BYTES: whether a path moved, for
+  a job whose syncs cannot show it (too small, or mostly the host's work). Looks
+  share the duty budget, and after each the next waits 1 / `look_duty_cycle`
+  times as long as it took (a look takes 7 ms at 1 Gbit/s, 42 ms at 20 Mbit/s:
+  with the default 0.5%, one every 1.4 and 8.4 s at most).
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
@@ -71,7 +76,7 @@ from dataclasses import dataclass, field
 from flexcomm.probe.addresses import is_local
 from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, IperfTimeout, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
-from flexcomm.store import BANDWIDTH, LATENCY, Measurement, Store
+from flexcomm.store import BANDWIDTH, LATENCY, LOOK, Measurement, Store
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +92,13 @@ SIZED_TIMEOUT_FACTOR = 4
 # sized again by its own reading, at most SIZED_TESTS times after the pilot.
 LONG_ENOUGH = 2 / 3
 SIZED_TESTS = 2
+# A look's size: on the lab's HTB links 64 KB took 7 ms at 1 Gbit/s (reading 1.48x,
+# the burst), 12 ms at 160 Mbit/s (1.27x), 27 ms at 33 and 42 ms at 20 (1.20x);
+# 32 KB took as long (iperf3's own exchanges), 256 KB 2.6x as long at 20 Mbit/s.
+LOOK_BYTES = 64 << 10
+# What the budget reckons a look at before it runs (charged what it took).
+LOOK_RECKONED_S = 0.05
+DUTY_CYCLE = 0.01  # the share of wall time bandwidth tests may take
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,8 @@ class ProbeConfig:
     latency_interval_s: float = 10.0
     bandwidth_interval_s: float = 300.0
     jitter: float = 0.1
-    duty_cycle: float = 0.01
+    duty_cycle: float = DUTY_CYCLE
+    look_duty_cycle: float = 0.005  # the share of wall time looks may take (they are charged to duty_cycle's budget too)
     budget_window_s: float = 120.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
@@ -127,6 +140,8 @@ class ProbeConfig:
             raise ValueError(f"jitter: must be in [0, 1), got {self.jitter!r}")
         if not 0 < self.duty_cycle <= 1:
             raise ValueError(f"duty_cycle: must be in (0, 1], got {self.duty_cycle!r}")
+        if not 0 <= self.look_duty_cycle <= 1:
+            raise ValueError(f"look_duty_cycle: must be in [0, 1], got {self.look_duty_cycle!r}")
         if self.budget_s < self.test_duration_s:
             raise ValueError(
                 f"duty_cycle: {self.duty_cycle:g} of a {self.budget_window_s:g} s window is "
@@ -160,6 +175,12 @@ def iperf_probe(config: ProbeConfig) -> Probe:
     if not config.sized_test_s:
         return lambda peer: test(peer, None)
     return sized_probe(test, config.sized_test_s)
+
+
+def iperf_look(config: ProbeConfig) -> Probe:
+    """The real look: one iperf3 test of LOOK_BYTES."""
+    test = iperf_test(config)
+    return lambda peer: test(peer, LOOK_BYTES)
 
 
 def sized_probe(test: Callable[[str, int | None], Measurement], sized_test_s: float) -> Probe:
@@ -268,6 +289,7 @@ class PeerSchedule:
     next_bandwidth: float
     busy_attempts: int = 0
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
+    look_wanted: bool = False
 
 
 class ProbeScheduler:
@@ -285,6 +307,7 @@ class ProbeScheduler:
                  on_measurement: Callable[[Measurement], None] | None = None,
                  on_bandwidth_start: Callable[[str, float | None], None] | None = None,
                  bandwidth_probe: Probe | None = None, latency_probe: Probe | None = None,
+                 look_probe: Probe | None = None,
                  own_address: Callable[[str], bool] = is_local,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  locks: TargetLocks = TARGET_LOCKS) -> None:
@@ -297,10 +320,12 @@ class ProbeScheduler:
         self.skipped: tuple[str, ...] = ()  # this host's own addresses among the peers asked for
         self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config)
         self.latency_probe = latency_probe or tcp_latency_probe(self.config)
+        self.look_probe = look_probe or iperf_look(self.config)
         self.clock = clock
         self.rng = rng or random.Random()
         self.locks = locks
         self.budget = DutyBudget(self.config.budget_s, self.config.budget_window_s)
+        self.next_look = -math.inf  # when the looks so far have had their share of the time
         self.busy_count = 0
         self._lock = threading.Lock()  # guards schedule, budget and rng
         self.schedule: dict[str, PeerSchedule] = {}
@@ -345,6 +370,17 @@ class ProbeScheduler:
         self._wake.set()
         return self._budget_wait() if asked else math.inf
 
+    def request_look(self, peers: Iterable[str]) -> None:
+        """Look at these peers (those probed) when the looks' share and the duty
+        budget allow; a look already wanted is not asked twice."""
+        if not self.config.look_duty_cycle:
+            return
+        with self._lock:
+            for p in peers:
+                if p in self.schedule:
+                    self.schedule[p].look_wanted = True
+        self._wake.set()
+
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
         j = self.config.jitter
@@ -368,21 +404,41 @@ class ProbeScheduler:
             peer, sched = min(due, key=lambda item: item[1].last_bandwidth)
             if self._budget_wait() == 0:
                 self._bandwidth_turn(peer, sched)
+        elif self.next_look <= self.clock() and self._budget_wait(LOOK_RECKONED_S) == 0:
+            wanted = [(p, s) for p, s in self._peers() if s.look_wanted]
+            if wanted:
+                self._look_turn(*min(wanted, key=lambda item: item[1].last_bandwidth))
         now = self.clock()
         peers = self._peers()
         if not peers:
             return self.config.latency_interval_s
         budget_free = now + self._budget_wait()
         next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_free)) for _, s in peers)
+        if any(s.look_wanted for _, s in peers):
+            next_due = min(next_due, max(self.next_look, now + self._budget_wait(LOOK_RECKONED_S)))
         return max(0.0, next_due - now)
 
-    def _budget_wait(self) -> float:
-        """Seconds until a bandwidth test fits the budget. A sized test is reckoned
-        at twice its length (its pilot, the shaper's burst it may read, up to 1.4x,
-        and start-up); the budget is charged what it really took."""
-        cost = 2 * self.config.sized_test_s or self.config.test_duration_s
+    def _budget_wait(self, cost_s: float | None = None) -> float:
+        """Seconds until a test reckoned at `cost_s` fits the budget. A sized test is
+        reckoned at twice its length (its pilot, the shaper's burst it may read,
+        up to 1.4x, and start-up); the budget is charged what it really took."""
+        cost = cost_s or 2 * self.config.sized_test_s or self.config.test_duration_s
         with self._lock:
             return self.budget.wait_for(cost, self.clock())
+
+    def _look_turn(self, peer: str, sched: PeerSchedule) -> None:
+        with self._lock:
+            sched.look_wanted = False
+        first = self.clock()
+        try:
+            m = self.measure_bandwidth(peer, look=True)
+        except IperfBusy as exc:
+            log.info("%s; the look waits for the next ask", exc)
+            return
+        finally:
+            took = self.clock() - first
+            self.next_look = max(self.next_look, first) + took / self.config.look_duty_cycle
+        self._record(m)
 
     def _bandwidth_turn(self, peer: str, sched: PeerSchedule) -> None:
         sched.last_bandwidth = self.clock()
@@ -401,17 +457,17 @@ class ProbeScheduler:
             sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
         self._record(m)
 
-    def measure_bandwidth(self, peer: str) -> Measurement:
-        """One bandwidth test to `peer` now, holding its target lock and charged
-        to the duty budget. Raises IperfBusy when the target is busy; any other
-        failure comes back as a failed measurement."""
+    def measure_bandwidth(self, peer: str, look: bool = False) -> Measurement:
+        """One bandwidth test to `peer` now (a look: LOOK_BYTES), holding its target
+        lock and charged to the duty budget. Raises IperfBusy when the target is
+        busy; any other failure comes back as a failed measurement."""
         if self.own_address(peer):
             raise ValueError(f"peer: {peer} is an address of this host; a test to it measures nothing")
         with self.locks.hold(peer):
             self._announce(peer, time.time())
             start = self.clock()
             try:
-                m = self.bandwidth_probe(peer)
+                m = self.look_probe(peer) if look else self.bandwidth_probe(peer)
             except IperfBusy:
                 self._announce(peer, None)  # the peer's server turned it away: no test ran
                 raise
@@ -425,7 +481,7 @@ class ProbeScheduler:
                     self.budget.charge(start, elapsed)
         # what the budget charged: iperf3's own figure leaves out its start-up, and a
         # failed test (killed at its timeout, say) held the link all the same
-        return dataclasses.replace(m, duration_s=elapsed)
+        return dataclasses.replace(m, duration_s=elapsed, kind=LOOK if look else m.kind)
 
     def _announce(self, peer: str, start: float | None) -> None:
         if self.on_bandwidth_start is not None:

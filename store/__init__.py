@@ -45,6 +45,7 @@ from flexcomm.store.damage import StoreDamaged
 from flexcomm.store.records import (
     BANDWIDTH,
     LATENCY,
+    LOOK,
     MEASUREMENT_KINDS,
     PASSIVE,
     DecisionRecord,
@@ -61,6 +62,7 @@ __all__ = [
     "BANDWIDTH",
     "LATENCY",
     "LATEST_VERSION",
+    "LOOK",
     "MEASUREMENT_KINDS",
     "PASSIVE",
     "DecisionRecord",

@@ -19,7 +19,10 @@ from flexcomm.policy.types import Choice, Decision, StepReport
 BANDWIDTH = "bandwidth"
 LATENCY = "latency"
 PASSIVE = "passive"  # an alpha/beta fit from measured sync times, not an active probe
-MEASUREMENT_KINDS: tuple[str, ...] = (BANDWIDTH, LATENCY, PASSIVE)
+# A bandwidth test of a few tens of KB: whether the path moved, not how fast it is
+# (it may read the shaper's burst). Its duration_s is charged like any test's.
+LOOK = "look"
+MEASUREMENT_KINDS: tuple[str, ...] = (BANDWIDTH, LATENCY, PASSIVE, LOOK)
 
 
 def _optional_nonnegative(name: str, value: float | None) -> None:

@@ -153,15 +153,17 @@ def render_rows(table: str, rows: list[dict[str, Any]]) -> str:
         keys = [k for k in rows[0] if k not in ("id", "ts")]
         return "\n".join(f"{_when(r['ts'])}  " + "  ".join(f"{k}={r[k]}" for k in keys if r[k] is not None)
                          for r in rows)
+    from flexcomm.store import BANDWIDTH, LATENCY, LOOK
+
     out = []
     beta_fmt = "{:.4g} s/B".format
     for r in rows:
         if not r["ok"]:
             what = f"FAILED: {r['error']}"
-        elif r["kind"] == "latency":
+        elif r["kind"] == LATENCY:
             what = (f"rtt p50 {_maybe(r['rtt_p50_s'], format_seconds)} p99 {_maybe(r['rtt_p99_s'], format_seconds)} "
                     f"loss {_maybe(r['loss'], '{:.0%}'.format)}  alpha {_maybe(r['alpha_s'], format_seconds)}")
-        elif r["kind"] == "bandwidth":
+        elif r["kind"] in (BANDWIDTH, LOOK):
             what = f"{_maybe(r['bandwidth_bps'], format_rate)}  beta {_maybe(r['beta_s_per_byte'], beta_fmt)}"
         else:
             what = (f"alpha {_maybe(r['alpha_s'], format_seconds)}  "
