@@ -75,9 +75,11 @@ option. Both are fitted together, with forgetting:
   next recovery).
 - Syncs that showed nothing of the path for `look_after_s` (all burst-sized, or
   too wide to read it) want a look (`wants_look`): a test of a few tens of KB,
-  a few ms on a fast path, 42 ms at 20 Mbit/s. One that reads beyond the figure
-  by `level_shift` (allowing for the burst it may read, `look_overread`) asks
-  for a probe; one that agrees counts as a look at the path for the aged ask.
+  a few ms on a fast path, 42 ms at 20 Mbit/s. One that reads faster than the
+  figure by `level_shift` (allowing for the burst it may read, `look_overread`)
+  asks for a probe, and so do two in a row that read slower (a look shares the
+  link with the job's syncs); one that agrees counts as a look at the path for
+  the aged ask.
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A probe that reads faster, or agrees, confirms; one that reads slower while
@@ -286,6 +288,7 @@ class LinkEstimate:
     sighted: float | None = None  # when a sync last read the path (`_blind`)
     looked: float | None = None  # when a look last found the path as the figure says
     wants_look: bool = False  # cleared by the owner once it has asked
+    look_pending: bool = False  # the last look read slower, to be read again
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -745,19 +748,25 @@ class LinkEstimate:
         """A look at the job's path (a test of a few tens of KB, which reads up to
         `look_overread` times its rate): beyond the figure by `level_shift` either
         way, the path moved and a probe is asked for (the look's reading is what
-        the move would mean); else the figure stands, as of now."""
+        the move would mean); else the figure stands, as of now. A slower look
+        must be read twice in a row: one that shares the link with the job's
+        syncs reads what they left of it (in the cnn lab half the slower looks
+        were a dense or Top-k 0.1 job's syncs at 160 Mbit/s, and each asked a
+        probe that read the path as the figure said)."""
         figure = self.beta_s_per_byte
         if figure is None:
             return
         shift = 1 + self.config.level_shift
+        slower = beta >= figure * shift
         if beta * shift * self.config.look_overread <= figure:
             self.suspect_beta = beta * self.config.look_overread
             self.ask("a look read faster")
-        elif beta >= figure * shift:
+        elif slower and self.look_pending:
             self.suspect_beta = beta
-            self.ask("a look read slower")
-        else:
+            self.ask("looks read slower")
+        elif not slower:
             self.looked = ts
+        self.look_pending = slower and not self.look_pending
 
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""
@@ -801,7 +810,8 @@ class LinkEstimate:
             # nor had a state written before looks
             for name in ("sighted", "looked"):
                 fields[name] = None if state.get(name) is None else float(state[name])
-            fields["wants_look"] = bool(state.get("wants_look", False))
+            for name in ("wants_look", "look_pending"):
+                fields[name] = bool(state.get(name, False))
             fields["probe_reason"] = str(state.get("probe_reason", ""))
             fields["fell_at"] = None if state.get("fell_at") is None else float(state["fell_at"])
             # a state written before every option's level was watched named only burst-sized ones

@@ -163,7 +163,7 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         received, sent = end["sum_received"], end["sum_sent"]
         rtts = [s["sender"]["mean_rtt"] for s in end.get("streams", [])
                 if "mean_rtt" in s.get("sender", {})]
-        return IperfResult(
+        result = IperfResult(
             peer=peer, port=port,
             bandwidth_bps=float(received["bits_per_second"]),
             sent_bps=float(sent["bits_per_second"]),
@@ -175,6 +175,10 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise IperfError(f"iperf3 to {peer}:{port}: report lacks {exc}") from None
+    if not result.bandwidth_bps > 0:
+        # a 64 KB test beside a job's syncs on the cnn lab's 160 Mbit/s link once said so
+        raise IperfError(f"iperf3 to {peer}:{port}: the receiver reported nothing received")
+    return result
 
 
 def sent_so_far_bps(report: dict[str, Any]) -> float | None:

@@ -37,8 +37,8 @@ Rules:
   the first second holds the socket buffer filling, 2x); ended before that, it
   is a failed test. With `sized_test_s` 0 every test runs `test_duration_s`.
 - A look (`request_look`) is one test of LOOK_BYTES: whether a path moved, for
-  a job whose syncs cannot show it (too small, or mostly the host's work). Looks
-  share the duty budget, and after each the next waits 1 / `look_duty_cycle`
+  a job whose syncs cannot show it (too small, or mostly the host's work), run
+  while the ask is fresh (LOOK_FRESH_S). Looks share the duty budget, and after each the next waits 1 / `look_duty_cycle`
   times as long as it took (a look takes 7 ms at 1 Gbit/s, 42 ms at 20 Mbit/s:
   with the default 0.5%, one every 1.4 and 8.4 s at most).
 - This host's own addresses are never probed (`set_peers` leaves them out).
@@ -98,6 +98,11 @@ SIZED_TESTS = 2
 LOOK_BYTES = 64 << 10
 # What the budget reckons a look at before it runs (charged what it took).
 LOOK_RECKONED_S = 0.05
+# A look asked for longer ago than this is no longer wanted: a job's estimate asks
+# at every report message while its syncs show nothing of the path (run later, a
+# dense job's look asked on an 820 Mbit/s link, where its syncs were mostly the
+# host's work, shared the link with its syncs on the 160 Mbit/s phase that followed).
+LOOK_FRESH_S = 1.0
 DUTY_CYCLE = 0.01  # the share of wall time bandwidth tests may take
 
 
@@ -120,7 +125,7 @@ class ProbeConfig:
     bandwidth_interval_s: float = 300.0
     jitter: float = 0.1
     duty_cycle: float = DUTY_CYCLE
-    look_duty_cycle: float = 0.005  # the share of wall time looks may take (they are charged to duty_cycle's budget too)
+    look_duty_cycle: float = 0.005  # the share of wall time looks may take (charged to the budget too)
     budget_window_s: float = 120.0
     backoff_s: float = 2.0
     backoff_max_s: float = 60.0
@@ -289,7 +294,7 @@ class PeerSchedule:
     next_bandwidth: float
     busy_attempts: int = 0
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
-    look_wanted: bool = False
+    look_asked: float = -math.inf  # when a look was last asked for
 
 
 class ProbeScheduler:
@@ -372,14 +377,19 @@ class ProbeScheduler:
 
     def request_look(self, peers: Iterable[str]) -> None:
         """Look at these peers (those probed) when the looks' share and the duty
-        budget allow; a look already wanted is not asked twice."""
+        budget allow, if still within LOOK_FRESH_S of this ask."""
         if not self.config.look_duty_cycle:
             return
         with self._lock:
+            now = self.clock()
             for p in peers:
                 if p in self.schedule:
-                    self.schedule[p].look_wanted = True
+                    self.schedule[p].look_asked = now
         self._wake.set()
+
+    def _looks_wanted(self) -> list[tuple[str, PeerSchedule]]:
+        now = self.clock()
+        return [(p, s) for p, s in self._peers() if now - s.look_asked <= LOOK_FRESH_S]
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
@@ -405,16 +415,16 @@ class ProbeScheduler:
             if self._budget_wait() == 0:
                 self._bandwidth_turn(peer, sched)
         elif self.next_look <= self.clock() and self._budget_wait(LOOK_RECKONED_S) == 0:
-            wanted = [(p, s) for p, s in self._peers() if s.look_wanted]
+            wanted = self._looks_wanted()
             if wanted:
-                self._look_turn(*min(wanted, key=lambda item: item[1].last_bandwidth))
+                self._look_turn(*min(wanted, key=lambda item: item[1].look_asked))
         now = self.clock()
         peers = self._peers()
         if not peers:
             return self.config.latency_interval_s
         budget_free = now + self._budget_wait()
         next_due = min(min(s.next_latency, max(s.next_bandwidth, budget_free)) for _, s in peers)
-        if any(s.look_wanted for _, s in peers):
+        if self._looks_wanted():
             next_due = min(next_due, max(self.next_look, now + self._budget_wait(LOOK_RECKONED_S)))
         return max(0.0, next_due - now)
 
@@ -428,7 +438,7 @@ class ProbeScheduler:
 
     def _look_turn(self, peer: str, sched: PeerSchedule) -> None:
         with self._lock:
-            sched.look_wanted = False
+            sched.look_asked = -math.inf
         first = self.clock()
         try:
             m = self.measure_bandwidth(peer, look=True)

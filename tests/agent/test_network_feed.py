@@ -25,7 +25,7 @@ from flexcomm.policy.jobspec import JobSpec, policy_for
 from flexcomm.policy.linkestimate import PROBE, PROBE_SHARED
 from flexcomm.policy.types import StepReport
 from flexcomm.probe.estimate import Estimator
-from flexcomm.store import BANDWIDTH, Measurement
+from flexcomm.store import BANDWIDTH, LOOK, Measurement
 
 
 def steps(n: int, compute_s: float = 0.1, sync_s: float = 0.1, comp_s: float = 0.0) -> list[StepReport]:
@@ -283,3 +283,48 @@ def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
     feed = asyncio.run(recovered())
     assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(967e6)
 
+
+
+def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks_for_a_probe():
+    # The cnn lab's MOO on PowerSGD rank 2 after a 33 Mbit/s phase: burst-sized
+    # syncs at a steady pace whatever the link does. A look (a test of a few tens
+    # of KB, which may read the shaper's burst) finds the recovery; the probe it
+    # asks for reads it.
+    async def recovered() -> tuple[NetworkFeed, list[object]]:
+        probes: list[object] = []
+        looks: list[object] = []
+
+        def request_probes(peers: object) -> float:
+            probes.append(peers)
+            return 0.0
+
+        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes,
+                           request_looks=looks.append)
+        spec = JobSpec(job_id="j", world_size=3, grad_bytes=1_000_000,
+                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
+        job = Job(spec, policy_for(spec))
+        await feed.add_job(job)
+        feed.estimator.fresh_since["j"] = time.time() - 30
+        for peer in ("10.99.0.2", "10.99.0.3"):
+            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 33e6,
+                                      duration_s=0.1, ts=time.time() - 5))
+        probes.clear()
+        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        for i in range(30):  # 0.12 s steps: 3.6 s of the job's time, each at the same pace
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **sync)], None)
+        assert looks and not probes
+        peer = looks[0][0]
+        feed.bandwidth_started(peer, time.time())
+        feed.measured(Measurement(peer=peer, kind=LOOK, ok=True, beta_s_per_byte=8 / 600e6,
+                                  duration_s=0.01, ts=time.time()))
+        assert feed.estimator.peer("10.99.0.2").bandwidth_bps == pytest.approx(33e6)  # a look reads no rate
+        assert probes and job.estimate.probe_reason == "a look read faster"
+        feed.reported(job, [StepReport(step=30, t_sync_s=0.02, t_compute_s=0.1, **sync)], None)
+        assert looks[-1] != [peer]  # the next look goes to a peer not looked at yet
+        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 450e6,
+                                  duration_s=0.1, ts=time.time() + 0.5))
+        return feed, probes
+
+    feed, probes = asyncio.run(recovered())
+    assert len(probes) == 1
+    assert feed.estimator.jobs["j"].bandwidth_bps == pytest.approx(450e6)  # not held by 10.99.0.3's old test

@@ -1,14 +1,12 @@
 """The lab end to end: real namespaces and HTB links, real `flexcomm agent`s, real
-gloo ranks training under a two-phase schedule, the report, and the cleanup; and
-a few steps of the lm and cnn workloads under shipped schedules named on the
-command line, the cnn twice per policy.
+gloo ranks training under a two-phase schedule, the report, and the cleanup
+(the lm and cnn workloads: test_run_lm.py, test_run_cnn.py).
 
 Namespace prefix "fcl<pid>-", subnet 10.203.0.0/24 (this test file's own).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +20,7 @@ from flexcomm.lab.netns import list_namespaces
 from flexcomm.lab.plan import policy_dir
 from flexcomm.lab.report import read_jsonl
 from flexcomm.policy.types import Compression
+from support.lab_runs import LabRuns
 from support.names import run_prefix
 from support.waiting import scaled, wait_for
 
@@ -42,38 +41,7 @@ rate = "10Mbit"
 """
 
 
-def lab_argv(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "flexcomm.cli", "lab", "run", "--out", str(out),
-            "--nodes", "2", "--prefix", PREFIX, "--subnet", SUBNET, *extra]
-
-
-def run_lab_ok(out: Path, *extra: str, timeout: float) -> tuple[str, dict]:
-    """Run the lab to the end; its stdout and summary."""
-    proc = subprocess.run(lab_argv(out, *extra), capture_output=True, text=True, timeout=scaled(timeout))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout, json.loads((out / "summary.json").read_text())
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{entry.name}: {cmdline}")
-    return found
-
-
-def assert_nothing_left(out: Path) -> None:
-    assert [ns for ns in list_namespaces() if ns.startswith(PREFIX)] == []
-    assert processes_mentioning(str(out)) == []  # ranks and agents name the run dir
-    # Every link end's qdisc was restored (Revert deletes its record) before its
-    # namespace went away.
-    assert list((out / "emulation-state").glob("*.json")) == []
+LAB = LabRuns(PREFIX, SUBNET)
 
 
 @pytest.mark.privileged
@@ -82,7 +50,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     out = tmp_path / "run"
     schedule = tmp_path / "two-phase.toml"
     schedule.write_text(TWO_PHASE)
-    stdout, summary = run_lab_ok(out, "--schedule", str(schedule), "--policies", "topk-0.1 moo",
+    stdout, summary = LAB.run_ok(out, "--schedule", str(schedule), "--policies", "topk-0.1 moo",
                                  "--steps", "88", timeout=280)
     assert "links shaped" in stdout and "to target" in stdout
     for name in ("topk-0.1", "moo"):
@@ -137,7 +105,7 @@ def test_short_lab_adapts_reports_and_leaves_nothing(privileged: None, tmp_path:
     seen = [e["bandwidth_bps"] for e in read_estimates(out, "topk-0.1") if e["wall"] >= drop]
     assert any(0.5 * goodput <= b <= 1.25 * goodput for b in seen), (tracked[SLOW], seen)
 
-    assert_nothing_left(out)
+    LAB.assert_nothing_left(out)
 
 
 @pytest.mark.slow
@@ -146,7 +114,7 @@ def test_a_loopback_lab_runs_flexcomm_policies_through_node_0s_agent(tmp_path: P
     # name that host once, and node 0's agent decides (it refused the job when
     # the address came once per rank, and every flexcomm policy failed).
     out = tmp_path / "loopback"
-    _, summary = run_lab_ok(out, "--loopback", "--policies", "topk-0.1", "--steps", "4", "--eval-every", "2",
+    _, summary = LAB.run_ok(out, "--loopback", "--policies", "topk-0.1", "--steps", "4", "--eval-every", "2",
                             timeout=180)
     s = summary["policies"]["topk-0.1"]
     assert s["steps"] == 4 and s["warnings"] == [], s
@@ -156,52 +124,12 @@ def test_a_loopback_lab_runs_flexcomm_policies_through_node_0s_agent(tmp_path: P
 
 @pytest.mark.privileged
 @pytest.mark.slow
-def test_a_few_lm_steps_report_validation_loss(privileged: None, tmp_path: Path) -> None:
-    out = tmp_path / "lm"
-    stdout, summary = run_lab_ok(out, "--workload", "lm", "--schedule", "up-and-down", "--policies",
-                                 "topk-0.01 moo", "--steps", "10", "--eval-every", "5", timeout=240)
-    assert "target validation loss" in stdout and "quality.png" in stdout
-    assert (summary["workload"], summary["schedule"]) == ("lm", "up-and-down")
-    assert summary["settings"]["target_metric"] == "loss"
-    for name in ("topk-0.01", "moo"):
-        s = summary["policies"][name]
-        assert s["steps"] == 10 and s["warnings"] == []
-        assert 0.5 < s["final_loss"] < 5.0  # learned from ln(256) = 5.55 nats
-        assert 0.0 < s["final_accuracy"] < 1.0
-        assert 0 <= s["explore_steps"] <= 10 and s["compute_s"] > 0
-        assert [p["rate_bps"] for p in s["phases"]] == [30e6]  # up-and-down starts slow
-    assert (out / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert_nothing_left(out)
-
-
-@pytest.mark.privileged
-@pytest.mark.slow
-def test_a_few_cnn_steps_twice_per_policy_give_medians(privileged: None, tmp_path: Path) -> None:
-    out = tmp_path / "cnn"
-    stdout, summary = run_lab_ok(out, "--workload", "cnn", "--schedule", "random-walk", "--policies",
-                                 "powersgd-1 moo", "--steps", "12", "--repeats", "2", timeout=280)
-    assert "(repeat 2/2)" in stdout
-    assert (summary["workload"], summary["settings"]["repeats"]) == ("cnn", 2)
-    for name in ("powersgd-1", "moo"):
-        s = summary["policies"][name]
-        assert s["per_repeat"]["steps"] == [12, 12] and s["steps"] == 12
-        assert len(s["per_repeat"]["final_accuracy"]) == 2
-        lo, hi = s["spread"]["final_accuracy"]
-        assert lo <= s["final_accuracy"] <= hi
-        assert (out / "policies" / f"{name}@1" / "records.jsonl").exists()
-    assert summary["policies"]["powersgd-1"]["phases"][0]["rate_bps"] == 820e6  # the walk's first rate
-    assert summary["verdicts"][0].startswith("moo vs powersgd-1: time to target")
-    assert_nothing_left(out)
-
-
-@pytest.mark.privileged
-@pytest.mark.slow
 def test_ctrl_c_mid_run_removes_everything(privileged: None, tmp_path: Path) -> None:
     out = tmp_path / "run"
     schedule = tmp_path / "two-phase.toml"
     schedule.write_text(TWO_PHASE)
     proc = subprocess.Popen(
-        lab_argv(out, "--schedule", str(schedule), "--policies", "topk-0.1", "--steps", "100000"),
+        LAB.argv(out, "--schedule", str(schedule), "--policies", "topk-0.1", "--steps", "100000"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     records = out / "policies" / "topk-0.1" / "records.jsonl"
     try:
@@ -220,7 +148,7 @@ def test_ctrl_c_mid_run_removes_everything(privileged: None, tmp_path: Path) -> 
                             "--prefix", PREFIX], check=False)
     assert proc.returncode == 130, output[-2000:]
     assert "interrupted" in output
-    assert_nothing_left(out)
+    LAB.assert_nothing_left(out)
 
 
 @pytest.mark.privileged

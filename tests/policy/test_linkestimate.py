@@ -869,3 +869,53 @@ def test_bounds_that_rise_past_a_shared_tests_ask_nothing_until_they_show_the_pa
     path.run(TOPK_AG, 1e9, 3, host=2.0)
     assert path.estimate.wants_probe and path.estimate.probe_reason == "bound moved"
     assert path.mbps > 1.5 * floor and path.estimate.floor is None and path.estimate.lower_bound
+
+
+def test_syncs_that_show_nothing_of_the_path_want_a_look_and_those_that_read_it_do_not():
+    # The cnn lab's MOO on PowerSGD rank 2 from a 33 Mbit/s phase on: 38 KB syncs,
+    # within the burst, showed nothing of the 160-980 Mbit/s phases that followed.
+    blind = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    blind.observe_probe(8 / 33e6, 0.0)
+    now = small_syncs(blind, SLOW[:10], 0.1)  # 1 s of them: not yet
+    assert not blind.wants_look
+    small_syncs(blind, SLOW[:11], now)  # 2.1 s since the probe
+    assert blind.wants_look and not blind.wants_probe
+    sighted = Path()
+    sighted.run(DENSE, 100e6, 1)
+    sighted.probe(100e6)
+    sighted.run(DENSE, 100e6, 30)  # 6 s of syncs whose bytes are most of their time
+    assert not sighted.estimate.wants_look
+
+
+def test_a_look_beyond_the_figure_asks_for_a_probe_and_one_that_agrees_is_a_look_at_the_path():
+    e = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    e.observe_probe(8 / 33e6, 0.0)
+    e.observe_look(8 / (2.0 * 33e6), 2.0)  # the shaper's burst a look may read (1.48x), and 1.35x: no move
+    assert not e.wants_probe and e.looked == 2.0 and not e.suspects_move
+    e.observe_look(8 / 470e6, 4.0)  # the path recovered
+    assert e.wants_probe and e.probe_reason == "a look read faster" and e.suspects_move
+    assert e.looked == 2.0 and e.bandwidth_bps == pytest.approx(33e6)  # the probe says how far
+    e.observe_probe(8 / 450e6, 4.5)
+    assert e.bandwidth_bps == pytest.approx(450e6) and not e.suspects_move
+    e.wants_probe = False
+    e.observe_look(8 / 160e6, 6.0)  # the path fell, or the job's syncs shared the link with the look
+    assert not e.wants_probe and e.look_pending
+    e.observe_look(8 / 450e6, 8.0)  # the job's syncs it was
+    assert not e.wants_probe and not e.look_pending and e.looked == 8.0
+    e.observe_look(8 / 160e6, 10.0)
+    e.observe_look(8 / 150e6, 12.0)  # the path fell
+    assert e.wants_probe and e.probe_reason == "looks read slower" and not e.look_pending
+
+
+def test_a_look_that_finds_the_figure_puts_off_the_aged_ask_and_the_next_look():
+    looked, twin = (LinkEstimate(LinkEstimateConfig(burst_bytes=65536)) for _ in range(2))
+    for e in (looked, twin):
+        e.observe_probe(8 / 33e6, 0.0)
+    looked.observe_look(8 / 35e6, 29.0)
+    for e in (looked, twin):
+        e.observe_sync("ag_topk", TOPK_BYTES, 0.02, 30.5)
+    assert twin.wants_probe and twin.probe_reason == "aged" and twin.wants_look
+    assert not looked.wants_probe and not looked.wants_look
+    restored = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    restored.load_state_dict(looked.state_dict())
+    assert restored.state_dict() == looked.state_dict()

@@ -26,6 +26,7 @@ from flexcomm.probe.iperf import (
     ServerAuth,
     bandwidth_measurement,
     first_json_object,
+    parse_report,
     run_test,
     spawn,
 )
@@ -239,6 +240,17 @@ def test_first_json_object_skips_warnings_and_reports_errors():
     assert first_json_object(text)["error"].startswith("the server is busy")
     with pytest.raises(IperfError, match="no JSON"):
         first_json_object("iperf3: error - unable to connect")
+
+
+def test_a_report_of_nothing_received_is_a_failed_test():
+    def report(received_bps: float) -> dict:
+        ends = {"bits_per_second": received_bps, "seconds": 0.01, "bytes": 65536}
+        return {"start": {"test_start": {"num_streams": 1, "reverse": 0}},
+                "end": {"sum_received": ends, "sum_sent": {**ends, "bits_per_second": 5e7}, "streams": []}}
+
+    assert parse_report(report(4.2e7), "10.0.0.2", 5201).bandwidth_bps == 4.2e7
+    with pytest.raises(IperfError, match="nothing received"):
+        parse_report(report(0.0), "10.0.0.2", 5201)
 
 
 def test_run_test_rejects_bad_arguments():

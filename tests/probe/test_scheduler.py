@@ -18,8 +18,9 @@ import pytest
 
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
+from flexcomm.policy.linkestimate import LOOK_OVERREAD
 from flexcomm.probe.addresses import local_addresses
-from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout
+from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout, run_test
 from flexcomm.probe.scheduler import (
     PILOT_BYTES,
     DutyBudget,
@@ -30,7 +31,7 @@ from flexcomm.probe.scheduler import (
     sized_bytes,
     sized_probe,
 )
-from flexcomm.store import Measurement, Store
+from flexcomm.store import LOOK, Measurement, Store
 from support.link_rate import reads_the_link
 from support.names import run_prefix
 from support.privilege import skip_or_fail
@@ -273,12 +274,54 @@ def test_requested_tests_run_at_once_and_sized_ones_within_the_budget():
         before = len(probes.bandwidth_calls)
         sched.tick(), sched.tick()  # the loop, woken by the request
         ran += len(probes.bandwidth_calls) - before
-        budget_left = sched.budget.wait_for(0.3, clock.now) == 0  # charged twice its length
+        budget_left = sched.budget.wait_for(0.3, clock.now) == 0  # reckoned at twice its length
         assert len(probes.bandwidth_calls) - before == 2 or not budget_left, "a request waited"
     starts = [t for _, t in probes.bandwidth_calls]
     for t0 in starts:
         assert sum(0.25 for t in starts if t0 <= t < t0 + 120) <= 1.2 + 1e-9
     assert ran >= 15  # sized: 4 tests per 120 s, where whole-second ones would allow 1
+
+
+def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_only_when_asked():
+    clock = FakeClock()
+    probes = FakeProbes(clock)
+    looks: list[float] = []
+
+    def look(peer: str) -> Measurement:  # a fake 64 KB test that reads the shaper's burst
+        looks.append(clock.now)
+        clock.now += 0.012
+        return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1.4e9, beta_s_per_byte=8 / 1.4e9)
+
+    sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=1e6)
+    sched.look_probe = look
+    run_for(sched, clock, 5)
+    assert not looks  # none asked for
+    start = clock.now
+    while clock.now < start + 60:  # a job's estimate that asks at every message
+        sched.request_look(["p"])
+        clock.now += min(sched.tick(), 0.2)
+    assert 25 <= len(looks) <= 31  # 12 ms each, 0.5% of 60 s
+    assert all(b - a >= 0.012 / 0.005 - 1e-9 for a, b in itertools.pairwise(looks))
+    recorded = [m for m in sched.recorded if m.kind == LOOK]
+    assert len(recorded) == len(looks) and all(m.duration_s == pytest.approx(0.012) for m in recorded)
+    assert sched.budget.used_s(clock.now) == pytest.approx(0.012 * len(looks))
+    run_for(sched, clock, 30)
+    assert len(looks) <= len(recorded) + 1  # no more asks, at most the last one answered
+    answered = len(looks)
+    sched.request_look(["p"])
+    sched.tick()
+    clock.now += 0.1
+    sched.request_look(["q"])  # within the looks' share only in 2.3 s: no longer wanted by then
+    wait = sched.tick()
+    assert 2.2 < wait < 2.4
+    clock.now += wait
+    sched.tick()
+    assert len(looks) == answered + 1
+    quiet = make(["p"], clock, probes, look_duty_cycle=0.0)
+    quiet.look_probe = look
+    quiet.request_look(["p"])
+    run_for(quiet, clock, 10)
+    assert len(looks) == answered + 1  # looks turned off
 
 
 def shaped_link(rate_bps: float, start_up_s: float, sizes: list, burst_bytes: int = 0):
@@ -515,6 +558,22 @@ def test_real_sized_test_reads_the_shaped_rate_in_a_fraction_of_a_second(privile
             assert m.ok and reads_the_link(m.bandwidth_bps, SHAPED_BPS, b.address, PORT, a.ns), m
             assert m.duration_s < 1.0, m  # its pilot and a 0.15 s test, start-ups included
     assert sched.budget.used_s(sched.clock()) < 2.0
+
+
+@pytest.mark.privileged
+def test_real_look_takes_tens_of_ms_and_reads_the_path_within_its_burst(privileged, iperf3_binary, served_pair,
+                                                                        tmp_path):
+    # A look may read the shaper's burst (1.27x at 160 Mbit/s), never a slower path.
+    a, b, _ = served_pair
+    with Store(tmp_path / "s.db") as store:
+        sched = ProbeScheduler([b.address], ProbeConfig(**REAL, netns=a.ns), store=store, locks=TargetLocks())
+        sched.request_look([b.address])
+        wait_for(lambda: (sched.tick() or True) and store.measurements(kind=LOOK))
+        (m,) = store.measurements(kind=LOOK)
+        assert not store.measurements(kind="bandwidth")
+    assert m.ok and m.duration_s < 0.5, m
+    carried = run_test(b.address, port=PORT, duration_s=1.0, netns=a.ns).bandwidth_bps
+    assert 0.8 * carried < m.bandwidth_bps < LOOK_OVERREAD * SHAPED_BPS, (m, carried)
 
 
 @pytest.mark.privileged
