@@ -38,9 +38,10 @@ Rules:
   is a failed test. With `sized_test_s` 0 every test runs `test_duration_s`.
 - A look (`request_look`) is one test of LOOK_BYTES: whether a path moved, for
   a job whose syncs cannot show it (too small, or mostly the host's work), run
-  while the ask is fresh (LOOK_FRESH_S). Looks share the duty budget, and after each the next waits 1 / `look_duty_cycle`
-  times as long as it took (a look takes 7 ms at 1 Gbit/s, 42 ms at 20 Mbit/s:
-  with the default 0.5%, one every 1.4 and 8.4 s at most).
+  while the ask is fresh (LOOK_FRESH_S). Looks share the duty budget, and after
+  each the next waits 1 / `look_duty_cycle` times as long as it took (a look
+  takes 7 ms at 1 Gbit/s, 42 ms at 20 Mbit/s: with the default 0.5%, one every
+  1.4 and 8.4 s at most).
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
