@@ -285,7 +285,6 @@ class LinkEstimate:
     floor: tuple[float, float] | None = None  # (when, beta) a test the job shared read: at least this fast
     fell_at: float | None = None  # when the syncs' slowing last ended such a bound
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
-    sighted: float | None = None  # when a sync last read the path (`_blind`)
     looked: float | None = None  # when a look last found the path as the figure says
     wants_look: bool = False  # cleared by the owner once it has asked
     look_pending: bool = False  # the last look read slower, to be read again
@@ -336,11 +335,11 @@ class LinkEstimate:
             self.wants_look = True
 
     def _blind_s(self, ts: float) -> float:
-        """How long nothing has shown the path: no sync read it, nor did a look,
-        probe or move (0 while there is no figure)."""
+        """How long nothing has shown the path: no sync read it as the figure (a
+        confirmation), nor did a look, probe or move (0 while there is no figure)."""
         if self.beta_s_per_byte is None:
             return 0.0
-        seen = [t for t in (self.sighted, self._looked_at(), self.moved_at) if t is not None]
+        seen = [t for t in (self._looked_at(), self.moved_at) if t is not None]
         return ts - max(seen) if seen else 0.0
 
     def _read_sync(self, form: str, beta_bytes: float, seconds: float, ts: float, reports: int) -> None:
@@ -368,8 +367,6 @@ class LinkEstimate:
         lo, hi = self._overhead_range(fit, seconds)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
-        if narrow:
-            self.sighted = ts
         # A wide reading bounds the path by its bytes over its whole time: with the
         # fit's overhead taken off, a noisy host's quick sync read "at least" 5 Gbit/s
         # on the cnn's 980 Mbit/s link (Top-k syncs of 246 KB in 8-68 ms).
@@ -808,8 +805,7 @@ class LinkEstimate:
             # a state written before burst-sized syncs were watched had neither
             fields["suspect_beta"] = state.get("suspect_beta")
             # nor had a state written before looks
-            for name in ("sighted", "looked"):
-                fields[name] = None if state.get(name) is None else float(state[name])
+            fields["looked"] = None if state.get("looked") is None else float(state["looked"])
             for name in ("wants_look", "look_pending"):
                 fields[name] = bool(state.get(name, False))
             fields["probe_reason"] = str(state.get("probe_reason", ""))
