@@ -23,7 +23,7 @@ from flexcomm.files import read_text
 from flexcomm.policy.types import LinkBucket
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import ClientAuth, ServerAuth
-from flexcomm.probe.scheduler import DUTY_CYCLE
+from flexcomm.probe.scheduler import DUTY_CYCLE, LOOK_DUTY_CYCLE
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
@@ -76,7 +76,7 @@ class AgentConfig:
     probe_sized_test_s: float = 0.15
     # Looks (64 KB tests: has the path moved?) for jobs whose syncs cannot show it
     # take at most this share of wall time; 0: none.
-    probe_look_duty_cycle: float = 0.005
+    probe_look_duty_cycle: float = LOOK_DUTY_CYCLE
     # A job's first estimate may start from a probe of its peers at most this old.
     max_probe_age_s: float = 60.0
     probe_port: int = 5201

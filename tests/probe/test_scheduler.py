@@ -292,7 +292,8 @@ def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_on
         clock.now += 0.012
         return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1.4e9, beta_s_per_byte=8 / 1.4e9)
 
-    sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=1e6)
+    sched = make(["p", "q"], clock, probes, latency_interval_s=1000.0, bandwidth_interval_s=1e6,
+                 look_duty_cycle=0.005)
     sched.look_probe = look
     run_for(sched, clock, 5)
     assert not looks  # none asked for
