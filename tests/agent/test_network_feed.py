@@ -223,34 +223,57 @@ def test_a_jobs_estimate_follows_its_reports_not_the_agents_clock(monkeypatch):
     assert lagging == steady
 
 
+THREE_NODES = ("10.99.0.1", "10.99.0.2", "10.99.0.3")
+TOPK_SYNC = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+
+
+def recording_feed() -> tuple[NetworkFeed, list[object], list[object]]:
+    """A feed whose prober only records the probes and looks asked of it (the
+    budget always has room)."""
+    probes: list[object] = []
+    looks: list[object] = []
+
+    def request_probes(peers: object) -> float:
+        probes.append(peers)
+        return 0.0
+
+    feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes,
+                       request_looks=looks.append)
+    return feed, probes, looks
+
+
+def probe_of_10_99_0_2_read(feed: NetworkFeed, read_bps: float) -> None:
+    """The probe asked for came back, a moment later."""
+    feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / read_bps,
+                              duration_s=0.2, ts=time.time() + 0.5))
+
+
+async def three_node_job(feed: NetworkFeed, grad_bytes: int, read_bps: float, read_ago_s: float) -> Job:
+    """A dense job over THREE_NODES followed by `feed`, whose peers other than
+    10.99.0.1 were tested at `read_bps` `read_ago_s` seconds ago, after it registered."""
+    spec = JobSpec(job_id="j", world_size=3, grad_bytes=grad_bytes, nodes=THREE_NODES, policy="dense")
+    job = Job(spec, policy_for(spec))
+    await feed.add_job(job)
+    feed.estimator.fresh_since["j"] = time.time() - 30
+    for peer in THREE_NODES[1:]:
+        feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / read_bps,
+                                  duration_s=0.3, ts=time.time() - read_ago_s))
+    return job
+
+
 def test_burst_sized_syncs_that_speed_up_ask_for_a_probe_whose_reading_is_taken():
     # The default lab's Top-k 0.01 job: its 40 KB syncs are within the link's
     # burst, so they read no rate, but their time fell when the link recovered.
     # The peers were tested at 20 Mbit/s before; the probe asked for reads one.
     async def recovered() -> tuple[NetworkFeed, list[object]]:
-        asked: list[object] = []
-
-        def request_probes(peers: object) -> float:
-            asked.append(peers)
-            return 0.0
-
-        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes)
-        spec = JobSpec(job_id="j", world_size=3, grad_bytes=1_000_000,
-                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
-        job = Job(spec, policy_for(spec))
-        await feed.add_job(job)
-        job.estimate.wants_probe = False  # its registration's tests, 20 s ago:
-        feed.estimator.fresh_since["j"] = time.time() - 30
-        for peer in ("10.99.0.2", "10.99.0.3"):
-            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 20e6,
-                                      duration_s=0.3, ts=time.time() - 20))
-        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        feed, asked, _ = recording_feed()
+        job = await three_node_job(feed, 1_000_000, 20e6, read_ago_s=20)  # its registration's tests
+        asked.clear()
         quicker = [0.008, 0.007, 0.009, 0.008, 0.007, 0.009, 0.008, 0.007]
         for i, t_sync in enumerate([0.018, 0.021, 0.019, 0.020] * 6 + quicker):
-            feed.reported(job, [StepReport(step=i, t_sync_s=t_sync, t_compute_s=0.01, **sync)], None)
+            feed.reported(job, [StepReport(step=i, t_sync_s=t_sync, t_compute_s=0.01, **TOPK_SYNC)], None)
         assert asked and job.estimate.probe_reason == "syncs quickened"
-        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 950e6,
-                                  duration_s=0.3, ts=time.time() + 0.5))
+        probe_of_10_99_0_2_read(feed, 950e6)
         return feed, asked
 
     feed, asked = asyncio.run(recovered())
@@ -264,20 +287,11 @@ def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
     # test of another peer read 967. The slowest of both held it at 25.
     async def recovered() -> NetworkFeed:
         feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=lambda p: 0.0)
-        spec = JobSpec(job_id="j", world_size=3, grad_bytes=8_000_000,
-                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
-        job = Job(spec, policy_for(spec))
-        await feed.add_job(job)
-        feed.estimator.fresh_since["j"] = time.time() - 30
-        for peer in ("10.99.0.2", "10.99.0.3"):
-            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 25e6,
-                                      duration_s=0.3, ts=time.time() - 2))
-        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
+        job = await three_node_job(feed, 8_000_000, 25e6, read_ago_s=2)
         for i in range(6):  # 320 KB in 12 ms: at least 200 Mbit/s
-            feed.reported(job, [StepReport(step=i, t_sync_s=0.012, t_compute_s=0.1, **sync)], None)
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.012, t_compute_s=0.1, **TOPK_SYNC)], None)
         assert job.estimate.lower_bound and job.estimate.suspects_move
-        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 967e6,
-                                  duration_s=0.3, ts=time.time() + 0.5))
+        probe_of_10_99_0_2_read(feed, 967e6)
         return feed
 
     feed = asyncio.run(recovered())
@@ -291,27 +305,11 @@ def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks
     # of KB, which may read the shaper's burst) finds the recovery; the probe it
     # asks for reads it.
     async def recovered() -> tuple[NetworkFeed, list[object]]:
-        probes: list[object] = []
-        looks: list[object] = []
-
-        def request_probes(peers: object) -> float:
-            probes.append(peers)
-            return 0.0
-
-        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes,
-                           request_looks=looks.append)
-        spec = JobSpec(job_id="j", world_size=3, grad_bytes=1_000_000,
-                       nodes=("10.99.0.1", "10.99.0.2", "10.99.0.3"), policy="dense")
-        job = Job(spec, policy_for(spec))
-        await feed.add_job(job)
-        feed.estimator.fresh_since["j"] = time.time() - 30
-        for peer in ("10.99.0.2", "10.99.0.3"):
-            feed.measured(Measurement(peer=peer, kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 33e6,
-                                      duration_s=0.1, ts=time.time() - 5))
+        feed, probes, looks = recording_feed()
+        job = await three_node_job(feed, 1_000_000, 33e6, read_ago_s=5)
         probes.clear()
-        sync = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
         for i in range(30):  # 0.12 s steps: 3.6 s of the job's time, each at the same pace
-            feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **sync)], None)
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
         assert looks and not probes
         peer = looks[0][0]
         feed.bandwidth_started(peer, time.time())
@@ -319,10 +317,9 @@ def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks
                                   duration_s=0.01, ts=time.time()))
         assert feed.estimator.peer("10.99.0.2").bandwidth_bps == pytest.approx(33e6)  # a look reads no rate
         assert probes and job.estimate.probe_reason == "a look read faster"
-        feed.reported(job, [StepReport(step=30, t_sync_s=0.02, t_compute_s=0.1, **sync)], None)
+        feed.reported(job, [StepReport(step=30, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
         assert looks[-1] != [peer]  # the next look goes to a peer not looked at yet
-        feed.measured(Measurement(peer="10.99.0.2", kind=BANDWIDTH, ok=True, beta_s_per_byte=8 / 450e6,
-                                  duration_s=0.1, ts=time.time() + 0.5))
+        probe_of_10_99_0_2_read(feed, 450e6)
         return feed, probes
 
     feed, probes = asyncio.run(recovered())
