@@ -18,6 +18,7 @@ from flexcomm.probe.iperf import IperfServer
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
 from support.agent_process import AgentProcess, free_port, in_namespace, metrics_text, spec
+from support.link_rate import reads_the_link
 from support.names import run_prefix
 from support.waiting import wait_for
 
@@ -56,7 +57,8 @@ def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, priv
 
             good, bad = wait_for(probed, 45, "a bandwidth, an RTT and a failed probe", interval_s=0.2)
             assert good.rtt_s > 0 and good.rtt_p99_s >= good.rtt_s and good.source == "probe"
-            assert 0.85 * RATE_BPS < good.bandwidth_bps < 1.05 * RATE_BPS
+            # against what the host carries now: beside two CPU hogs a sized test once read 19 of 200
+            assert reads_the_link(good.bandwidth_bps, RATE_BPS, there.address, port, here.ns), good
             assert bad.probe_failures > 0 and bad.bandwidth_bps == 0
             me = peers_of(agent, "probed")[here.address]
             assert (me.source, me.bandwidth_bps, me.rtt_s, me.probe_failures) == ("self", 0, 0, 0)
