@@ -32,7 +32,7 @@ from flexcomm.policy.linkestimate import LinkEstimate, SyncReader
 from flexcomm.policy.types import GradientLayout, NetworkObservation, StepReport
 from flexcomm.probe.addresses import is_local, local_addresses
 from flexcomm.probe.estimate import Estimator, PeerPath
-from flexcomm.store import BANDWIDTH, LOOK, Measurement
+from flexcomm.store import TEST_KINDS, Measurement
 
 log = logging.getLogger("flexcomm.agent.network")
 # Bandwidth tests remembered per peer to mark the steps they overlapped.
@@ -174,7 +174,7 @@ class NetworkFeed:
                                                               "error": m.error}})
         ts = m.ts or time.time()
         shared: set[str] = set()
-        if m.kind in (BANDWIDTH, LOOK):
+        if m.kind in TEST_KINDS:
             start = min(self._started.pop(m.peer, ts - (m.duration_s or 0.0)), ts)
             self._tests.setdefault(m.peer, deque(maxlen=TESTS_KEPT)).append((start, ts))
             shared = {job_id for job_id, last in self._reported_unix.items() if last >= start - SHARED_GAP_S}

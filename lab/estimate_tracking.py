@@ -31,7 +31,7 @@ from typing import Any
 
 from flexcomm.lab.fidelity import TCP_PAYLOAD_SHARE
 from flexcomm.lab.plan import agent_store, policy_dir
-from flexcomm.store import BANDWIDTH, LOOK, Store
+from flexcomm.store import TEST_KINDS, Store
 
 ESTIMATES = "estimates.jsonl"
 POLL_S = 0.2
@@ -123,7 +123,7 @@ def probe_share(out: Path, runs: list[Any]) -> float | None:
             continue
         start, end = run.links[0]["applied_at"], run.steps[-1]["wall"]
         with Store(db, create=False) as store:
-            tests = [m for kind in (BANDWIDTH, LOOK) for m in store.measurements(kind=kind, limit=10**6)]
+            tests = [m for kind in TEST_KINDS for m in store.measurements(kind=kind, limit=10**6)]
         spent += sum(m.duration_s or 0.0 for m in tests if m.ts is not None and start <= m.ts <= end)
         wall += end - start
     return spent / wall if wall > 0 else None

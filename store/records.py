@@ -23,6 +23,8 @@ PASSIVE = "passive"  # an alpha/beta fit from measured sync times, not an active
 # (it may read the shaper's burst). Its duration_s is charged like any test's.
 LOOK = "look"
 MEASUREMENT_KINDS: tuple[str, ...] = (BANDWIDTH, LATENCY, PASSIVE, LOOK)
+# The kinds that are iperf3 tests: each held the link for its duration_s.
+TEST_KINDS: tuple[str, ...] = (BANDWIDTH, LOOK)
 
 
 def _optional_nonnegative(name: str, value: float | None) -> None:

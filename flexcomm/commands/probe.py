@@ -153,7 +153,7 @@ def render_rows(table: str, rows: list[dict[str, Any]]) -> str:
         keys = [k for k in rows[0] if k not in ("id", "ts")]
         return "\n".join(f"{_when(r['ts'])}  " + "  ".join(f"{k}={r[k]}" for k in keys if r[k] is not None)
                          for r in rows)
-    from flexcomm.store import BANDWIDTH, LATENCY, LOOK
+    from flexcomm.store import LATENCY, TEST_KINDS
 
     out = []
     beta_fmt = "{:.4g} s/B".format
@@ -163,7 +163,7 @@ def render_rows(table: str, rows: list[dict[str, Any]]) -> str:
         elif r["kind"] == LATENCY:
             what = (f"rtt p50 {_maybe(r['rtt_p50_s'], format_seconds)} p99 {_maybe(r['rtt_p99_s'], format_seconds)} "
                     f"loss {_maybe(r['loss'], '{:.0%}'.format)}  alpha {_maybe(r['alpha_s'], format_seconds)}")
-        elif r["kind"] in (BANDWIDTH, LOOK):
+        elif r["kind"] in TEST_KINDS:
             what = f"{_maybe(r['bandwidth_bps'], format_rate)}  beta {_maybe(r['beta_s_per_byte'], beta_fmt)}"
         else:
             what = (f"alpha {_maybe(r['alpha_s'], format_seconds)}  "
