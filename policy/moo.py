@@ -1299,9 +1299,10 @@ class MooPolicy:
             if self._s.current is None:
                 self._set_current(self._warmup_option(), "nothing measured and no network known")
             return
-        if self._look_due() and self._measure_an_untimed_first_choice(rows):
+        off_model = self._running_off_model()
+        if not off_model and self._look_due() and self._measure_an_untimed_first_choice(rows):
             return
-        rows, best = self._best_trusted(rows)
+        rows, best = self._best_trusted(rows, predictions=not off_model)
         current = self._current_row(rows)
         if current is None and self._s.current is not None:
             # The running option has no figure on this network yet and no trusted
@@ -1330,6 +1331,21 @@ class MooPolicy:
         drift = self.watch.drift_s()
         return replace(current, t_step_s=current.t_step_s - drift) if drift else current
 
+    def _running_off_model(self) -> bool:
+        """The running option's latest steps are calibration outliers: far off what
+        the model puts it at on the network the policy knows, so that network is
+        not the one the job runs on (a move the estimator has not judged yet).
+        Then nothing is chosen on the model's word, neither a look at an untimed
+        option nor a trusted prediction; measured figures still may be (the
+        switch credits the running option its drift). That lasts until the
+        estimator's move reaches observe_network, the steps agree with the model
+        again, or the fit starts over (CALIBRATION_RESET). The short lab looked
+        at bf16, put at 7 ms a step on the fast link's figure, two steps after
+        the link fell 100x: it ran 0.37 s a step there, and the move then
+        detected dropped that figure, so bf16 was run again."""
+        cur = self._s.current
+        return cur is not None and bool(self._s.outliers.get(calibration_key(cur.compression, cur.collective)))
+
     def _look_due(self) -> bool:
         """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS
         steps of a choice, at a decision. At a decision, not per report: the agent
@@ -1342,12 +1358,12 @@ class MooPolicy:
         s.next_look = s.phase_steps + LOOK_AGAIN_STEPS
         return True
 
-    def _best_trusted(self, rows: list[Evaluation]) -> tuple[list[Evaluation], Evaluation]:
+    def _best_trusted(self, rows: list[Evaluation], *, predictions: bool = True) -> tuple[list[Evaluation], Evaluation]:
         """The rows a choice may be made among, and the best of them: what was
-        measured since the network last changed, and an option priced without
-        running it, predicted by a calibrated fit (PREDICTION_TRUSTED pairs: bf16
-        over the ring once dense has run there) when it beats the best measured
-        by more than that fit's error. Priced without running here: what
+        measured since the network last changed, and (unless not `predictions`)
+        an option priced without running it, predicted by a calibrated fit
+        (PREDICTION_TRUSTED pairs: bf16 over the ring once dense has run there)
+        when it beats the best measured by more than that fit's error. Priced without running here: what
         `_priced_unrun` says. Measured options
         only: the job alternated between the two it had timed (dense, Top-k
         0.033) with bf16 predicted at half dense's step; and the cnn's MOO ran
@@ -1359,6 +1375,8 @@ class MooPolicy:
         if not measured:
             return rows, self.choose(rows)
         best = self.choose(measured)
+        if not predictions:
+            return measured, best
         reference_error = self._reference_error()
         trusted = [r for r in rows if r.measured or (
             self._priced_unrun(r.option, reference_error) and self._fit_is_calibrated(r))]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from flexcomm.policy import make_policy, policy_from_state
 from flexcomm.policy.costmodel import calibration_key, crossover_ratio, option_sync_time
 from flexcomm.policy.moo import (
+    CALIBRATION_RESET,
     EXPLOIT,
     EXPLORE,
     LOOK_AGAIN_STEPS,
@@ -1048,3 +1049,22 @@ def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -
     policy.decide()
     assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+
+
+def test_nothing_is_chosen_on_the_models_word_while_the_running_options_steps_are_far_off_it() -> None:
+    # The short lab: the link fell 100x and, before the estimate moved, a look ran
+    # bf16, put ahead on the fast link's figure. Steps the model calls outliers say
+    # the network it predicts on is not the job's: neither a look nor a switch to a
+    # prediction (PowerSGD rank 2, trusted, put 25x ahead of the slowed steps) is
+    # made on it; once the steps agree with the model again, the look is.
+    policy, job = topk_running_with_powersgd_2_untimed()
+    running = policy._current_label()
+    policy._s.sync = {running: policy._s.sync[running]}  # the others' figures: a move dropped them
+    job.adopted, job.control_interval = policy._s.current, 10**9
+    job.run(LOOK_AGAIN_STEPS - 3, *SLOW, observe=False)
+    job.run(3, *SLOW, noise=lambda step: 10.0, observe=False)
+    assert 0 < policy._s.outliers[calibration_key(Compression("topk", 0.011), "art_ring")] < CALIBRATION_RESET
+    assert policy.decide().label == running and policy.phase == EXPLOIT
+    job.run(1, *SLOW, observe=False)
+    policy.decide()
+    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
