@@ -131,7 +131,6 @@ PROBE_UP_EVERY = 100  # steps between two probes up
 SHOWN_SAMPLES = 2  # the running option's syncs on a new network that make its figure there
 SYNC_FELL = 0.3  # the running lossy option's sync this much below its chosen figure: measure lossless
 MAX_CANDIDATE_CRS = MAX_PROBES
-ROOTS_SELECTION = "roots"  # the AR-Topk collectives' selection: the root's indices, on every rank
 
 
 def candidate_crs(c_low: float, c_high: float, factor: float) -> tuple[float, ...]:
@@ -668,38 +667,28 @@ class MooPolicy:
         return rows
 
     def _delivery_ratios(self) -> dict[tuple[str, str], float]:
-        """Per family and selection (`_delivery_key`), what the options that ran
-        delivered over what their probes read (the median, at most 1): PowerSGD's
-        probes (the best rank-r approximation of rank 0's gradient) read 0.5 where
-        its steps delivered 0.2, and the Top-k AR collectives' non-root ranks send
-        little."""
+        """Per (family, collective), what the options that ran delivered over what
+        their probes read (the median, at most 1): PowerSGD's probes (the best
+        rank-r approximation of rank 0's gradient) read 0.5 where its steps
+        delivered 0.2, and the Top-k AR collectives' non-root ranks send little."""
         s, ratios = self._s, {}
         for label, delivered in s.delivered.items():
             choice = self._by_label.get(label)  # a stored state's may name what is no candidate now
             probed = s.gains.get(choice.compression.name) if choice else None
             if probed:
-                ratios.setdefault(_delivery_key(choice), []).append(delivered / probed)
+                ratios.setdefault((choice.compression.family, choice.collective), []).append(delivered / probed)
         return {k: min(1.0, statistics.median(v)) for k, v in ratios.items()}
 
     def _expected_gain(self, option: Choice, delivery: Mapping[tuple[str, str], float]) -> float | None:
         """What a lossy option's steps deliver: measured once it ran, else its probes'
-        reading scaled as its family's options with the same selection delivered
-        (an untimed PowerSGD rank, rated by its probes, was tried and rejected
-        again and again while the job ran bf16 at 10 Mbit/s). An AR-Topk option
-        none of whose kind ran delivers at most what AllGather Top-k's did: its
-        non-root ranks send their values at the root's indices, which hold no
-        more of their gradient than their own top-k does."""
+        reading scaled as its family's options over its collective delivered (an
+        untimed PowerSGD rank, rated by its probes, was tried and rejected again
+        and again while the job ran bf16 at 10 Mbit/s)."""
         s = self._s
         if option.label in s.delivered:
             return s.delivered[option.label]
         probed = s.gains.get(option.compression.name)
-        if probed is None:
-            return None
-        key = _delivery_key(option)
-        ratio = delivery.get(key)
-        if ratio is None and key[1] == ROOTS_SELECTION:
-            ratio = delivery.get((option.compression.family, AG_TOPK))
-        return probed * (1.0 if ratio is None else ratio)
+        return None if probed is None else probed * delivery.get((option.compression.family, option.collective), 1.0)
 
     def _family_priced(self, option: Choice, reference_error: float | None) -> float | None:
         """The gain of an option of a family with a reference of its own, in the
@@ -1533,17 +1522,6 @@ class MooPolicy:
         within = f"{allowance:.2f}" if allowance is not None else "unknown"
         return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}); "
                 f"{ref}, {spent}")
-
-
-def _delivery_key(choice: Choice) -> tuple[str, str]:
-    """Which options' delivered gains speak for `choice`'s: its family's over a
-    collective applying the same selection. AR-Topk over a ring and over a tree
-    both apply the root's selection on every rank (ROOTS_SELECTION), so what one
-    delivered the other does too (keyed by collective, the short lab looked at
-    Top-k 0.011 over the AR ring, then the tree, then AllGather, each untimed
-    one rated by its probes, through a 44-step phase at 10 Mbit/s)."""
-    collective = ROOTS_SELECTION if choice.collective in (ART_RING, ART_TREE) else choice.collective
-    return choice.compression.family, collective
 
 
 def _error_cap(reference_error: float) -> float:

@@ -153,40 +153,6 @@ def test_an_untimed_option_is_expected_to_deliver_as_its_siblings_did() -> None:
     assert gains["topk:0.1@ag_topk"] == pytest.approx(0.9, abs=0.01)  # another family: as probed
 
 
-def _topk_ran(collective: str, delivered: float) -> MooPolicy:
-    """Top-k 0.011 ran 60 steps over `collective`, delivering `delivered` where its
-    probes read 0.5 (and Top-k 0.033's 0.6)."""
-    policy = moo()
-    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    for step in range(60):
-        policy.observe_step(StepReport(step=step, family="topk", param=0.011, collective=collective,
-                                       t_comp_s=0.0, t_sync_s=0.05, gain=delivered,
-                                       gains={"topk:0.011": 0.5, "topk:0.033": 0.6}))
-    return policy
-
-
-def test_the_ar_topk_collectives_are_expected_to_deliver_as_either_did() -> None:
-    # Both apply the root's selection on every rank: Top-k 0.011 over the AR ring
-    # delivered a fifth of its probes, so over the tree it is expected to, and so
-    # is Top-k 0.033 over either; over AllGather, whose ranks send their own
-    # selection, each is still as probed.
-    gains = {r.label: r.gain for r in _topk_ran("art_ring", 0.1).evaluate(predicted=True)}
-    assert gains["topk:0.011@art_tree"] == pytest.approx(0.1, abs=0.01)
-    assert gains["topk:0.033@art_tree"] == pytest.approx(0.12, abs=0.01)
-    assert gains["topk:0.033@art_ring"] == pytest.approx(0.12, abs=0.01)
-    assert gains["topk:0.033@ag_topk"] == pytest.approx(0.6, abs=0.01)
-
-
-def test_an_ar_topk_option_none_of_whose_kind_ran_delivers_at_most_what_allgather_did() -> None:
-    # Its non-root ranks send their values at the root's indices, no more of their
-    # gradient than their own top-k, which AllGather sends.
-    gains = {r.label: r.gain for r in _topk_ran("ag_topk", 0.3).evaluate(predicted=True)}
-    assert gains["topk:0.033@art_ring"] == pytest.approx(0.36, abs=0.01)
-    assert gains["topk:0.011@art_tree"] == pytest.approx(0.3, abs=0.01)
-    full = {r.label: r.gain for r in _topk_ran("ag_topk", 0.5).evaluate(predicted=True)}
-    assert full["topk:0.033@art_ring"] == pytest.approx(0.6, abs=0.01)  # no worse than probed: as probed
-
-
 # What the lab cnn's steps delivered, per compression (bench/quality_measures.py).
 CNN_GAINS = {"topk:0.1": 0.61, "topk:0.033": 0.31, "topk:0.011": 0.15, "topk:0.004": 0.07, "topk:0.001": 0.02,
              "powersgd:4": 0.155, "powersgd:2": 0.114, "powersgd:1": 0.092}
