@@ -1344,7 +1344,7 @@ class MooPolicy:
         the link fell 100x: it ran 0.37 s a step there, and the move then
         detected dropped that figure, so bf16 was run again."""
         cur = self._s.current
-        return cur is not None and bool(self._s.outliers.get(calibration_key(cur.compression, cur.collective)))
+        return cur is not None and self._outlying(calibration_key(cur.compression, cur.collective))
 
     def _look_due(self) -> bool:
         """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS
@@ -1360,11 +1360,11 @@ class MooPolicy:
 
     def _best_trusted(self, rows: list[Evaluation], *, predictions: bool = True) -> tuple[list[Evaluation], Evaluation]:
         """The rows a choice may be made among, and the best of them: what was
-        measured since the network last changed, and (unless not `predictions`)
-        an option priced without running it, predicted by a calibrated fit
+        measured since the network last changed, and, with `predictions`, an
+        option priced without running it, predicted by a calibrated fit
         (PREDICTION_TRUSTED pairs: bf16 over the ring once dense has run there)
-        when it beats the best measured by more than that fit's error. Priced without running here: what
-        `_priced_unrun` says. Measured options
+        when it beats the best measured by more than that fit's error. Priced
+        without running here: what `_priced_unrun` says. Measured options
         only: the job alternated between the two it had timed (dense, Top-k
         0.033) with bf16 predicted at half dense's step; and the cnn's MOO ran
         Top-k 0.1 at 0.42 s a step through a 20 Mbit/s phase with PowerSGD rank
@@ -1403,7 +1403,11 @@ class MooPolicy:
         it predicts on is not the one the job runs on (the short lab chose dense,
         predicted at 75 ms from a stale fast link, where bf16 had just run 311 ms)."""
         key = calibration_key(row.option.compression, row.option.collective)
-        return self.calibration.observations(key) >= PREDICTION_TRUSTED and not self._s.outliers.get(key)
+        return self.calibration.observations(key) >= PREDICTION_TRUSTED and not self._outlying(key)
+
+    def _outlying(self, key: str) -> bool:
+        """Whether the latest steps of calibration `key` are outliers (_calibrate)."""
+        return bool(self._s.outliers.get(key))
 
     def _margin(self, *rows: Evaluation) -> float:
         """How much better an option must look to switch to it: the hysteresis, or
