@@ -167,6 +167,15 @@ BURST_BYTES = 65536.0
 # A look (a test of a few tens of KB) reads up to this times the path's rate: 1.2x
 # at 20-33 Mbit/s, 1.27x at 160 and 1.48x at 1 Gbit/s on the lab's HTB links.
 LOOK_OVERREAD = 1.5
+# A look's size: on the lab's HTB links 64 KB took 7 ms at 1 Gbit/s (reading 1.48x,
+# the burst), 12 ms at 160 Mbit/s (1.27x), 27 ms at 33 and 42 ms at 20 (1.20x);
+# 32 KB took as long (iperf3's own exchanges), 256 KB 2.6x as long at 20 Mbit/s.
+LOOK_BYTES = 64 << 10
+# What a busy host adds to a look's time: beside a test suite, 64 KB looks at
+# 160-980 Mbit/s read 0.08-0.74x the path, up to 27 ms late; in the cnn lab's
+# runs looks at 410 Mbit/s came 7-23 ms late. Late by time, not by a ratio: on a
+# fast path the same stall is a tenfold misreading.
+LOOK_STALL_S = 0.04
 
 
 @dataclass(frozen=True)
@@ -190,11 +199,14 @@ class LinkEstimateConfig:
     level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
     look_after_s: float = 2.0  # syncs that showed nothing of the path this long want a look
     look_overread: float = LOOK_OVERREAD
+    look_bytes: float = LOOK_BYTES
+    look_stall_s: float = LOOK_STALL_S  # a look later than the figure by no more says nothing
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
-                     "level_shift", "look_after_s"):
+                     "level_shift", "look_after_s", "look_bytes"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
+        check_range("look_stall_s", self.look_stall_s, 0.0, math.inf)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
         check_range("burst_bytes", self.burst_bytes, 0.0, math.inf)
@@ -742,19 +754,26 @@ class LinkEstimate:
             self.ask("a slower probe, read again")
 
     def observe_look(self, beta: float, ts: float) -> None:
-        """A look at the job's path (a test of a few tens of KB, which reads up to
+        """A look at the job's path (a test of `look_bytes`, which reads up to
         `look_overread` times its rate): beyond the figure by `level_shift` either
         way, the path moved and a probe is asked for (the look's reading is what
-        the move would mean); else the figure stands, as of now. A slower look
-        must be read twice in a row: one that shares the link with the job's
-        syncs reads what they left of it (in the cnn lab half the slower looks
-        were a dense or Top-k 0.1 job's syncs at 160 Mbit/s, and each asked a
-        probe that read the path as the figure said)."""
+        the move would mean); else the figure stands, as of now. Slower counts
+        only where the look also took `look_stall_s` longer than the figure puts
+        it at: a busy host delays a look by tens of ms, whatever the path, so on
+        a fast path a slower look says nothing (in the cnn lab's runs two of
+        three asks from looks at 410 Mbit/s, read at 23-70, went to probes that
+        read the figure). A slower look must be read twice in a row: one that
+        shares the link with the job's syncs reads what they left of it (in the
+        cnn lab half the slower looks were a dense or Top-k 0.1 job's syncs at
+        160 Mbit/s, and each asked a probe that read the path as the figure
+        said)."""
         figure = self.beta_s_per_byte
         if figure is None:
             return
         shift = 1 + self.config.level_shift
         slower = beta >= figure * shift
+        if slower and (beta - figure) * self.config.look_bytes <= self.config.look_stall_s:
+            return  # as late as a busy host makes any look: neither a move nor the figure
         if beta * shift * self.config.look_overread <= figure:
             self.suspect_beta = beta * self.config.look_overread
             self.ask("a look read faster")

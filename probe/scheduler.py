@@ -74,6 +74,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from flexcomm.policy.linkestimate import LOOK_BYTES
 from flexcomm.probe.addresses import is_local
 from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, IperfTimeout, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
@@ -93,10 +94,6 @@ SIZED_TIMEOUT_FACTOR = 4
 # sized again by its own reading, at most SIZED_TESTS times after the pilot.
 LONG_ENOUGH = 2 / 3
 SIZED_TESTS = 2
-# A look's size: on the lab's HTB links 64 KB took 7 ms at 1 Gbit/s (reading 1.48x,
-# the burst), 12 ms at 160 Mbit/s (1.27x), 27 ms at 33 and 42 ms at 20 (1.20x);
-# 32 KB took as long (iperf3's own exchanges), 256 KB 2.6x as long at 20 Mbit/s.
-LOOK_BYTES = 64 << 10
 # What the budget reckons a look at before it runs (charged what it took).
 LOOK_RECKONED_S = 0.05
 # A look asked for longer ago than this is no longer wanted: a job's estimate asks

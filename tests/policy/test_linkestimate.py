@@ -898,13 +898,27 @@ def test_a_look_beyond_the_figure_asks_for_a_probe_and_one_that_agrees_is_a_look
     e.observe_probe(8 / 450e6, 4.5)
     assert e.bandwidth_bps == pytest.approx(450e6) and not e.suspects_move
     e.wants_probe = False
-    e.observe_look(8 / 160e6, 6.0)  # the path fell, or the job's syncs shared the link with the look
+    e.observe_look(8 / 450e6, 6.0)
+    assert not e.wants_probe and not e.look_pending and e.looked == 6.0
+
+
+def test_slower_looks_ask_for_a_probe_only_when_later_than_a_busy_host_makes_them():
+    e = LinkEstimate(LinkEstimateConfig(look_bytes=65536, look_stall_s=0.04))
+    e.observe_probe(8 / 20e6, 0.0)  # a 64 KB look takes 26 ms here
+    e.observe_look(8 / 5e6, 2.0)  # 105 ms: the path fell, or the job's syncs shared the link with the look
     assert not e.wants_probe and e.look_pending
-    e.observe_look(8 / 450e6, 8.0)  # the job's syncs it was
-    assert not e.wants_probe and not e.look_pending and e.looked == 8.0
-    e.observe_look(8 / 160e6, 10.0)
-    e.observe_look(8 / 150e6, 12.0)  # the path fell
+    e.observe_look(8 / 20e6, 4.0)  # the job's syncs it was
+    assert not e.wants_probe and not e.look_pending and e.looked == 4.0
+    e.observe_look(8 / 5e6, 6.0)
+    e.observe_look(8 / 4e6, 8.0)  # the path fell
     assert e.wants_probe and e.probe_reason == "looks read slower" and not e.look_pending
+    fast = LinkEstimate(LinkEstimateConfig(look_bytes=65536, look_stall_s=0.04))
+    fast.observe_probe(8 / 450e6, 0.0)  # 1.2 ms
+    for ts, rate in ((2.0, 160e6), (4.0, 45e6), (6.0, 20e6)):  # 3, 12 and 25 ms: a stalled host's looks
+        fast.observe_look(8 / rate, ts)
+        assert not fast.wants_probe and not fast.look_pending and fast.looked is None, rate
+    fast.observe_look(8 / 10e6, 8.0)  # 52 ms, 51 of them late
+    assert fast.look_pending
 
 
 def test_a_look_that_finds_the_figure_puts_off_the_aged_ask_and_the_next_look():
