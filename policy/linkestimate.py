@@ -199,12 +199,11 @@ class LinkEstimateConfig:
     level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
     look_after_s: float = 2.0  # syncs that showed nothing of the path this long want a look
     look_overread: float = LOOK_OVERREAD
-    look_bytes: float = LOOK_BYTES
     look_stall_s: float = LOOK_STALL_S  # a look later than the figure by no more says nothing
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
-                     "level_shift", "look_after_s", "look_bytes"):
+                     "level_shift", "look_after_s"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
         check_range("look_stall_s", self.look_stall_s, 0.0, math.inf)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
@@ -754,7 +753,7 @@ class LinkEstimate:
             self.ask("a slower probe, read again")
 
     def observe_look(self, beta: float, ts: float) -> None:
-        """A look at the job's path (a test of `look_bytes`, which reads up to
+        """A look at the job's path (a test of LOOK_BYTES, which reads up to
         `look_overread` times its rate): beyond the figure by `level_shift` either
         way, the path moved and a probe is asked for (the look's reading is what
         the move would mean); else the figure stands, as of now. Slower counts
@@ -772,7 +771,7 @@ class LinkEstimate:
             return
         shift = 1 + self.config.level_shift
         slower = beta >= figure * shift
-        if slower and (beta - figure) * self.config.look_bytes <= self.config.look_stall_s:
+        if slower and (beta - figure) * LOOK_BYTES <= self.config.look_stall_s:
             return  # as late as a busy host makes any look: neither a move nor the figure
         if beta * shift * self.config.look_overread <= figure:
             self.suspect_beta = beta * self.config.look_overread

@@ -903,7 +903,7 @@ def test_a_look_beyond_the_figure_asks_for_a_probe_and_one_that_agrees_is_a_look
 
 
 def test_slower_looks_ask_for_a_probe_only_when_later_than_a_busy_host_makes_them():
-    e = LinkEstimate(LinkEstimateConfig(look_bytes=65536, look_stall_s=0.04))
+    e = LinkEstimate(LinkEstimateConfig(look_stall_s=0.04))
     e.observe_probe(8 / 20e6, 0.0)  # a 64 KB look takes 26 ms here
     e.observe_look(8 / 5e6, 2.0)  # 105 ms: the path fell, or the job's syncs shared the link with the look
     assert not e.wants_probe and e.look_pending
@@ -912,7 +912,7 @@ def test_slower_looks_ask_for_a_probe_only_when_later_than_a_busy_host_makes_the
     e.observe_look(8 / 5e6, 6.0)
     e.observe_look(8 / 4e6, 8.0)  # the path fell
     assert e.wants_probe and e.probe_reason == "looks read slower" and not e.look_pending
-    fast = LinkEstimate(LinkEstimateConfig(look_bytes=65536, look_stall_s=0.04))
+    fast = LinkEstimate(LinkEstimateConfig(look_stall_s=0.04))
     fast.observe_probe(8 / 450e6, 0.0)  # 1.2 ms
     for ts, rate in ((2.0, 160e6), (4.0, 45e6), (6.0, 20e6)):  # 3, 12 and 25 ms: a stalled host's looks
         fast.observe_look(8 / rate, ts)
