@@ -64,6 +64,11 @@ class Registration:
     changed: list[str]
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class JobLifecycle:
     def __init__(self, jobs: Jobs, network: NetworkFeed, persister: Persister, metrics: Metrics,
                  create_policy: Callable[[JobSpec], Policy]) -> None:
@@ -76,6 +81,7 @@ class JobLifecycle:
         self.on_jobs_changed: Callable[[], Awaitable[None]] | None = None
         self.on_decision: Callable[[], None] | None = None  # e.g. to write it out soon
         self._report_counters: dict[str, Any] = {}
+        self._registering = asyncio.Lock()
 
     # -- decisions ----------------------------------------------------------------
     def publish(self, job: Job) -> None:
@@ -111,7 +117,21 @@ class JobLifecycle:
     # -- the life of a job ------------------------------------------------------
     async def register(self, spec: JobSpec, replace: bool) -> Registration:
         """Hold the job `spec` describes: the same spec again resumes the job held;
-        a different one replaces it only with `replace` (else SpecConflict)."""
+        a different one replaces it only with `replace` (else SpecConflict).
+
+        Registrations run one at a time, each to its end even when its caller
+        leaves: a client past its deadline registers again and resumes the job the
+        first one held, rather than meeting a job written but not held, or racing
+        it into a second policy."""
+        task = asyncio.ensure_future(self._register_in_turn(spec, replace))
+        task.add_done_callback(_retrieve)  # a caller that left takes no exception
+        return await asyncio.shield(task)
+
+    async def _register_in_turn(self, spec: JobSpec, replace: bool) -> Registration:
+        async with self._registering:
+            return await self._register(spec, replace)
+
+    async def _register(self, spec: JobSpec, replace: bool) -> Registration:
         existing = self.jobs.find(spec.job_id)
         if existing is not None and existing.spec == spec:
             existing.touch()

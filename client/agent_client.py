@@ -126,10 +126,11 @@ class AgentClient:
                  layout: GradientLayout | None = None, nodes: Sequence[str] | None = None, policy: str = "moo",
                  options: Mapping[str, Any] | None = None, replace: bool = True,
                  credentials: grpc.ChannelCredentials | None = None,
-                 timeout_s: float = 1.0, poll_interval_s: float = 0.5, retry_max_s: float = 5.0,
-                 nodes_wait_s: float = 10.0, max_pending: int = 100_000) -> None:
-        for name, value in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s),
-                            ("retry_max_s", retry_max_s), ("nodes_wait_s", nodes_wait_s)):
+                 timeout_s: float = 1.0, register_timeout_s: float = 10.0, poll_interval_s: float = 0.5,
+                 retry_max_s: float = 5.0, nodes_wait_s: float = 10.0, max_pending: int = 100_000) -> None:
+        for name, value in (("timeout_s", timeout_s), ("register_timeout_s", register_timeout_s),
+                            ("poll_interval_s", poll_interval_s), ("retry_max_s", retry_max_s),
+                            ("nodes_wait_s", nodes_wait_s)):
             require_finite_positive(name, value)
         if layout is not None and not isinstance(layout, GradientLayout):
             raise ValueError(f"layout: expected a GradientLayout (client.layout.layout_of(model)), got {layout!r}")
@@ -149,6 +150,10 @@ class AgentClient:
             self._nodes_known.set()
         self.job_id = job_id
         self.timeout_s = timeout_s
+        # Registering writes the job to the agent's store before it is held: on a
+        # loaded host that took over 1 s, and a registration cut off at the RPC
+        # timeout left the job's first steps without the agent's decision.
+        self.register_timeout_s = register_timeout_s
         self.poll_interval_s = poll_interval_s
         self.retry_max_s = retry_max_s
         self.nodes_wait_s = nodes_wait_s
@@ -168,7 +173,7 @@ class AgentClient:
         if not self._ends_job:
             _warn_not_rank_zero(job_id)
         self._stop = threading.Event()
-        self._answered = threading.Event()  # the first registration answer (or refusal) came
+        self._first_try_done = threading.Event()  # the first registration answered, refused or failed
         self._channel = (grpc.secure_channel(self.target, credentials) if credentials
                          else grpc.insecure_channel(self.target))
         self._stub = pb_grpc.AgentStub(self._channel)
@@ -186,10 +191,11 @@ class AgentClient:
         time) the job registers again, with them.
 
         The hook calls it once when it is built, before the first step, and it waits
-        there (at most `timeout_s`) for the agent's first answer, so that the job's
-        first agreement already carries the agent's decision."""
+        there for the first registration to end (at most `register_timeout_s`; an
+        agent that is not there fails it at once), so that the job's first
+        agreement already carries the agent's decision."""
         self._take_nodes(nodes)
-        self._answered.wait(self.timeout_s)
+        self._first_try_done.wait(self.register_timeout_s)
 
     def _take_nodes(self, nodes: Sequence[str]) -> None:
         if not self._nodes_given and not nodes:
@@ -274,11 +280,15 @@ class AgentClient:
                         self.job_id, self.nodes_wait_s, extra={"fields": {"job": self.job_id}})
 
     def _do_register(self) -> None:
-        response = self._stub.RegisterJob(self._register, timeout=self.timeout_s)
+        try:
+            response = self._stub.RegisterJob(self._register, timeout=self.register_timeout_s)
+        except grpc.RpcError:
+            self._first_try_done.set()  # the job starts on its own decision (dense); retried
+            raise
         self._registered = self._ever_registered = True
         self.refusal = None
         self._adopt(response.decision)
-        self._answered.set()
+        self._first_try_done.set()
         if response.replaced:
             log.warning("job %s replaced its earlier registration at the agent (changed: %s); "
                         "its policy starts anew", self.job_id, ", ".join(response.changed),
@@ -370,7 +380,6 @@ class AgentClient:
                       extra={"fields": {"job": self.job_id, "error": exc.details()}})
         self.refusal = exc.details()
         self.reachable = True
-        self._answered.set()
         self._stop.wait(self.retry_max_s)
         return self.retry_max_s
 

@@ -152,6 +152,34 @@ def test_agent_absent_at_start(tmp_path: Path) -> None:
         agent.stop()
 
 
+def test_the_hooks_first_wait_outlasts_a_registration_slower_than_the_rpc_timeout(agent: AgentProcess) -> None:
+    # A registration writes the job to the agent's store first: beside two CPU
+    # hogs it took over 1 s, the RPC timeout, and the README torchrun job then ran
+    # its first 11 steps without the agent's decision. Here the agent is starved
+    # (SIGSTOP) for 1 s, over three RPC timeouts.
+    agent.pause()
+    threading.Timer(1.0, agent.resume).start()
+    client = client_for(agent, "slow-register", policy="dense", timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        client.use_nodes(["127.0.0.1"])
+        assert time.monotonic() - t0 >= 0.9
+        assert client.latest() is not None  # the first agreement carries the agent's decision
+    finally:
+        client.close()
+
+
+def test_the_hooks_first_wait_ends_at_once_when_no_agent_is_there(tmp_path: Path) -> None:
+    client = client_for(AgentProcess(tmp_path), "no-agent", policy="dense", register_timeout_s=30.0)
+    try:
+        t0 = time.monotonic()
+        client.use_nodes(["127.0.0.1"])
+        assert time.monotonic() - t0 < scaled(5)  # not the 30 s a slow agent would be given
+        assert client.latest() is None
+    finally:
+        client.close()
+
+
 def test_close_ends_the_job_at_an_agent_slower_than_the_rpc_timeout(agent: AgentProcess) -> None:
     # A starved agent (SIGSTOP for 1.5 s, five RPC timeouts) answers the end late:
     # with the end held to the RPC timeout, a CI run beside two CPU hogs left

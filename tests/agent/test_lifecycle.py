@@ -335,3 +335,42 @@ def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_sho
         await persister.close()
 
     asyncio.run(scenario())
+
+
+def test_a_registration_its_caller_left_still_holds_the_job_and_the_retry_resumes_it(
+        tmp_path: Path, monkeypatch) -> None:
+    """In-process (a real store): the store write is slow and the caller leaves
+    mid-write (a client past its deadline). The registration runs on: the job is
+    held and written, and the client's second try, which waited its turn, resumes
+    that job rather than meeting a row not held or racing in a second policy."""
+    async def scenario() -> None:
+        persister = Persister(str(tmp_path / "a.db"))
+        await persister.open()
+        jobs = Jobs(4)
+        lifecycle = JobLifecycle(jobs, NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None), persister,
+                                 Metrics(), policy_for)
+        writing, release = asyncio.Event(), asyncio.Event()
+        real_save = persister.save_registration
+
+        async def slow_save(job: object) -> None:
+            writing.set()
+            await release.wait()
+            await real_save(job)
+
+        monkeypatch.setattr(persister, "save_registration", slow_save)
+        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                       policy="moo")
+        first = asyncio.create_task(lifecycle.register(spec, replace=True))
+        await writing.wait()
+        first.cancel()
+        retry = asyncio.create_task(lifecycle.register(spec, replace=True))
+        await asyncio.sleep(0.05)
+        assert first.cancelled() and not retry.done()  # the retry waits for the first to end
+        release.set()
+        again = await retry
+        assert again.resumed and jobs.find("j") is again.job
+        assert [record.job_id for record in persister.store.jobs()] == ["j"]
+        assert len(persister.store.decisions("j")) == 1  # written once, by the registration that ran
+        await persister.close()
+
+    asyncio.run(scenario())
