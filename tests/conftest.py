@@ -4,7 +4,8 @@ Tests that need root and network namespaces are marked `privileged` and use the
 `privileged` fixture: they skip (saying why) when not root, but under
 FLEXCOMM_REQUIRE_PRIVILEGED=1 (exported by .ci/run) such a skip is a failure.
 
-Every test ends the processes it started (`no_process_left_behind`), the
+Every test ends the processes it started (`no_process_left_behind`) and they
+write their temporary files under pytest's base folder, the
 processes it starts hear Ctrl-C however the run was started (`pytest_configure`), and every
 deadline, pytest-timeout's included, is scaled to the host's load
 (support/waiting.py): a busy machine makes the suite slower, not red.
@@ -40,6 +41,20 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
     from pytest_timeout import pytest_timeout_set_timer as set_timer
 
     return set_timer(item, settings._replace(timeout=scaled(settings.timeout)))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def children_write_temporary_files_under_pytests_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """$TMPDIR for every process the tests start: torchrun leaves a
+    `torchelastic_*` folder in the temporary directory per run (91 in /tmp after a
+    few suites); under pytest's base folder they go with its old runs."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("children-tmp"))
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = before
 
 
 @pytest.fixture(autouse=True)
