@@ -24,6 +24,7 @@ from flexcomm.policy.types import LinkBucket
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import ClientAuth, ServerAuth
 from flexcomm.probe.scheduler import DUTY_CYCLE, LOOK_DUTY_CYCLE
+from flexcomm.probe.train import DEFAULT_LOOK_PORT
 from flexcomm.units import parse_duration, require_finite_positive
 
 ENV_PREFIX = "FLEXCOMM_AGENT_"
@@ -74,13 +75,16 @@ class AgentConfig:
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
     probe_sized_test_s: float = 0.15
-    # Looks (64 KB tests: has the path moved?) for jobs whose syncs cannot show it
-    # take at most this share of wall time; 0: none.
+    # Looks (a 256 KB packet train: has the path moved?) for jobs whose syncs cannot
+    # show it take at most this share of wall time; 0: none.
     probe_look_duty_cycle: float = LOOK_DUTY_CYCLE
     # A job's first estimate may start from a probe of its peers at most this old.
     max_probe_age_s: float = 60.0
     probe_port: int = 5201
-    # Run iperf3 servers on probe_port for the other nodes' agents.
+    # UDP port of every node's look server (packet trains).
+    probe_look_port: int = DEFAULT_LOOK_PORT
+    # Run iperf3 servers on probe_port, and look servers on probe_look_port, for the
+    # other nodes' agents.
     probe_serve: bool = True
     # Where they listen: comma-separated addresses or networks of this node ("10.0.0.0/24"),
     # one server per matching address; "" = the addresses the jobs' nodes reach this node by.
@@ -142,8 +146,9 @@ class AgentConfig:
         if not (math.isfinite(self.probe_sized_test_s) and 0 <= self.probe_sized_test_s <= self.probe_test_duration_s):
             raise ValueError(f"probe_sized_test_s: must be in [0, probe_test_duration_s], "
                              f"got {self.probe_sized_test_s!r}")
-        if not 0 < self.probe_port < 65536:
-            raise ValueError(f"probe_port: must be in 1..65535, got {self.probe_port}")
+        for name in ("probe_port", "probe_look_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise ValueError(f"{name}: must be in 1..65535, got {getattr(self, name)}")
         self.link_bucket()
         if self.max_jobs < 1:
             raise ValueError(f"max_jobs: must be >= 1, got {self.max_jobs}")

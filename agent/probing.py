@@ -1,4 +1,4 @@
-"""Probing the nodes of the registered jobs, and serving this node's iperf3.
+"""Probing the nodes of the registered jobs, and serving this node's iperf3 and looks.
 
 One probe scheduler (flexcomm.probe.scheduler) runs in its own thread for the
 agent's lifetime over the union of every job's nodes (this host's own addresses
@@ -8,9 +8,10 @@ Measurements are stored by the scheduler and handed to the event loop
 (`on_measurement`), as is the start of each bandwidth test (`on_bandwidth_start`);
 `request_bandwidth` asks for tests now, `request_looks` for looks.
 
-The agent also keeps iperf3 servers on `probe_port` so that the agents of
-other nodes can measure the path to this one, bound only to the addresses the
-jobs' nodes reach this node by, or to `probe_serve_bind` (flexcomm.probe.serving).
+The agent also keeps iperf3 servers on `probe_port` (and look servers on UDP
+`probe_look_port`) so that the agents of other nodes can measure the path to
+this one, bound only to the addresses the jobs' nodes reach this node by, or to
+`probe_serve_bind` (flexcomm.probe.serving).
 Without the iperf3 binary that is said once and the agent serves on (latency
 probes need no iperf3).
 """
@@ -39,7 +40,7 @@ class Probing:
     def __init__(self, config: AgentConfig, on_measurement: Callable[[Measurement], None],
                  on_bandwidth_start: Callable[[str, float | None], None]) -> None:
         self.probe_config = ProbeConfig(
-            iperf_port=config.probe_port, latency_port=config.probe_port,
+            iperf_port=config.probe_port, latency_port=config.probe_port, look_port=config.probe_look_port,
             latency_interval_s=config.probe_interval_s,
             bandwidth_interval_s=config.probe_bandwidth_interval_s,
             test_duration_s=config.probe_test_duration_s, sized_test_s=config.probe_sized_test_s,
@@ -47,7 +48,7 @@ class Probing:
             auth=config.client_auth())
         self.on_measurement = on_measurement
         self.on_bandwidth_start = on_bandwidth_start
-        self.servers = (ProbeServers(config.probe_port, auth=config.server_auth(),
+        self.servers = (ProbeServers(config.probe_port, look_port=config.probe_look_port, auth=config.server_auth(),
                                      networks=parse_networks("probe_serve_bind", config.probe_serve_bind))
                         if config.probe_serve else None)
         self.scheduler: ProbeScheduler | None = None

@@ -155,9 +155,12 @@ class Agent:
         assert self.probing is not None
         await self.probing.update_peers(self._job_nodes())
 
-    def _iperf3_listeners(self) -> list[str]:
+    def _probe_listeners(self) -> list[tuple[str, str]]:
         servers = self.probing.servers if self.probing is not None else None
-        return servers.listeners() if servers is not None else []
+        if servers is None:
+            return []
+        return ([("iperf3", a) for a in servers.listeners()] +
+                [("looks (udp)", a) for a in servers.look_listeners()])
 
     def _record_emulation_step(self, step: EmulationStep) -> None:
         store = self.persister.store
@@ -225,7 +228,7 @@ class Agent:
         if self.metrics_port is not None:
             host, _ = split_host_port("metrics", self.config.metrics)
             out.append(("metrics", listen_address(host, self.metrics_port)))
-        out += [("iperf3", address) for address in self._iperf3_listeners()]
+        out += self._probe_listeners()
         return out
 
     def info(self) -> pb.AgentInfo:

@@ -74,12 +74,12 @@ option. Both are fitted together, with forgetting:
   the one and 2 s after the other, and its test left no duty budget for the
   next recovery).
 - Syncs that showed nothing of the path for `look_after_s` (all burst-sized, or
-  too wide to read it) want a look (`wants_look`): a test of a few tens of KB,
-  a few ms on a fast path, 42 ms at 20 Mbit/s. One that reads faster than the
-  figure by `level_shift` (allowing for the burst it may read, `look_overread`)
-  asks for a probe, and so do two in a row that read slower (a look shares the
-  link with the job's syncs); one that agrees counts as a look at the path for
-  the aged ask.
+  too wide to read it) want a look (`wants_look`): a train of LOOK_BYTES timed
+  by the receiving kernel, 2 ms of the link at 1 Gbit/s, 105 ms at 20 Mbit/s.
+  One that reads faster than the figure by `level_shift` (allowing for a burst
+  it may read, `look_overread`) is the figure; two in a row that read slower
+  ask for a probe (a look shares the link with the job's syncs); one that
+  agrees counts as a look at the path for the aged ask.
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A probe that reads faster, or agrees, confirms; one that reads slower while
@@ -115,7 +115,7 @@ from flexcomm.policy.types import (
 
 # A sync reported faster than this measured nothing (a clock's resolution).
 MIN_SYNC_S = 1e-6
-SYNC, SYNC_BOUND, PROBE, REPORT = "sync", "sync (lower bound)", "probe", "report"
+SYNC, SYNC_BOUND, PROBE, REPORT, LOOK = "sync", "sync (lower bound)", "probe", "report", "look"
 PROBE_SHARED = "probe (shared with the job)"
 STATE_FORMAT = 2
 # A policy is shown the estimate's age in whole steps of this: an age that moved
@@ -164,18 +164,16 @@ def relative_change(old: float, new: float) -> float:
 # HTB links passed 16 KB segments so, and Top-k syncs of a few KB read 67 Mbit/s
 # "at least" on a 10 Mbit/s link. A sync of no more says nothing of the link.
 BURST_BYTES = 65536.0
-# A look (a test of a few tens of KB) reads up to this times the path's rate: 1.2x
-# at 20-33 Mbit/s, 1.27x at 160 and 1.48x at 1 Gbit/s on the lab's HTB links.
-LOOK_OVERREAD = 1.5
-# A look's size: on the lab's HTB links 64 KB took 7 ms at 1 Gbit/s (reading 1.48x,
-# the burst), 12 ms at 160 Mbit/s (1.27x), 27 ms at 33 and 42 ms at 20 (1.20x);
-# 32 KB took as long (iperf3's own exchanges), 256 KB 2.6x as long at 20 Mbit/s.
-LOOK_BYTES = 64 << 10
-# What a busy host adds to a look's time: beside a test suite, 64 KB looks at
-# 160-980 Mbit/s read 0.08-0.74x the path, up to 27 ms late; in the cnn lab's
-# runs looks at 410 Mbit/s came 7-23 ms late. Late by time, not by a ratio: on a
-# fast path the same stall is a tenfold misreading.
-LOOK_STALL_S = 0.04
+# A look is a train of this many bytes timed by the receiving kernel
+# (probe/train.py). Through the lab's HTB links beside a busy host's load, read
+# through the link's bucket: 0.93-0.97x the rate at 20-980 Mbit/s (min 0.88);
+# 64 KB trains read 1.5-1.9x at 980 (the shaper's timer passes them in clumps),
+# and 64 KB iperf3 tests 0.05-1.1x at 160-980.
+LOOK_BYTES = 256 << 10
+# A look reads up to this times the path's rate where the path has a token bucket
+# the estimate was not told of: the lab's trains read its 1.2x peak (1.167 of
+# UDP payload).
+LOOK_OVERREAD = 1.2
 
 
 @dataclass(frozen=True)
@@ -199,13 +197,11 @@ class LinkEstimateConfig:
     level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
     look_after_s: float = 2.0  # syncs that showed nothing of the path this long want a look
     look_overread: float = LOOK_OVERREAD
-    look_stall_s: float = LOOK_STALL_S  # a look later than the figure by no more says nothing
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
                      "level_shift", "look_after_s"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
-        check_range("look_stall_s", self.look_stall_s, 0.0, math.inf)
         for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
         check_range("burst_bytes", self.burst_bytes, 0.0, math.inf)
@@ -752,29 +748,33 @@ class LinkEstimate:
             self.probe_pending = beta
             self.ask("a slower probe, read again")
 
-    def observe_look(self, beta: float, ts: float) -> None:
-        """A look at the job's path (a test of LOOK_BYTES, which reads up to
-        `look_overread` times its rate): beyond the figure by `level_shift` either
-        way, the path moved and a probe is asked for (the look's reading is what
-        the move would mean); else the figure stands, as of now. Slower counts
-        only where the look also took `look_stall_s` longer than the figure puts
-        it at: a busy host delays a look by tens of ms, whatever the path, so on
-        a fast path a slower look says nothing (in the cnn lab's runs two of
-        three asks from looks at 410 Mbit/s, read at 23-70, went to probes that
-        read the figure). A slower look must be read twice in a row: one that
-        shares the link with the job's syncs reads what they left of it (in the
-        cnn lab half the slower looks were a dense or Top-k 0.1 job's syncs at
-        160 Mbit/s, and each asked a probe that read the path as the figure
-        said)."""
+    def observe_look(self, beta: float, ts: float, slowest: float | None = None) -> None:
+        """A look at the job's path (a train of LOOK_BYTES, read through the link's
+        token bucket; it reads up to `look_overread` times the rate of a bucket the
+        estimate was not told of). `slowest`: where the job has several paths, the
+        slowest of recent looks at each (inf while one has none); else this look.
+
+        Faster than the figure by `level_shift` (and that overread) on every path:
+        the path moved, and the slowest reading is the figure, with no probe to
+        wait for (a train is timed by the receiving kernel, not by a process a
+        busy host starves). Faster on this path alone: a probe is asked for.
+        Slower by `level_shift` on this path, twice in a row: a probe is asked
+        for, since a look that shares the link with the job's syncs reads what
+        they left of it (in the cnn lab half the slower looks were a dense or
+        Top-k 0.1 job's syncs at 160 Mbit/s, and each asked a probe that read the
+        path as the figure said). Else the figure stands, as of now."""
         figure = self.beta_s_per_byte
         if figure is None:
             return
+        beta = self._looked_beta(beta)
+        every = beta if slowest is None else self._looked_beta(slowest)
         shift = 1 + self.config.level_shift
         slower = beta >= figure * shift
-        if slower and (beta - figure) * LOOK_BYTES <= self.config.look_stall_s:
-            return  # as late as a busy host makes any look: neither a move nor the figure
-        if beta * shift * self.config.look_overread <= figure:
-            self.suspect_beta = beta * self.config.look_overread
+        if every * shift * self.config.look_overread <= figure:
+            self._set(every, LOOK, ts)
+            self.looked = ts
+        elif beta * shift * self.config.look_overread <= figure:
+            self.suspect_beta = beta
             self.ask("a look read faster")
         elif slower and self.look_pending:
             self.suspect_beta = beta
@@ -782,6 +782,10 @@ class LinkEstimate:
         elif not slower:
             self.looked = ts
         self.look_pending = slower and not self.look_pending
+
+    def _looked_beta(self, beta: float) -> float:
+        """A look's reading through the link's bucket (a train of LOOK_BYTES)."""
+        return self._beta(beta * LOOK_BYTES, LOOK_BYTES) if math.isfinite(beta) else beta
 
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""

@@ -39,6 +39,11 @@ from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, ch
 from flexcomm.store.records import BANDWIDTH, LATENCY, LOOK, PASSIVE, Measurement
 
 ALPHA_BURSTS = 5
+# Looks at a job's several peers within this long stand together for its path: the
+# scheduler looks at them in turn, one every 0.9 s at most at 1 Gbit/s (LOOK_DUTY_CYCLE).
+# An older look slower than the path holds a recovery back only until that peer is
+# looked at again; the slowest is taken, so none makes a path seem faster than it is.
+LOOK_SPAN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class PeerPath:
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
     looked: float | None = None  # the last look
+    look_beta: float | None = None  # what it read (a train's figure, before the bucket)
     failures: int = 0
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
@@ -91,8 +97,8 @@ class PeerPath:
             if value is not None:
                 setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
         self.updated = ts
-        if m.kind == LOOK:
-            self.looked = ts  # a look reads whether the path moved, not its rate
+        if m.kind == LOOK:  # the job's estimate judges it: not the probed rate
+            self.looked, self.look_beta = ts, m.beta_s_per_byte
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
         old, new = self.beta_s_per_byte, m.beta_s_per_byte
@@ -138,13 +144,16 @@ class Estimator:
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
         """One probe's measurement; the jobs whose paths it measured. `shared`: the
         jobs that synced over the path while the test ran (LinkEstimate.observe_probe).
-        A look goes to those jobs' estimates alone (`LinkEstimate.observe_look`)."""
+        A look goes to those jobs' estimates alone (`LinkEstimate.observe_look`),
+        with the slowest of the latest looks at each of the job's peers within
+        LOOK_SPAN_S (inf while one has none)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         if m.kind == LOOK and m.beta_s_per_byte:
             for job_id in affected:
                 job = self.jobs[job_id]
-                job.observe_look(m.beta_s_per_byte, job.trained_s)
+                job.observe_look(m.beta_s_per_byte, job.trained_s,
+                                 self._slowest_look(self.job_peers[job_id], since=ts - LOOK_SPAN_S))
         for job_id in affected if bandwidth else ():
             since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)
@@ -182,6 +191,13 @@ class Estimator:
         betas = [p.beta_s_per_byte for p in (self.peers.get(a) for a in peers)
                  if p is not None and p.beta_s_per_byte and p.measured is not None and p.measured >= since]
         return max(betas) if betas else None
+
+    def _slowest_look(self, peers: Sequence[str], since: float) -> float:
+        """The slowest of the latest looks at `peers` since `since`; inf unless every one has one."""
+        paths = [self.peers.get(a) for a in peers]
+        if any(p is None or p.look_beta is None or p.looked is None or p.looked < since for p in paths):
+            return math.inf
+        return max(p.look_beta for p in paths)
 
     def _alpha(self, job_id: str) -> float | None:
         alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))

@@ -36,12 +36,14 @@ Rules:
   (0.91-1.13x the shaped rate of 10, 100 and 1000 Mbit/s links, ended at 1.5-4 s;
   the first second holds the socket buffer filling, 2x); ended before that, it
   is a failed test. With `sized_test_s` 0 every test runs `test_duration_s`.
-- A look (`request_look`) is one test of LOOK_BYTES: whether a path moved, for
-  a job whose syncs cannot show it (too small, or mostly the host's work), run
-  while the ask is fresh (LOOK_FRESH_S). Looks share the duty budget, and after
-  each the next waits 1 / `look_duty_cycle` times as long as it took (a look
-  takes 7 ms at 1 Gbit/s, 42 ms at 20 Mbit/s: with the default 0.25%, one every
-  2.8 and 17 s at most).
+- A look (`request_look`) is one packet train of LOOK_BYTES to the peer's look
+  server (probe/train.py): whether a path moved, for a job whose syncs cannot
+  show it (too small, or mostly the host's work), run while the ask is fresh
+  (LOOK_FRESH_S). Looks share the duty budget, charged the time their train
+  held the link (the receiver's stamps say), and after each the next waits
+  1 / `look_duty_cycle` times as long (a look holds 2 ms of a 1 Gbit/s link,
+  105 ms of a 20 Mbit/s one: with the default 0.25%, one every 0.9 and 42 s at
+  most). A look that read nothing (no answer) is charged the whole wait.
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
@@ -78,6 +80,7 @@ from flexcomm.policy.linkestimate import LOOK_BYTES
 from flexcomm.probe.addresses import is_local
 from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, IperfTimeout, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
+from flexcomm.probe.train import DEFAULT_LOOK_PORT, train_look
 from flexcomm.store import BANDWIDTH, LATENCY, LOOK, Measurement, Store
 
 log = logging.getLogger(__name__)
@@ -96,6 +99,8 @@ LONG_ENOUGH = 2 / 3
 SIZED_TESTS = 2
 # What the budget reckons a look at before it runs (charged what it took).
 LOOK_RECKONED_S = 0.05
+# A look's answer later than this is none: its train is 105 ms at 20 Mbit/s.
+LOOK_TIMEOUT_S = 1.0
 # A look asked for longer ago than this is no longer wanted: a job's estimate asks
 # at every report message while its syncs show nothing of the path (run later, a
 # dense job's look asked on an 820 Mbit/s link, where its syncs were mostly the
@@ -113,6 +118,7 @@ class ProbeConfig:
 
     iperf_port: int = DEFAULT_PORT
     latency_port: int = DEFAULT_PORT
+    look_port: int = DEFAULT_LOOK_PORT  # UDP, the peers' look servers
     test_duration_s: float = 1.0
     # 0: every test runs test_duration_s. A 0.15 s test read 0.98-1.03x the shaped
     # rate of the lab's 100 and 1000 Mbit/s links (TCP's goodput is 0.956x).
@@ -183,10 +189,11 @@ def iperf_probe(config: ProbeConfig) -> Probe:
     return sized_probe(test, config.sized_test_s)
 
 
-def iperf_look(config: ProbeConfig) -> Probe:
-    """The real look: one iperf3 test of LOOK_BYTES."""
-    test = iperf_test(config)
-    return lambda peer: test(peer, LOOK_BYTES)
+def packet_train_look(config: ProbeConfig) -> Probe:
+    """The real look: one packet train of LOOK_BYTES, its duration_s the time it
+    held the link; raises TrainLookError when it read nothing."""
+    return lambda peer: train_look(peer, config.look_port, LOOK_BYTES, timeout_s=LOOK_TIMEOUT_S,
+                                   netns=config.netns)
 
 
 def sized_probe(test: Callable[[str, int | None], Measurement], sized_test_s: float) -> Probe:
@@ -326,7 +333,7 @@ class ProbeScheduler:
         self.skipped: tuple[str, ...] = ()  # this host's own addresses among the peers asked for
         self.bandwidth_probe = bandwidth_probe or iperf_probe(self.config)
         self.latency_probe = latency_probe or tcp_latency_probe(self.config)
-        self.look_probe = look_probe or iperf_look(self.config)
+        self.look_probe = look_probe or packet_train_look(self.config)
         self.clock = clock
         self.rng = rng or random.Random()
         self.locks = locks
@@ -443,12 +450,10 @@ class ProbeScheduler:
         first = self.clock()
         try:
             m = self.measure_bandwidth(peer, look=True)
-        except IperfBusy as exc:
+        except IperfBusy as exc:  # another test holds the peer: nothing ran
             log.info("%s; the look waits for the next ask", exc)
             return
-        finally:
-            took = self.clock() - first
-            self.next_look = max(self.next_look, first) + took / self.config.look_duty_cycle
+        self.next_look = max(self.next_look, first) + (m.duration_s or 0.0) / self.config.look_duty_cycle
         self._record(m)
 
     def _bandwidth_turn(self, peer: str, sched: PeerSchedule) -> None:
@@ -480,19 +485,24 @@ class ProbeScheduler:
             try:
                 m = self.look_probe(peer) if look else self.bandwidth_probe(peer)
             except IperfBusy:
+                self._charge(start, self.clock() - start)
                 self._announce(peer, None)  # the peer's server turned it away: no test ran
                 raise
             except IperfTimeout as cut:
                 m = cut_off_measurement(peer, cut)
             except Exception as exc:  # a failed probe is data, and the schedule goes on
                 m = failed(peer, BANDWIDTH, exc)
-            finally:
-                elapsed = self.clock() - start
-                with self._lock:
-                    self.budget.charge(start, elapsed)
-        # what the budget charged: iperf3's own figure leaves out its start-up, and a
-        # failed test (killed at its timeout, say) held the link all the same
-        return dataclasses.replace(m, duration_s=elapsed, kind=LOOK if look else m.kind)
+            elapsed = self.clock() - start
+        # What the budget charges: a look's train, the time it held the link; a
+        # test, the whole call (iperf3's own figure leaves out its start-up), and a
+        # failed one (killed at its timeout, say) held the link all the same.
+        held = m.duration_s if look and m.ok and m.duration_s is not None else elapsed
+        self._charge(start, held)
+        return dataclasses.replace(m, duration_s=held, kind=LOOK if look else m.kind)
+
+    def _charge(self, start: float, seconds: float) -> None:
+        with self._lock:
+            self.budget.charge(start, seconds)
 
     def _announce(self, peer: str, start: float | None) -> None:
         if self.on_bandwidth_start is not None:

@@ -38,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--probe-bandwidth-interval", dest="probe_bandwidth_interval_s",
                    help="bandwidth tests, e.g. 5min")
     p.add_argument("--probe-port", type=int, help="iperf3 port of every node (default 5201)")
+    p.add_argument("--probe-look-port", type=int, help="UDP port of every node's look server (default 5202)")
     p.add_argument("--probe-serve-bind", dest="probe_serve_bind",
                    help="serve iperf3 on these addresses or networks, e.g. 10.0.0.0/24 (default: the "
                    "addresses the jobs' nodes reach this node by)")
@@ -57,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 _FLAGS = ("socket", "socket_group", "tcp", "tls_cert", "tls_key", "tls_client_ca", "db", "move_damaged_db", "metrics",
           "flush_interval_s", "retention_s", "probe", "probe_interval_s", "probe_bandwidth_interval_s", "probe_port",
-          "probe_serve_bind", "job_idle_expiry_s",
+          "probe_look_port", "probe_serve_bind", "job_idle_expiry_s",
           "link_peak_over_rate", "link_burst_s", "emulation_schedule",
           "emulation_interface", "emulation_netns", "log_level", "log_format")
 

@@ -261,6 +261,31 @@ async def three_node_job(feed: NetworkFeed, grad_bytes: int, read_bps: float, re
     return job
 
 
+def test_looks_at_every_peer_of_a_job_are_its_figure_without_a_probe():
+    # As above, the looks going to each of the job's three peers in turn: once
+    # every path has a recent one, the slowest is the figure.
+    async def recovered() -> tuple[Job, list[object]]:
+        feed, probes, _ = recording_feed()
+        job = await three_node_job(feed, 1_000_000, 33e6, read_ago_s=5)
+        for i in range(30):
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
+        probes.clear()
+        for peer, rate in zip(THREE_NODES, (600e6, 450e6, 500e6), strict=True):
+            feed.bandwidth_started(peer, time.time())
+            feed.measured(Measurement(peer=peer, kind=LOOK, ok=True, beta_s_per_byte=8 / rate, duration_s=0.004,
+                                      ts=time.time()))
+            if peer != THREE_NODES[-1]:
+                assert job.estimate.probe_reason == "a look read faster"  # not yet every path
+                assert job.estimate.bandwidth_bps == pytest.approx(33e6)
+                probes.clear()
+        return job, probes
+
+    job, probes = asyncio.run(recovered())
+    assert job.estimate.evidence == "look", (job.estimate.probe_reason, probes)
+    assert not probes
+    assert job.estimate.bandwidth_bps == pytest.approx(450e6)
+
+
 def test_burst_sized_syncs_that_speed_up_ask_for_a_probe_whose_reading_is_taken():
     # The default lab's Top-k 0.01 job: its 40 KB syncs are within the link's
     # burst, so they read no rate, but their time fell when the link recovered.
@@ -301,9 +326,9 @@ def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
 
 def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks_for_a_probe():
     # The cnn lab's MOO on PowerSGD rank 2 after a 33 Mbit/s phase: burst-sized
-    # syncs at a steady pace whatever the link does. A look (a test of a few tens
-    # of KB, which may read the shaper's burst) finds the recovery; the probe it
-    # asks for reads it.
+    # syncs at a steady pace whatever the link does. A look at one of the job's
+    # two peers finds the recovery, which it cannot say for the other path; the
+    # probe it asks for reads it.
     async def recovered() -> tuple[NetworkFeed, list[object]]:
         feed, probes, looks = recording_feed()
         job = await three_node_job(feed, 1_000_000, 33e6, read_ago_s=5)
@@ -315,7 +340,7 @@ def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks
         feed.bandwidth_started(peer, time.time())
         feed.measured(Measurement(peer=peer, kind=LOOK, ok=True, beta_s_per_byte=8 / 600e6,
                                   duration_s=0.01, ts=time.time()))
-        assert feed.estimator.peer("10.99.0.2").bandwidth_bps == pytest.approx(33e6)  # a look reads no rate
+        assert feed.estimator.peer("10.99.0.2").bandwidth_bps == pytest.approx(33e6)  # not the probed rate
         assert probes and job.estimate.probe_reason == "a look read faster"
         feed.reported(job, [StepReport(step=30, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
         assert looks[-1] != [peer]  # the next look goes to a peer not looked at yet

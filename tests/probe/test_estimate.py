@@ -9,7 +9,7 @@ import pytest
 
 from flexcomm.policy.linkestimate import AGE_STEP_S
 from flexcomm.policy.types import LinkBucket, StepReport
-from flexcomm.probe.estimate import EstimateConfig, Estimator, PeerPath
+from flexcomm.probe.estimate import LOOK_SPAN_S, EstimateConfig, Estimator, PeerPath
 from flexcomm.store import Measurement
 
 NODES = 4
@@ -95,3 +95,24 @@ def test_after_a_suspected_move_only_peers_tested_since_stand_for_the_path():
     est.moved_since("j", 3.0)  # an older suspicion moves nothing back
     est.observe(bandwidth("p2", 950e6), ts=16.0)
     assert est.jobs["j"].bandwidth_bps == pytest.approx(950e6)
+
+
+def look(peer: str, bps: float) -> Measurement:
+    return Measurement(peer=peer, kind="look", bandwidth_bps=bps, beta_s_per_byte=8 / bps)
+
+
+def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_slowest():
+    # Through the lab's bucket a 256 KB train at the 1.2x peak (1.167 of UDP
+    # payload) reads 0.97x the rate.
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2"), ts=0.0)
+    est.observe(bandwidth("p1", 20e6), ts=1.0)
+    est.observe(bandwidth("p2", 20e6), ts=1.0)
+    est.observe(look("p1", 1.167 * 900e6), ts=2.0)  # p2 may still be at 20
+    job = est.jobs["j"]
+    assert job.bandwidth_bps == pytest.approx(20e6) and job.probe_reason == "a look read faster"
+    est.observe(look("p2", 1.167 * 400e6), ts=2.0 + LOOK_SPAN_S + 0.1)  # p1's look is too old to stand
+    assert job.bandwidth_bps == pytest.approx(20e6)
+    est.observe(look("p1", 1.167 * 900e6), ts=LOOK_SPAN_S + 3.0)
+    assert job.bandwidth_bps == pytest.approx(0.972 * 400e6, rel=0.01) and job.evidence == "look"
+    assert est.peer("p1").bandwidth_bps == pytest.approx(20e6)  # a look is the job's, not the probed rate

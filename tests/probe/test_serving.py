@@ -1,14 +1,18 @@
-"""This node's iperf3 servers follow the peers' addresses, one real `iperf3 -s`
-per address and never the wildcard; configured networks take precedence."""
+"""This node's iperf3 and look servers follow the peers' addresses, one real
+`iperf3 -s` and one look server per address and never the wildcard; configured
+networks take precedence."""
 
 from __future__ import annotations
 
 import socket
 
+import pytest
+
 from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import listening
 from flexcomm.probe.serving import ProbeServers, listen_address
-from support.agent_process import free_port
+from flexcomm.probe.train import TrainLookError, train_look
+from support.agent_process import free_port, free_udp_port
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -24,17 +28,22 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_servers_follow_the_peers_and_stop(iperf3_binary) -> None:
-    port = free_port()
-    servers = ProbeServers(port)
+    port, look_port = free_port(), free_udp_port()
+    servers = ProbeServers(port, look_port=look_port)
     try:
         assert servers.serve_for(()) == () and listening_addresses(port) == set()
         assert servers.serve_for(["127.0.0.1", "unresolvable.invalid"]) == ("127.0.0.1",)
         assert servers.listeners() == [f"127.0.0.1:{port}"]
+        assert servers.look_listeners() == [f"127.0.0.1:{look_port}"]
+        assert train_look("127.0.0.1", look_port, 64 << 10).ok
         pid = servers._servers["127.0.0.1"].pid
         assert listening(pid, port) and listening_addresses(port) == {"127.0.0.1"}
         servers.serve_for(["127.0.0.1"])  # unchanged: the same process serves on
         assert servers._servers["127.0.0.1"].pid == pid
         assert servers.serve_for([]) == () and listening_addresses(port) == set()
+        assert servers.look_listeners() == []
+        with pytest.raises(TrainLookError, match="nothing serves looks there"):
+            train_look("127.0.0.1", look_port, 64 << 10)
     finally:
         servers.stop()
 

@@ -37,6 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class AgentProcess:
     def __init__(self, workdir: Path, *extra: str, env: dict[str, str] | None = None,
                  probe: bool = False) -> None:
@@ -46,6 +52,9 @@ class AgentProcess:
         self.metrics_port = free_port()
         self.extra = list(extra)
         self.probe = probe
+        # a probing agent serves looks: on a port of its own, beside other tests' agents
+        if probe and "--probe-look-port" not in self.extra:
+            self.extra += ["--probe-look-port", str(free_udp_port())]
         # "agent ready" is an info line: an agent started quieter says nothing to wait for
         level = self.extra[self.extra.index("--log-level") + 1] if "--log-level" in self.extra else "info"
         self.says_ready = level in ("debug", "info")
