@@ -41,6 +41,7 @@ bench: bootstrap
 	$(PY) bench/agent_fuzz.py
 	$(PY) bench/agent_durability.py
 	$(PY) bench/shaper_fidelity.py
+	$(PY) bench/looks.py
 	$(PY) bench/job_lifecycle.py
 	$(PY) bench/quality_measures.py
 

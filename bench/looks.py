@@ -3,16 +3,18 @@
 For each rate, two namespaces joined by a veth, segments capped and the sender's
 end shaped as the lab does it (`Shaper`, ceil 1.2x the rate with a 5 ms bucket):
 `--repeats` looks of each kind, one after another, 0.2 s apart:
-- train: `probe.train.train_look` of LOOK_BYTES (and of 64 KB), the receiving
+- look: the agent's look (`probe.scheduler.sized_look`: a small train, then one
+  sized to 4 ms at its reading, at most LOOK_MAX_BYTES);
+- train: one `probe.train.train_look` of 256 KB, and of 64 KB, the receiving
   kernel's stamps;
 - iperf3: a 64 KB iperf3 test, the kind of look before trains.
 Each reading is given over the shaped rate (a short burst crosses at up to the
 ceil, 1.2x; a UDP payload is 0.972 of what the wire carries at MTU 1500, so a
 train inside the ceil reads 1.167) and over what the estimate takes from it
-(`LinkBucket.at_rate_s`, as `LinkEstimate.observe_look` reads it: 1.0 is the
-rate). Figures: median, min and max per kind and rate, and each look's median
-time. Run it on a quiet host and beside load (`--hogs N` CPU hogs) to see what a
-busy host does to each. Needs root. The last printed line is one JSON object.
+(`LinkEstimate.looked_beta`: 1.0 is the rate). Figures: median, min and max per
+kind and rate, and the median time a look held the link (what the duty budget
+is charged; iperf3's: its whole run). Run it on a quiet host and beside load
+(`--hogs N` CPU hogs) to see what a busy host does to each. Needs root. The last printed line is one JSON object.
 
     sudo .venv/bin/python bench/looks.py [--rates 20,160,410,980] [--repeats 8] [--hogs 2]
 """
@@ -29,9 +31,9 @@ import time
 from flexcomm.emulation.shaping import CEIL_OVER_RATE, RATE_BUCKET_SECONDS, LinkState, Shaper
 from flexcomm.lab.cluster import segment_cap
 from flexcomm.lab.netns import cap_segments, netns_pair
-from flexcomm.policy.linkestimate import LOOK_BYTES
 from flexcomm.policy.types import LinkBucket
 from flexcomm.probe.iperf import IperfServer, run_test
+from flexcomm.probe.scheduler import LOOK_MAX_BYTES, sized_look
 from flexcomm.probe.train import TrainServer, train_look
 
 PREFIX, SUBNET, PORT = "fcblk", "10.242.0.0/24", 5298
@@ -44,22 +46,22 @@ def summary(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 3)} if values else {}
 
 
-def looks(kind: str, read, rate_bps: float, bucket: LinkBucket, nbytes: int, repeats: int) -> dict[str, object]:
-    ratios, estimated, seconds, failed = [], [], [], 0
+def looks(kind: str, read, rate_bps: float, bucket: LinkBucket, repeats: int) -> dict[str, object]:
+    """`read()` -> (bits/s, bytes it was read over, seconds it held the link)."""
+    ratios, estimated, held, failed = [], [], [], 0
     for _ in range(repeats):
-        started = time.monotonic()
         try:
-            bps = read()
+            bps, nbytes, held_s = read()
         except Exception:  # a failed look is counted, not a reading
             failed += 1
             continue
         finally:
-            seconds.append(time.monotonic() - started)
             time.sleep(0.2)
         ratios.append(bps / rate_bps)
         estimated.append(nbytes * 8 / bucket.at_rate_s(nbytes * 8 / bps) / rate_bps)
-    return {"kind": kind, "bytes": nbytes, "over_rate": summary(ratios), "as_estimated": summary(estimated),
-            "seconds_median": round(statistics.median(seconds), 4), "failed": failed}
+        held.append(held_s)
+    return {"kind": kind, "over_rate": summary(ratios), "as_estimated": summary(estimated),
+            "held_ms_median": round(1e3 * statistics.median(held), 2) if held else None, "failed": failed}
 
 
 def measure(rate_bps: float, repeats: int) -> list[dict[str, object]]:
@@ -68,17 +70,25 @@ def measure(rate_bps: float, repeats: int) -> list[dict[str, object]]:
         for node in (sender, receiver):
             cap_segments(node.ns, node.ifname, segment_cap(rate_bps))
         Shaper(sender.ifname, netns=sender.ns).apply(LinkState(rate_bps))
+        def train(peer: str, size: int):
+            return train_look(peer, PORT, size, netns=sender.ns)
+
+        def reading(m) -> tuple[float, int, float]:
+            return m.bandwidth_bps, m.bytes_sent, m.duration_s
+
         server = TrainServer(PORT, bind=receiver.address, netns=receiver.ns).start()
         try:
-            rows = [looks(f"train {n >> 10} KB", lambda n=n: train_look(receiver.address, PORT, n,
-                                                                         netns=sender.ns).bandwidth_bps,
-                          rate_bps, bucket, n, repeats) for n in sorted({LOOK_BYTES, SMALL})]
+            rows = [looks("look", lambda: reading(sized_look(train, receiver.address)), rate_bps, bucket, repeats)]
+            rows += [looks(f"train {n >> 10} KB", lambda n=n: reading(train(receiver.address, n)),
+                           rate_bps, bucket, repeats) for n in (LOOK_MAX_BYTES, SMALL)]
         finally:
             server.stop()
         with IperfServer(PORT, bind=receiver.address, netns=receiver.ns):
-            rows.append(looks("iperf3 64 KB", lambda: run_test(receiver.address, port=PORT, bytes_=SMALL,
-                                                                 netns=sender.ns).bandwidth_bps,
-                              rate_bps, bucket, SMALL, repeats))
+            def iperf3_look() -> tuple[float, int, float]:
+                started = time.monotonic()
+                bps = run_test(receiver.address, port=PORT, bytes_=SMALL, netns=sender.ns).bandwidth_bps
+                return bps, SMALL, time.monotonic() - started
+            rows.append(looks("iperf3 64 KB", iperf3_look, rate_bps, bucket, repeats))
     return rows
 
 
@@ -95,13 +105,13 @@ def main() -> None:
             results[f"{rate:g}"] = rows = measure(rate * 1e6, args.repeats)
             for row in rows:
                 print(f"{rate:6g} Mbit/s  {row['kind']:14s} over rate {row['over_rate']}  as estimated "
-                      f"{row['as_estimated']}  {row['seconds_median'] * 1e3:.1f} ms  failed {row['failed']}",
+                      f"{row['as_estimated']}  held {row['held_ms_median']} ms  failed {row['failed']}",
                       flush=True)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    print(json.dumps({"bench": "looks", "repeats": args.repeats, "hogs": args.hogs, "look_bytes": LOOK_BYTES,
+    print(json.dumps({"bench": "looks", "repeats": args.repeats, "hogs": args.hogs, "look_max_bytes": LOOK_MAX_BYTES,
                       "rates_mbit": results}))
 
 

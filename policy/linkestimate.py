@@ -73,9 +73,9 @@ option. Both are fitted together, with forgetting:
   its bound that the syncs showed (in the lm lab the aged ask came 8 s after
   the one and 2 s after the other, and its test left no duty budget for the
   next recovery).
-- Syncs that showed nothing of the path for `look_after_s` (all burst-sized, or
-  too wide to read it) want a look (`wants_look`): a train of LOOK_BYTES timed
-  by the receiving kernel, 2 ms of the link at 1 Gbit/s, 105 ms at 20 Mbit/s.
+- Syncs that showed nothing of the path for `look_after_s` (all burst-sized,
+  too wide to read it, or bounds however they move) want a look (`wants_look`):
+  packet trains timed by the receiving kernel, a few ms of the link.
   One that reads faster than the figure by `level_shift` (allowing for a burst
   it may read, `look_overread`) is the figure; two in a row that read slower
   ask for a probe (a look shares the link with the job's syncs); one that
@@ -164,15 +164,9 @@ def relative_change(old: float, new: float) -> float:
 # HTB links passed 16 KB segments so, and Top-k syncs of a few KB read 67 Mbit/s
 # "at least" on a 10 Mbit/s link. A sync of no more says nothing of the link.
 BURST_BYTES = 65536.0
-# A look is a train of this many bytes timed by the receiving kernel
-# (probe/train.py). Through the lab's HTB links beside a busy host's load, read
-# through the link's bucket: 0.93-0.97x the rate at 20-980 Mbit/s (min 0.88);
-# 64 KB trains read 1.5-1.9x at 980 (the shaper's timer passes them in clumps),
-# and 64 KB iperf3 tests 0.05-1.1x at 160-980.
-LOOK_BYTES = 256 << 10
 # A look reads up to this times the path's rate where the path has a token bucket
-# the estimate was not told of: the lab's trains read its 1.2x peak (1.167 of
-# UDP payload).
+# the estimate was not told of (a plain link configured): the lab's trains read
+# its 1.2x peak (1.167 of UDP payload).
 LOOK_OVERREAD = 1.2
 
 
@@ -295,6 +289,7 @@ class LinkEstimate:
     looked: float | None = None  # when a look last found the path as the figure says
     wants_look: bool = False  # cleared by the owner once it has asked
     look_pending: bool = False  # the last look read slower, to be read again
+    looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -343,10 +338,14 @@ class LinkEstimate:
 
     def _blind_s(self, ts: float) -> float:
         """How long nothing has shown the path: no sync read it as the figure (a
-        confirmation), nor did a look, probe or move (0 while there is no figure)."""
+        confirmation), nor did a look, probe or move to a figure more than a
+        bound (0 while there is no figure). Bounds that move say as little: in
+        the cnn lab PowerSGD's syncs, mostly gloo's own work, bound a 160-980
+        Mbit/s path at 13-55 Mbit/s, a move every second, and no look came for 38 s."""
         if self.beta_s_per_byte is None:
             return 0.0
-        seen = [t for t in (self._looked_at(), self.moved_at) if t is not None]
+        moved = None if self.lower_bound else self.moved_at
+        seen = [t for t in (self._looked_at(), moved) if t is not None]
         return ts - max(seen) if seen else 0.0
 
     def _read_sync(self, form: str, beta_bytes: float, seconds: float, ts: float, reports: int) -> None:
@@ -720,7 +719,7 @@ class LinkEstimate:
         test that read 10 Mbit/s a minute after a drop from 1 Gbit/s was ignored
         and the estimate stayed at 598-953 Mbit/s (a CI run of the short lab)."""
         old, change = self.beta_s_per_byte, self.config.change
-        self.suspect_beta = None  # whatever the burst-sized syncs suspected, this answers
+        self.suspect_beta = self.looking_since = None  # whatever syncs or looks suspected, this answers
         slower_pending = self.streak is not None and self.streak.direction > 0
         if shared and (old is None or beta <= old / (1 + change)):
             self._set(beta, PROBE_SHARED, ts, lower_bound=True)  # the path is at least this fast
@@ -749,15 +748,18 @@ class LinkEstimate:
             self.ask("a slower probe, read again")
 
     def observe_look(self, beta: float, ts: float, slowest: float | None = None) -> None:
-        """A look at the job's path (a train of LOOK_BYTES, read through the link's
-        token bucket; it reads up to `look_overread` times the rate of a bucket the
-        estimate was not told of). `slowest`: where the job has several paths, the
-        slowest of recent looks at each (inf while one has none); else this look.
+        """A look at the job's path, its reading through the link's bucket
+        (`looked_beta`; on a link configured plain it may read up to
+        `look_overread` times the rate of a bucket the estimate was not told
+        of). `slowest`: where the job has several paths, the slowest of recent
+        looks at each (inf while one has none); else this look.
 
         Faster than the figure by `level_shift` (and that overread) on every path:
         the path moved, and the slowest reading is the figure, with no probe to
         wait for (a train is timed by the receiving kernel, not by a process a
-        busy host starves). Faster on this path alone: a probe is asked for.
+        busy host starves). Faster on this path alone: looks at the others are
+        wanted (in the cnn lab, tests asked so took most of the duty budget), and
+        a probe is asked for if they have not settled it within `probe_wait_s`.
         Slower by `level_shift` on this path, twice in a row: a probe is asked
         for, since a look that shares the link with the job's syncs reads what
         they left of it (in the cnn lab half the slower looks were a dense or
@@ -766,16 +768,16 @@ class LinkEstimate:
         figure = self.beta_s_per_byte
         if figure is None:
             return
-        beta = self._looked_beta(beta)
-        every = beta if slowest is None else self._looked_beta(slowest)
+        every = beta if slowest is None else slowest
         shift = 1 + self.config.level_shift
         slower = beta >= figure * shift
-        if every * shift * self.config.look_overread <= figure:
+        # a bucket the estimate was told of is read through (`looked_beta`), not allowed for
+        overread = self.config.look_overread if self.bucket.plain else 1.0
+        if every * shift * overread <= figure:
             self._set(every, LOOK, ts)
             self.looked = ts
-        elif beta * shift * self.config.look_overread <= figure:
-            self.suspect_beta = beta
-            self.ask("a look read faster")
+        elif beta * shift * overread <= figure:
+            self._look_elsewhere(beta, ts)
         elif slower and self.look_pending:
             self.suspect_beta = beta
             self.ask("looks read slower")
@@ -783,9 +785,20 @@ class LinkEstimate:
             self.looked = ts
         self.look_pending = slower and not self.look_pending
 
-    def _looked_beta(self, beta: float) -> float:
-        """A look's reading through the link's bucket (a train of LOOK_BYTES)."""
-        return self._beta(beta * LOOK_BYTES, LOOK_BYTES) if math.isfinite(beta) else beta
+    def _look_elsewhere(self, beta: float, ts: float) -> None:
+        if self.looking_since is None:
+            self.looking_since = ts
+        if ts - self.looking_since < self.config.probe_wait_s:
+            self.suspect_beta, self.wants_look = beta, True
+        else:  # the other paths' looks did not come
+            self.suspect_beta, self.looking_since = beta, None
+            self.ask("a look read faster")
+
+    def looked_beta(self, beta: float, bytes_sent: float) -> float:
+        """What a look's reading stands for: a train of `bytes_sent` that crossed
+        at `beta`, read through the link's bucket (a train inside the credit
+        crosses at the peak)."""
+        return self._beta(beta * bytes_sent, bytes_sent)
 
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""
@@ -797,6 +810,7 @@ class LinkEstimate:
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
+        self.looking_since = None
         self.bounds, self.floor = ([(ts, beta)] if lower_bound else []), None
         if not lower_bound:
             self.confirmed = ts
@@ -828,6 +842,7 @@ class LinkEstimate:
             fields["suspect_beta"] = state.get("suspect_beta")
             # nor had a state written before looks
             fields["looked"] = None if state.get("looked") is None else float(state["looked"])
+            fields["looking_since"] = None if state.get("looking_since") is None else float(state["looking_since"])
             for name in ("wants_look", "look_pending"):
                 fields[name] = bool(state.get(name, False))
             fields["probe_reason"] = str(state.get("probe_reason", ""))

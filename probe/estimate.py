@@ -77,6 +77,7 @@ class PeerPath:
     measured: float | None = None  # the last bandwidth test
     looked: float | None = None  # the last look
     look_beta: float | None = None  # what it read (a train's figure, before the bucket)
+    look_bytes: int | None = None  # ... from a train of so many bytes
     failures: int = 0
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
@@ -98,7 +99,7 @@ class PeerPath:
                 setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
         self.updated = ts
         if m.kind == LOOK:  # the job's estimate judges it: not the probed rate
-            self.looked, self.look_beta = ts, m.beta_s_per_byte
+            self.looked, self.look_beta, self.look_bytes = ts, m.beta_s_per_byte, m.bytes_sent
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
         old, new = self.beta_s_per_byte, m.beta_s_per_byte
@@ -106,6 +107,12 @@ class PeerPath:
         self.beta_s_per_byte = new if moved else ewma(old, new, config.smoothing)
         self.measured = ts
         return True
+
+
+def _looked(job: LinkEstimate, path: PeerPath) -> float:
+    """`path`'s latest look as `job`'s estimate reads it (through its bucket)."""
+    assert path.look_beta is not None
+    return job.looked_beta(path.look_beta, path.look_bytes) if path.look_bytes else path.look_beta
 
 
 class Estimator:
@@ -152,8 +159,8 @@ class Estimator:
         if m.kind == LOOK and m.beta_s_per_byte:
             for job_id in affected:
                 job = self.jobs[job_id]
-                job.observe_look(m.beta_s_per_byte, job.trained_s,
-                                 self._slowest_look(self.job_peers[job_id], since=ts - LOOK_SPAN_S))
+                slowest = self._slowest_look(job, self.job_peers[job_id], since=ts - LOOK_SPAN_S)
+                job.observe_look(_looked(job, self.peer(m.peer)), job.trained_s, slowest)
         for job_id in affected if bandwidth else ():
             since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)
@@ -192,12 +199,13 @@ class Estimator:
                  if p is not None and p.beta_s_per_byte and p.measured is not None and p.measured >= since]
         return max(betas) if betas else None
 
-    def _slowest_look(self, peers: Sequence[str], since: float) -> float:
-        """The slowest of the latest looks at `peers` since `since`; inf unless every one has one."""
+    def _slowest_look(self, job: LinkEstimate, peers: Sequence[str], since: float) -> float:
+        """The slowest of the latest looks at `peers` since `since`, as `job` reads
+        them; inf unless every one has one."""
         paths = [self.peers.get(a) for a in peers]
         if any(p is None or p.look_beta is None or p.looked is None or p.looked < since for p in paths):
             return math.inf
-        return max(p.look_beta for p in paths)
+        return max(_looked(job, p) for p in paths)
 
     def _alpha(self, job_id: str) -> float | None:
         alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))

@@ -142,8 +142,8 @@ def send_train(sock: socket.socket, datagrams: Sequence[bytes]) -> None:
 def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0,
                netns: str | None = None) -> Measurement:
     """One look at the path to `peer`'s TrainServer: a train of about `train_bytes`.
-    Its duration_s is how long the train held the link (first to last arrival);
-    TrainLookError when it reads nothing."""
+    Its duration_s is how long the train held the link (first to last arrival),
+    its bytes_sent the train's payload; TrainLookError when it reads nothing."""
     count = min(max(math.ceil(train_bytes / DATAGRAM_BYTES), MIN_DATAGRAMS), MAX_DATAGRAMS)
     train_id = secrets.randbits(64)
     padding = bytes(DATAGRAM_BYTES - _HEADER.size)
@@ -159,7 +159,7 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
     rate = train_rate(stamps)
     held_ns = max(ns for _, ns in stamps) - min(ns for _, ns in stamps)
     return Measurement(peer=peer, kind=LOOK, bandwidth_bps=8 * rate, beta_s_per_byte=1 / rate,
-                       duration_s=held_ns / 1e9)
+                       duration_s=held_ns / 1e9, bytes_sent=count * DATAGRAM_BYTES)
 
 
 def _await_stamps(sock: socket.socket, train_id: int, timeout_s: float) -> list[tuple[int, int]]:

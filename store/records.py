@@ -19,11 +19,12 @@ from flexcomm.policy.types import Choice, Decision, StepReport
 BANDWIDTH = "bandwidth"
 LATENCY = "latency"
 PASSIVE = "passive"  # an alpha/beta fit from measured sync times, not an active probe
-# A bandwidth test of a few tens of KB: whether the path moved, not how fast it is
-# (it may read the shaper's burst). Its duration_s is charged like any test's.
+# A packet train (probe/train.py): whether the path moved, read through the link's
+# bucket by the job's estimate (`bytes_sent` is the train it was read from). Its
+# duration_s, the time its trains held the link, is charged like any test's.
 LOOK = "look"
 MEASUREMENT_KINDS: tuple[str, ...] = (BANDWIDTH, LATENCY, PASSIVE, LOOK)
-# The kinds that are iperf3 tests: each held the link for its duration_s.
+# The kinds that load the link: each held it for its duration_s.
 TEST_KINDS: tuple[str, ...] = (BANDWIDTH, LOOK)
 
 
@@ -36,7 +37,8 @@ def _optional_nonnegative(name: str, value: float | None) -> None:
 class Measurement:
     """One probe of one peer. A failed probe has ok=False, an `error` saying why,
     and no figures but how long it ran (`duration_s`, a bandwidth test's hold on the
-    link). Rates are bits/s, times seconds, loss a fraction in [0, 1]."""
+    link). Rates are bits/s, times seconds, loss a fraction in [0, 1]; `bytes_sent`
+    what the reading was taken over (a look's last train)."""
 
     peer: str
     kind: str
@@ -52,6 +54,7 @@ class Measurement:
     streams: int | None = None
     reverse: bool | None = None
     duration_s: float | None = None
+    bytes_sent: int | None = None
     ts: float | None = None
     id: int | None = None
 
@@ -63,7 +66,7 @@ class Measurement:
         if not self.ok and not self.error:
             raise ValueError("error: a failed measurement must say why")
         for name in ("bandwidth_bps", "rtt_min_s", "rtt_p50_s", "rtt_p99_s", "alpha_s",
-                     "beta_s_per_byte", "duration_s"):
+                     "beta_s_per_byte", "duration_s", "bytes_sent"):
             _optional_nonnegative(name, getattr(self, name))
         if self.loss is not None and not 0.0 <= self.loss <= 1.0:
             raise ValueError(f"loss: must be in [0, 1], got {self.loss!r}")

@@ -95,8 +95,14 @@ def _v3_to_v4(db: sqlite_utils.Database) -> None:
     table.add_column("end_reason", str)
 
 
+def _v4_to_v5(db: sqlite_utils.Database) -> None:
+    # A look's reading is judged through the link's bucket, which needs the bytes
+    # of the train it came from.
+    db["measurements"].add_column("bytes_sent", int)
+
+
 MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (
-    _v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4)
+    _v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5)
 LATEST_VERSION = len(MIGRATIONS)
 
 

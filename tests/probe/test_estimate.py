@@ -98,7 +98,7 @@ def test_after_a_suspected_move_only_peers_tested_since_stand_for_the_path():
 
 
 def look(peer: str, bps: float) -> Measurement:
-    return Measurement(peer=peer, kind="look", bandwidth_bps=bps, beta_s_per_byte=8 / bps)
+    return Measurement(peer=peer, kind="look", bandwidth_bps=bps, beta_s_per_byte=8 / bps, bytes_sent=256 << 10)
 
 
 def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_slowest():
@@ -110,7 +110,7 @@ def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_
     est.observe(bandwidth("p2", 20e6), ts=1.0)
     est.observe(look("p1", 1.167 * 900e6), ts=2.0)  # p2 may still be at 20
     job = est.jobs["j"]
-    assert job.bandwidth_bps == pytest.approx(20e6) and job.probe_reason == "a look read faster"
+    assert job.bandwidth_bps == pytest.approx(20e6) and job.wants_look and not job.wants_probe
     est.observe(look("p2", 1.167 * 400e6), ts=2.0 + LOOK_SPAN_S + 0.1)  # p1's look is too old to stand
     assert job.bandwidth_bps == pytest.approx(20e6)
     est.observe(look("p1", 1.167 * 900e6), ts=LOOK_SPAN_S + 3.0)
