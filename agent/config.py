@@ -75,7 +75,7 @@ class AgentConfig:
     probe_bandwidth_interval_s: float = 300.0
     probe_test_duration_s: float = 1.0
     probe_sized_test_s: float = 0.15
-    # Looks (a 256 KB packet train: has the path moved?) for jobs whose syncs cannot
+    # Looks (short packet trains: has the path moved?) for jobs whose syncs cannot
     # show it take at most this share of wall time; 0: none.
     probe_look_duty_cycle: float = LOOK_DUTY_CYCLE
     # A job's first estimate may start from a probe of its peers at most this old.

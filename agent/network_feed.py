@@ -265,7 +265,9 @@ class NetworkFeed:
         estimate.wants_look = False
         peers = self.estimator.job_peers[job_id]
         if self.request_looks is not None and peers:
-            self.request_looks([min(peers, key=lambda a: self.estimator.peer(a).looked or 0.0)])
+            # by the last look asked, answered or not: a peer that cannot answer one
+            # (no look server there) must not take every look from the others
+            self.request_looks([min(peers, key=lambda a: self.estimator.peer(a).look_tried or 0.0)])
 
     def _probe(self, job_id: str, estimate: LinkEstimate) -> None:
         peers = self.estimator.job_peers[job_id]

@@ -757,9 +757,11 @@ class LinkEstimate:
         Faster than the figure by `level_shift` (and that overread) on every path:
         the path moved, and the slowest reading is the figure, with no probe to
         wait for (a train is timed by the receiving kernel, not by a process a
-        busy host starves). Faster on this path alone: looks at the others are
-        wanted (in the cnn lab, tests asked so took most of the duty budget), and
-        a probe is asked for if they have not settled it within `probe_wait_s`.
+        busy host starves). Faster on this path, where another has no recent
+        look: looks at the others are wanted (in the cnn lab, tests asked so took
+        most of the duty budget), and a probe is asked for if they have not
+        settled it within `probe_wait_s`; where the slowest path's look is not
+        faster, the figure stands.
         Slower by `level_shift` on this path, twice in a row: a probe is asked
         for, since a look that shares the link with the job's syncs reads what
         they left of it (in the cnn lab half the slower looks were a dense or
@@ -776,8 +778,10 @@ class LinkEstimate:
         if every * shift * overread <= figure:
             self._set(every, LOOK, ts)
             self.looked = ts
-        elif beta * shift * overread <= figure:
+        elif beta * shift * overread <= figure and not math.isfinite(every):
             self._look_elsewhere(beta, ts)
+        elif beta * shift * overread <= figure:  # faster here, not on the slowest path: it stands
+            self.looked, self.suspect_beta, self.looking_since = ts, None, None
         elif slower and self.look_pending:
             self.suspect_beta = beta
             self.ask("looks read slower")

@@ -40,7 +40,7 @@ from flexcomm.store.records import BANDWIDTH, LATENCY, LOOK, PASSIVE, Measuremen
 
 ALPHA_BURSTS = 5
 # Looks at a job's several peers within this long stand together for its path: the
-# scheduler looks at them in turn, one every 0.9 s at most at 1 Gbit/s (LOOK_DUTY_CYCLE).
+# scheduler looks at them in turn, one every 0.8-2 s at most (LOOK_DUTY_CYCLE).
 # An older look slower than the path holds a recovery back only until that peer is
 # looked at again; the slowest is taken, so none makes a path seem faster than it is.
 LOOK_SPAN_S = 10.0
@@ -75,7 +75,8 @@ class PeerPath:
     loss: float | None = None
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
-    looked: float | None = None  # the last look
+    looked: float | None = None  # the last look that read
+    look_tried: float | None = None  # the last look, answered or not
     look_beta: float | None = None  # what it read (a train's figure, before the bucket)
     look_bytes: int | None = None  # ... from a train of so many bytes
     failures: int = 0
@@ -87,6 +88,8 @@ class PeerPath:
 
     def observe(self, m: Measurement, ts: float, config: EstimateConfig) -> bool:
         """Take one measurement; True when it was a bandwidth reading."""
+        if m.kind == LOOK:
+            self.look_tried = ts
         if not m.ok:
             self.failures += 1
             return False

@@ -43,10 +43,9 @@ Rules:
   LOOK_HELD_S is followed by one sized to twice that at its reading, up to
   LOOK_MAX_BYTES. Looks share the duty budget, charged the time their trains
   held the link (the receiver's stamps say), and after each the next waits
-  1 / `look_duty_cycle` times as long (a look holds ~4 ms of a link of 160 Mbit/s
-  to 1 Gbit/s and 6 ms of a 20 Mbit/s one: with the default 0.25%, one every
-  1.6-2.4 s at most). A look that read nothing (no answer) is charged the whole
-  wait.
+  1 / `look_duty_cycle` times as long (a look held a lab link 2-5 ms at 20 Mbit/s
+  to 1 Gbit/s: with the default 0.25%, one every 0.8-2 s at most). A look that read nothing (no answer) is charged
+  LOOK_RECKONED_S.
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
@@ -82,7 +81,7 @@ from dataclasses import dataclass, field
 from flexcomm.probe.addresses import is_local
 from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, IperfTimeout, bandwidth_measurement, run_test
 from flexcomm.probe.latency import latency_measurement, rtt_burst
-from flexcomm.probe.train import DATAGRAM_BYTES, DEFAULT_LOOK_PORT, MIN_DATAGRAMS, train_look
+from flexcomm.probe.train import DATAGRAM_BYTES, DEFAULT_LOOK_PORT, MIN_DATAGRAMS, TrainLookError, train_look
 from flexcomm.store import BANDWIDTH, LATENCY, LOOK, Measurement, Store
 
 log = logging.getLogger(__name__)
@@ -210,10 +209,17 @@ def packet_train_look(config: ProbeConfig) -> Probe:
 
 def sized_look(train: Callable[[str, int], Measurement], peer: str) -> Measurement:
     """Trains to `peer` until one held the link LOOK_HELD_S (see LOOK_HELD_S): the
-    last one's reading, with duration_s the time all of them held the link."""
+    last one read, with duration_s the time all of them held the link (the first
+    train's TrainLookError where it read nothing)."""
     size, held = MIN_DATAGRAMS * DATAGRAM_BYTES, 0.0
+    m = None
     for _ in range(LOOK_TRAINS):
-        m = train(peer, size)
+        try:
+            m = train(peer, size)
+        except TrainLookError:
+            if m is None:
+                raise
+            break  # a later train lost: the last one read stands
         held += m.duration_s or 0.0
         if (m.duration_s or 0.0) >= LOOK_HELD_S or size >= LOOK_MAX_BYTES or not m.bandwidth_bps:
             break
@@ -518,10 +524,15 @@ class ProbeScheduler:
             except Exception as exc:  # a failed probe is data, and the schedule goes on
                 m = failed(peer, BANDWIDTH, exc)
             elapsed = self.clock() - start
-        # What the budget charges: a look's train, the time it held the link; a
+        # What the budget charges: a look's trains, the time they held the link (one
+        # unanswered, LOOK_RECKONED_S: its first train held a 10 Mbit/s link 13 ms, and
+        # charged the 1 s wait one lost answer would hold every look off for 400 s); a
         # test, the whole call (iperf3's own figure leaves out its start-up), and a
         # failed one (killed at its timeout, say) held the link all the same.
-        held = m.duration_s if look and m.ok and m.duration_s is not None else elapsed
+        if look:
+            held = m.duration_s if m.ok and m.duration_s is not None else min(elapsed, LOOK_RECKONED_S)
+        else:
+            held = elapsed
         self._charge(start, held)
         return dataclasses.replace(m, duration_s=held, kind=LOOK if look else m.kind)
 

@@ -41,7 +41,7 @@ class ProbeServers:
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        """The addresses served now."""
+        """The addresses iperf3 serves now (look servers follow the same addresses)."""
         return tuple(self._servers)
 
     def listeners(self) -> list[str]:

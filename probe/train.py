@@ -24,7 +24,7 @@ namespace (through pyroute2), for the lab and the tests.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import errno
 import logging
 import math
 import os
@@ -52,6 +52,7 @@ SEGMENTS = 3
 # A train the server heard nothing of for this long is answered with what came.
 TRAIN_IDLE_S = 0.2
 MAX_TRAINS = 64  # trains the server holds at once (oldest answered first)
+MAX_NAMED = 100  # senders of stray datagrams named in the log (all are counted)
 _HEADER = struct.Struct("!4sQHH")  # magic, train id, seq, count
 _REPLY = struct.Struct("!4sQH")  # magic, train id, stamps
 _STAMP = struct.Struct("!HI")  # seq, ns after the first datagram's arrival
@@ -97,6 +98,15 @@ def _family(address: str) -> int:
     return socket.AF_INET6 if ":" in address else socket.AF_INET
 
 
+def _resolve(peer: str, port: int) -> tuple[int, tuple]:
+    """(family, socket address) of `peer` (a name or either family's literal)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(peer, port, type=socket.SOCK_DGRAM)[0]
+    except socket.gaierror as exc:
+        raise TrainLookError(f"{peer}: cannot resolve ({exc.strerror})") from None
+    return family, sockaddr
+
+
 # -- the sender ------------------------------------------------------------------
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
@@ -112,7 +122,7 @@ class _Mmsghdr(ctypes.Structure):
     _fields_ = [("hdr", _Msghdr), ("length", ctypes.c_uint)]
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the C library this process already has
 _sendmmsg = getattr(_libc, "sendmmsg", None)
 
 
@@ -135,6 +145,8 @@ def send_train(sock: socket.socket, datagrams: Sequence[bytes]) -> None:
                       len(datagrams) - sent, 0)
         if n < 0:
             err = ctypes.get_errno()
+            if err == errno.EINTR:
+                continue
             raise OSError(err, f"sendmmsg: {os.strerror(err)}")
         sent += n
 
@@ -148,9 +160,10 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
     train_id = secrets.randbits(64)
     padding = bytes(DATAGRAM_BYTES - _HEADER.size)
     datagrams = [_HEADER.pack(_TRAIN_MAGIC, train_id, seq, count) + padding for seq in range(count)]
-    with _datagram_socket(_family(peer), netns) as sock:
+    family, address = _resolve(peer, port)
+    with _datagram_socket(family, netns) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
-        sock.connect((peer, port))
+        sock.connect(address)
         try:
             send_train(sock, datagrams)
             stamps = _await_stamps(sock, train_id, timeout_s)
@@ -228,13 +241,16 @@ class TrainServer:
     def _serve(self) -> None:
         assert self._sock is not None
         while not self._stop.is_set():
-            if select.select([self._sock], [], [], TRAIN_IDLE_S / 2)[0]:
-                data, ancillary, _, sender = self._sock.recvmsg(2048, 64)
-                self._take(data, ancillary, sender)
-            self._answer_idle(time.monotonic())
+            try:
+                if select.select([self._sock], [], [], TRAIN_IDLE_S / 2)[0]:
+                    data, ancillary, _, sender = self._sock.recvmsg(2048, 64)
+                    self._take(data, ancillary, sender)
+                self._answer_idle(time.monotonic())
+            except OSError as exc:  # one bad datagram or answer must not end the server
+                log.warning("look server: %s; serving on", exc, extra={"fields": {"port": self.port}})
 
     def _take(self, data: bytes, ancillary: list[tuple[int, int, bytes]], sender: object) -> None:
-        if len(data) < _HEADER.size or _HEADER.unpack_from(data)[0] != _TRAIN_MAGIC:
+        if len(data) != DATAGRAM_BYTES or _HEADER.unpack_from(data)[0] != _TRAIN_MAGIC:
             self._ignore(sender)
             return
         _, train_id, seq, count = _HEADER.unpack_from(data)
@@ -262,16 +278,17 @@ class TrainServer:
         first = min(ns for _, ns in train.stamps)
         stamps = [(seq, min(ns - first, 0xFFFFFFFF)) for seq, ns in train.stamps]
         reply = _REPLY.pack(_REPLY_MAGIC, key[1], len(stamps)) + b"".join(_STAMP.pack(*s) for s in stamps)
+        self.answered += 1  # before it goes: the sender reads the count as soon as it has the answer
         try:
             self._sock.sendto(reply, key[0])
-            self.answered += 1
         except OSError as exc:  # the sender went away: nothing to answer
+            self.answered -= 1
             log.debug("look answer to %s not sent: %s", key[0], exc)
 
     def _ignore(self, sender: object) -> None:
         self.ignored += 1
         who = str(sender[0] if isinstance(sender, tuple) else sender)
-        if who not in self._named:
+        if who not in self._named and len(self._named) < MAX_NAMED:
             self._named.add(who)
             log.warning("look server: ignored a datagram from %s that is not a flexcomm look "
                         "(such datagrams from it are dropped and counted)", who,

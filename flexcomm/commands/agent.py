@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--probe-port", type=int, help="iperf3 port of every node (default 5201)")
     p.add_argument("--probe-look-port", type=int, help="UDP port of every node's look server (default 5202)")
     p.add_argument("--probe-serve-bind", dest="probe_serve_bind",
-                   help="serve iperf3 on these addresses or networks, e.g. 10.0.0.0/24 (default: the "
+                   help="serve iperf3 and looks on these addresses or networks, e.g. 10.0.0.0/24 (default: the "
                    "addresses the jobs' nodes reach this node by)")
     p.add_argument("--job-idle-expiry", dest="job_idle_expiry_s",
                    help="end jobs not heard from for this long, e.g. 10min (default 10min)")

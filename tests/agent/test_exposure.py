@@ -73,7 +73,7 @@ def test_a_default_agent_listens_on_no_wildcard_and_lists_what_it_listens_on(pri
 
             agent.stub.EndJob(pb.EndJobRequest(job_id="exposed"), timeout=5)  # no job: no iperf3
             wait_for(lambda: tcp_listeners(here.ns) == {"127.0.0.1:9464"}, what="iperf3 stopped")
-            assert udp_sockets(here.ns) == set()
+            wait_for(lambda: udp_sockets(here.ns) == set(), what="the look server stopped")
             assert agent.terminate() == 0
             lines = agent.log.read_text().splitlines()
             assert lines and all(line.startswith("{") for line in lines), [x for x in lines if x[:1] != "{"]

@@ -116,3 +116,22 @@ def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_
     est.observe(look("p1", 1.167 * 900e6), ts=LOOK_SPAN_S + 3.0)
     assert job.bandwidth_bps == pytest.approx(0.972 * 400e6, rel=0.01) and job.evidence == "look"
     assert est.peer("p1").bandwidth_bps == pytest.approx(20e6)  # a look is the job's, not the probed rate
+
+
+def test_a_look_faster_on_one_path_stands_aside_when_the_slowest_path_looked_as_the_figure():
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2"), ts=0.0)
+    est.observe(look("p2", 1.167 * 20e6), ts=1.0)  # the bottleneck path, as the figure says
+    est.observe(bandwidth("p1", 20e6), ts=1.0)
+    job = est.jobs["j"]
+    job.wants_look = job.wants_probe = False
+    est.observe(look("p1", 1.167 * 900e6), ts=2.0)
+    assert job.bandwidth_bps == pytest.approx(20e6) and not job.wants_look and not job.wants_probe
+    assert job.suspect_beta is None and job.looked is not None
+
+
+def test_a_peer_that_cannot_answer_a_look_does_not_take_every_look():
+    est = Estimator()
+    est.add_job("j", ("p1", "p2"), ts=0.0)
+    est.observe(Measurement(peer="p1", kind="look", ok=False, error="no answer to the look within 1 s"), ts=5.0)
+    assert est.peer("p1").look_tried == 5.0 and est.peer("p1").looked is None

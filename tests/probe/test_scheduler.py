@@ -24,6 +24,7 @@ from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeou
 from flexcomm.probe.scheduler import (
     LOOK_HELD_S,
     LOOK_MAX_BYTES,
+    LOOK_RECKONED_S,
     PILOT_BYTES,
     DutyBudget,
     ProbeConfig,
@@ -291,7 +292,7 @@ def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_on
     probes = FakeProbes(clock)
     looks: list[float] = []
 
-    def look(peer: str) -> Measurement:  # a fake 64 KB test that reads the shaper's burst
+    def look(peer: str) -> Measurement:  # a fake look that took 12 ms
         looks.append(clock.now)
         clock.now += 0.012
         return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1.4e9, beta_s_per_byte=8 / 1.4e9)
@@ -370,8 +371,24 @@ def test_a_look_reads_again_with_a_larger_train_until_one_held_the_link_long_eno
     sized_look(middling, "p")
     assert len(sizes) == 2 and sizes[1] == int(160e6 / 8 * 2 * LOOK_HELD_S)
 
+    def lost_after_the_first(peer: str, size: int) -> Measurement:
+        if size > 20_000:
+            raise TrainLookError("no answer to the look within 1 s")
+        return fast(peer, size)
 
-def test_a_look_is_charged_the_time_its_train_held_the_link_and_a_failed_one_its_whole_wait():
+    m = sized_look(lost_after_the_first, "p")  # the first reading stands
+    assert m.ok and m.bytes_sent < 20_000
+
+
+def test_a_look_whose_first_train_is_lost_reads_nothing():
+    def lost(peer: str, size: int) -> Measurement:
+        raise TrainLookError("no answer to the look within 1 s")
+
+    with pytest.raises(TrainLookError):
+        sized_look(lost, "p")
+
+
+def test_a_look_is_charged_the_time_its_train_held_the_link_and_an_unanswered_one_what_it_is_reckoned_at():
     clock = FakeClock()
 
     def look(peer: str) -> Measurement:  # 50 ms until the answer came; the train held the link 2 ms
@@ -395,8 +412,10 @@ def test_a_look_is_charged_the_time_its_train_held_the_link_and_a_failed_one_its
     sched.request_look(["p"])
     sched.tick()
     failed_look = [m for m in sched.recorded if m.kind == LOOK][-1]
-    assert not failed_look.ok and "no answer" in failed_look.error and failed_look.duration_s == pytest.approx(1.0)
-    assert sched.budget.used_s(clock.now) == pytest.approx(1.002)
+    # not the 1 s wait: that would hold every look off for 400 s
+    assert not failed_look.ok and "no answer" in failed_look.error
+    assert failed_look.duration_s == pytest.approx(LOOK_RECKONED_S)
+    assert sched.budget.used_s(clock.now) == pytest.approx(0.002 + LOOK_RECKONED_S)
 
 
 def shaped_link(rate_bps: float, start_up_s: float, sizes: list, burst_bytes: int = 0):

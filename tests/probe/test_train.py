@@ -87,3 +87,13 @@ def test_a_server_that_cannot_bind_names_its_address() -> None:
         taken.bind(("127.0.0.1", 0))
         with pytest.raises(OSError, match=r"look server: cannot bind 127\.0\.0\.1 port \d+/udp"):
             TrainServer(taken.getsockname()[1], bind="127.0.0.1").start()
+
+
+def test_a_look_over_ipv6() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("this host has no IPv6")
+    server = TrainServer(free_udp_port(), bind="::1").start()
+    try:
+        assert train_look("::1", server.port, 64 << 10).ok and server.answered == 1
+    finally:
+        server.stop()
