@@ -14,6 +14,7 @@ import pytest
 from flexcomm.probe.train import DATAGRAM_BYTES, TrainLookError, TrainServer, train_look, train_rate
 from flexcomm.store.records import LOOK
 from support.agent_process import free_udp_port
+from support.privilege import skip_or_fail
 
 
 def evenly(count: int, rate_bytes_s: float, start_ns: int = 0) -> list[tuple[int, int]]:
@@ -91,7 +92,7 @@ def test_a_server_that_cannot_bind_names_its_address() -> None:
 
 def test_a_look_over_ipv6() -> None:
     if not socket.has_ipv6:
-        pytest.skip("this host has no IPv6")
+        skip_or_fail("this host has no IPv6")
     server = TrainServer(free_udp_port(), bind="::1").start()
     try:
         assert train_look("::1", server.port, 64 << 10).ok and server.answered == 1
