@@ -137,3 +137,22 @@ def _sorted(addresses: Iterable[str]) -> list[str]:
 
 def _normal(address: str) -> str:
     return str(ipaddress.ip_address(address.split("%")[0]))
+
+
+def socket_address(peer: str, port: int, kind: int) -> tuple[int, tuple]:
+    """(family, socket address) of `peer` (a name or either family's literal) for
+    sockets of `kind` (SOCK_STREAM, SOCK_DGRAM); ValueError naming it if it does not resolve."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(peer, port, type=kind)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"peer: cannot resolve {peer!r} ({exc.strerror})") from None
+    return family, address
+
+
+def socket_in(netns: str | None, family: int, kind: int) -> socket.socket:
+    """A socket of `family` and `kind`, inside network namespace `netns` (None: this one)."""
+    if netns is None:
+        return socket.socket(family, kind)
+    from pyroute2.netns import create_socket  # only the lab and tests need it
+
+    return create_socket(netns, family, kind, flags=0)  # flags=0: never create

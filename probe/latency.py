@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flexcomm.probe.addresses import socket_address, socket_in
 from flexcomm.store.records import LATENCY, Measurement
 
 DEFAULT_COUNT = 10
@@ -64,27 +65,11 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _resolve(peer: str, port: int) -> tuple[int, tuple]:
-    try:
-        family, _, _, _, address = socket.getaddrinfo(peer, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        raise ValueError(f"peer: cannot resolve {peer!r} ({exc.strerror})") from None
-    return family, address
-
-
-def _socket(family: int, netns: str | None) -> socket.socket:
-    if netns is None:
-        return socket.socket(family, socket.SOCK_STREAM)
-    from pyroute2.netns import create_socket  # only the lab needs it
-
-    return create_socket(netns, family, socket.SOCK_STREAM, flags=0)  # flags=0: never create
-
-
 def connect_rtt(family: int, address: tuple, timeout_s: float,
                 netns: str | None = None) -> float:
     """Seconds one connect's round trip took (see the module docstring); raises
     OSError when the peer did not answer."""
-    with _socket(family, netns) as sock:
+    with socket_in(netns, family, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         start = time.perf_counter()
         try:
@@ -114,7 +99,7 @@ def rtt_burst(peer: str, port: int, *, count: int = DEFAULT_COUNT,
     """`count` connects to peer:port, `interval_s` apart, summarised."""
     if count < 1:
         raise ValueError(f"count: must be >= 1, got {count!r}")
-    family, address = _resolve(peer, port)
+    family, address = socket_address(peer, port, socket.SOCK_STREAM)
     samples: list[float] = []
     error = ""
     for i in range(count):

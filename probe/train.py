@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from flexcomm.probe.addresses import socket_address, socket_in
 from flexcomm.store.records import LOOK, Measurement
 
 log = logging.getLogger("flexcomm.probe.train")
@@ -84,27 +85,6 @@ def train_rate(stamps: Sequence[tuple[int, int]], datagram_bytes: int = DATAGRAM
     if not rates:
         raise TrainLookError("the train's datagrams all arrived at one instant: no rate to read")
     return statistics.median(rates)
-
-
-def _datagram_socket(family: int, netns: str | None) -> socket.socket:
-    if netns is None:
-        return socket.socket(family, socket.SOCK_DGRAM)
-    from pyroute2.netns import create_socket  # only the lab and tests need it
-
-    return create_socket(netns, family, socket.SOCK_DGRAM, flags=0)  # flags=0: never create
-
-
-def _family(address: str) -> int:
-    return socket.AF_INET6 if ":" in address else socket.AF_INET
-
-
-def _resolve(peer: str, port: int) -> tuple[int, tuple]:
-    """(family, socket address) of `peer` (a name or either family's literal)."""
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(peer, port, type=socket.SOCK_DGRAM)[0]
-    except socket.gaierror as exc:
-        raise TrainLookError(f"{peer}: cannot resolve ({exc.strerror})") from None
-    return family, sockaddr
 
 
 # -- the sender ------------------------------------------------------------------
@@ -160,8 +140,8 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
     train_id = secrets.randbits(64)
     padding = bytes(DATAGRAM_BYTES - _HEADER.size)
     datagrams = [_HEADER.pack(_TRAIN_MAGIC, train_id, seq, count) + padding for seq in range(count)]
-    family, address = _resolve(peer, port)
-    with _datagram_socket(family, netns) as sock:
+    family, address = socket_address(peer, port, socket.SOCK_DGRAM)
+    with socket_in(netns, family, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
         sock.connect(address)
         try:
@@ -217,11 +197,12 @@ class TrainServer:
 
     def start(self) -> TrainServer:
         """Bind and serve in a thread of its own; OSError (naming the address) if it cannot bind."""
-        sock = _datagram_socket(_family(self.bind), self.netns)
+        family, address = socket_address(self.bind, self.port, socket.SOCK_DGRAM)
+        sock = socket_in(self.netns, family, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
-            sock.bind((self.bind, self.port))
+            sock.bind(address)
         except OSError as exc:
             sock.close()
             raise OSError(exc.errno, f"look server: cannot bind {self.bind} port {self.port}/udp: "

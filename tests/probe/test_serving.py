@@ -12,7 +12,7 @@ from flexcomm.probe.addresses import parse_networks
 from flexcomm.probe.iperf import listening
 from flexcomm.probe.serving import ProbeServers, listen_address
 from flexcomm.probe.train import TrainLookError, train_look
-from support.agent_process import free_port, free_udp_port
+from support.agent_process import free_port
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -28,7 +28,7 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_servers_follow_the_peers_and_stop(iperf3_binary) -> None:
-    port, look_port = free_port(), free_udp_port()
+    port, look_port = free_port(), free_port(socket.SOCK_DGRAM)
     servers = ProbeServers(port, look_port=look_port)
     try:
         assert servers.serve_for(()) == () and listening_addresses(port) == set()

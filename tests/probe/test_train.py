@@ -13,7 +13,7 @@ import pytest
 
 from flexcomm.probe.train import DATAGRAM_BYTES, TrainLookError, TrainServer, train_look, train_rate
 from flexcomm.store.records import LOOK
-from support.agent_process import free_udp_port
+from support.agent_process import free_port
 from support.privilege import skip_or_fail
 
 
@@ -43,7 +43,7 @@ def test_too_few_datagrams_or_one_instant_read_nothing() -> None:
 
 @pytest.fixture
 def server() -> TrainServer:
-    look_server = TrainServer(free_udp_port(), bind="127.0.0.1").start()
+    look_server = TrainServer(free_port(socket.SOCK_DGRAM), bind="127.0.0.1").start()
     yield look_server
     look_server.stop()
 
@@ -80,7 +80,7 @@ def test_a_look_nobody_answers_fails_in_its_timeout_saying_why() -> None:
             train_look("127.0.0.1", silent.getsockname()[1], 64 << 10, timeout_s=0.3)
         assert time.monotonic() - started < 2
     with pytest.raises(TrainLookError, match="refused the look: nothing serves looks there"):
-        train_look("127.0.0.1", free_udp_port(), 64 << 10)
+        train_look("127.0.0.1", free_port(socket.SOCK_DGRAM), 64 << 10)
 
 
 def test_a_server_that_cannot_bind_names_its_address() -> None:
@@ -93,7 +93,7 @@ def test_a_server_that_cannot_bind_names_its_address() -> None:
 def test_a_look_over_ipv6() -> None:
     if not socket.has_ipv6:
         skip_or_fail("this host has no IPv6")
-    server = TrainServer(free_udp_port(), bind="::1").start()
+    server = TrainServer(free_port(socket.SOCK_DGRAM), bind="::1").start()
     try:
         assert train_look("::1", server.port, 64 << 10).ok and server.answered == 1
     finally:

@@ -31,14 +31,9 @@ __all__ = ["AgentProcess", "free_port", "in_namespace", "job_ids", "metrics_text
            "wait_for"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port nothing holds now, TCP or (SOCK_DGRAM) UDP."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -54,7 +49,7 @@ class AgentProcess:
         self.probe = probe
         # a probing agent serves looks: on a port of its own, beside other tests' agents
         if probe and "--probe-look-port" not in self.extra:
-            self.extra += ["--probe-look-port", str(free_udp_port())]
+            self.extra += ["--probe-look-port", str(free_port(socket.SOCK_DGRAM))]
         # "agent ready" is an info line: an agent started quieter says nothing to wait for
         level = self.extra[self.extra.index("--log-level") + 1] if "--log-level" in self.extra else "info"
         self.says_ready = level in ("debug", "info")
