@@ -112,8 +112,9 @@ class Agent:
         self.jobs = Jobs(config.max_jobs)
         self.persister = Persister(config.db, move_damaged=config.move_damaged_db)
         self.commits = GroupCommit(self._write_pending)
-        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s,
-                                                                   link=LinkEstimateConfig(probes=config.probe)))
+        looks = config.probe and config.probe_look_duty_cycle > 0
+        link = LinkEstimateConfig(probes=config.probe, looks=looks)
+        estimator = Estimator(config.link_bucket(), EstimateConfig(max_probe_age_s=config.max_probe_age_s, link=link))
         self.network = NetworkFeed(estimator, self.metrics,
                                    redecide=lambda job_id: self.lifecycle.refresh_job(job_id))
         self.lifecycle = JobLifecycle(self.jobs, self.network, self.persister, self.metrics, policy_for)

@@ -22,9 +22,9 @@ from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import IN_FLIGHT_MAX_S, SHARED_GAP_S, TEST_SLACK_S, NetworkFeed, mark_disturbed
 from flexcomm.agent.probing import Probing
 from flexcomm.policy.jobspec import JobSpec, policy_for
-from flexcomm.policy.linkestimate import PROBE, PROBE_SHARED
+from flexcomm.policy.linkestimate import PROBE, PROBE_SHARED, LinkEstimateConfig
 from flexcomm.policy.types import StepReport
-from flexcomm.probe.estimate import Estimator
+from flexcomm.probe.estimate import EstimateConfig, Estimator
 from flexcomm.store import BANDWIDTH, LOOK, Measurement
 
 
@@ -284,17 +284,23 @@ def test_looks_at_every_peer_of_a_job_are_its_figure_without_a_probe():
     assert job.estimate.bandwidth_bps == pytest.approx(450e6)
 
 
-def test_burst_sized_syncs_that_speed_up_ask_for_a_probe_whose_reading_is_taken():
+def test_burst_sized_syncs_that_speed_up_ask_for_a_look_then_a_probe_whose_reading_is_taken():
     # The default lab's Top-k 0.01 job: its 40 KB syncs are within the link's
     # burst, so they read no rate, but their time fell when the link recovered.
-    # The peers were tested at 20 Mbit/s before; the probe asked for reads one.
+    # The peers were tested at 20 Mbit/s before; a look is asked for first, and
+    # where none answers (no look server at the peers) a probe, which reads one.
     async def recovered() -> tuple[NetworkFeed, list[object]]:
-        feed, asked, _ = recording_feed()
+        feed, asked, looks = recording_feed()
         job = await three_node_job(feed, 1_000_000, 20e6, read_ago_s=20)  # its registration's tests
         asked.clear()
         quicker = [0.008, 0.007, 0.009, 0.008, 0.007, 0.009, 0.008, 0.007]
         for i, t_sync in enumerate([0.018, 0.021, 0.019, 0.020] * 6 + quicker):
             feed.reported(job, [StepReport(step=i, t_sync_s=t_sync, t_compute_s=0.01, **TOPK_SYNC)], None)
+        assert looks and not asked and job.estimate.look_reason == "syncs quickened"
+        for i in range(32, 32 + 400):  # 0.017 s a step: the look's probe_wait_s passes
+            if asked:
+                break
+            feed.reported(job, [StepReport(step=i, t_sync_s=0.008, t_compute_s=0.01, **TOPK_SYNC)], None)
         assert asked and job.estimate.probe_reason == "syncs quickened"
         probe_of_10_99_0_2_read(feed, 950e6)
         return feed, asked
@@ -309,7 +315,9 @@ def test_a_probe_asked_for_a_bounded_figure_is_not_held_by_a_peer_read_before():
     # syncs then bounded the path at "at least" hundreds of Mbit/s and asked; the
     # test of another peer read 967. The slowest of both held it at 25.
     async def recovered() -> NetworkFeed:
-        feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=lambda p: 0.0)
+        no_looks = EstimateConfig(link=LinkEstimateConfig(looks=False))  # the question goes to a probe at once
+        feed = NetworkFeed(Estimator(config=no_looks), Metrics(), redecide=lambda _: None,
+                           request_probes=lambda p: 0.0)
         job = await three_node_job(feed, 8_000_000, 25e6, read_ago_s=2)
         for i in range(6):  # 320 KB in 12 ms: at least 200 Mbit/s
             feed.reported(job, [StepReport(step=i, t_sync_s=0.012, t_compute_s=0.1, **TOPK_SYNC)], None)

@@ -50,10 +50,12 @@ def step(option: tuple[str, float, str], bandwidth_bps: float, host: float = 1.0
 
 
 class Path:
-    """A LinkEstimate fed messages of four steps each, 0.2 s apart."""
+    """A LinkEstimate fed messages of four steps each, 0.2 s apart; an owner that
+    probes but runs no looks unless `looks=True` (what the syncs ask of a probe
+    is then asked of a look first)."""
 
     def __init__(self, **config: float) -> None:
-        self.estimate = LinkEstimate(LinkEstimateConfig(**{"burst_bytes": 0.0, **config}))
+        self.estimate = LinkEstimate(LinkEstimateConfig(**{"burst_bytes": 0.0, "looks": False, **config}))
         self.reader = SyncReader(LAYOUT, NODES)
         self.now = 1000.0
         self._jitter = itertools.cycle(JITTER)
@@ -341,7 +343,7 @@ def test_faster_bounds_ask_for_a_probe_only_beyond_the_level_rules_factor():
     # A new collective's syncs, quicker than the figure's wire time: their
     # bytes over their whole time bound the path, 1.43x and 2x faster.
     for share, asks in ((0.7, False), (0.5, True)):
-        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0, looks=False))
         estimate.observe_probe(8 / 20e6, 0.0)
         for i in range(3):
             estimate.observe_sync("art_tree", 250_000, share * 250_000 * 8 / 20e6, 0.2 * (i + 1))
@@ -769,7 +771,7 @@ def small_syncs(estimate: LinkEstimate, times_s: list[float], start: float) -> f
 
 
 def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_and_says_what_it_means():
-    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536, looks=False))
     estimate.observe_probe(8 / 20e6, 0.0)
     now = small_syncs(estimate, SLOW * 3, 0.1)
     assert not estimate.wants_probe and estimate.suspect_beta is None  # noise within 1.5x asks nothing
@@ -797,10 +799,10 @@ def test_burst_sized_syncs_that_slow_ask_once_for_a_probe():
 
 
 def test_burst_sized_syncs_survive_a_restore():
-    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536, looks=False))
     estimate.observe_probe(8 / 20e6, 0.0)
     now = small_syncs(estimate, SLOW * 2 + FAST[:3], 0.1)
-    twin = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    twin = LinkEstimate(LinkEstimateConfig(burst_bytes=65536, looks=False))
     twin.load_state_dict(estimate.state_dict())
     for e in (estimate, twin):
         small_syncs(e, FAST[3:6], now)
@@ -812,7 +814,7 @@ def test_burst_sized_syncs_faster_than_the_wire_allows_are_the_hosts():
     # Only a figure the syncs merely bound could be that much too slow; one a
     # probe confirmed, or a shared test's bound, asks nothing.
     for source in ("probe", "shared test", "bounding syncs"):
-        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+        estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536, looks=False))
         if source == "bounding syncs":  # 2 MB in 16.8 ms: at least 950 Mbit/s
             for i in range(3):
                 estimate.observe_sync("art_tree", 2_000_000, 2_000_000 * 8 / 950e6, 0.01 * i)
@@ -937,7 +939,7 @@ def test_a_look_that_finds_the_figure_puts_off_the_aged_ask_and_the_next_look():
     looked.observe_look(8 / 35e6, 29.0)
     for e in (looked, twin):
         e.observe_sync("ag_topk", TOPK_BYTES, 0.02, 30.5)
-    assert twin.wants_probe and twin.probe_reason == "aged" and twin.wants_look
+    assert twin.wants_look and twin.look_reason == "aged" and not twin.wants_probe  # a look first
     assert not looked.wants_probe and not looked.wants_look
     restored = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
     restored.load_state_dict(looked.state_dict())
@@ -967,3 +969,52 @@ def test_a_look_on_a_link_whose_bucket_is_known_needs_no_allowance_for_one():
         e.observe_look(8 / 398e6, 2.0)
     assert told.bandwidth_bps == pytest.approx(398e6) and told.evidence == "look"
     assert plain.bandwidth_bps == pytest.approx(227e6)  # its 398 may be a peak it was not told of
+
+
+def test_what_a_look_can_answer_is_asked_of_a_look_first_and_of_a_probe_when_none_answers():
+    # Top-k syncs on a fast link only bound it: how fast it is, a look of a few
+    # ms says as well as a test of hundreds.
+    looked, unanswered = Path(looks=True), Path(looks=True)
+    for path in (looked, unanswered):
+        path.run(TOPK_AG, 1e9, 3)
+        e = path.estimate
+        assert e.lower_bound and e.wants_look and not e.wants_probe
+        assert e.look_reason == "first figure a bound"
+    restored = LinkEstimate(looked.estimate.config)
+    restored.load_state_dict(looked.estimate.state_dict())
+    assert restored.state_dict() == looked.estimate.state_dict()
+    looked.estimate.observe_look(8 / 950e6, looked.now)
+    e = looked.estimate
+    assert e.bandwidth_bps == pytest.approx(950e6) and e.evidence == "look" and not e.lower_bound
+    looked.run(TOPK_AG, 1e9, 30)
+    assert not e.wants_probe  # answered
+    # no look server at the peer: the question goes to a probe after probe_wait_s
+    unanswered.run(TOPK_AG, 1e9, 20)
+    assert not unanswered.estimate.wants_probe
+    unanswered.run(TOPK_AG, 1e9, 10)
+    assert unanswered.estimate.wants_probe and unanswered.estimate.probe_reason == "first figure a bound"
+
+
+def test_a_look_at_a_bound_is_the_figure_unless_it_read_under_the_bound():
+    for looked_bps, figure_bps in ((0.9, 1.0), (2.0, 2.0), (0.5, None)):
+        path = Path(looks=True)
+        path.run(TOPK_AG, 1e9, 3)
+        e = path.estimate
+        bound = e.bandwidth_bps
+        e.observe_look(8 / (looked_bps * bound), path.now)
+        if figure_bps is None:  # it shared the link with the job's syncs, or the path fell
+            assert not e.wants_probe and e.wants_look and e.lower_bound
+            e.observe_look(8 / (looked_bps * bound), path.now + 0.5)  # twice in a row: a probe says
+            assert e.wants_probe and e.probe_reason == "first figure a bound" and e.lower_bound
+        else:  # the path is at least the bound, and the look read about it or more
+            assert e.bandwidth_bps == pytest.approx(figure_bps * bound) and not e.lower_bound
+            assert e.evidence == "look" and not e.wants_probe
+
+
+def test_burst_sized_syncs_that_quicken_want_a_look_first():
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate.observe_probe(8 / 20e6, 0.0)
+    now = small_syncs(estimate, SLOW * 3 + FAST, 0.1)
+    assert estimate.wants_look and estimate.look_reason == "syncs quickened" and not estimate.wants_probe
+    estimate.observe_look(8 / 950e6, now)
+    assert estimate.bandwidth_bps == pytest.approx(950e6) and estimate.look_asked is None
