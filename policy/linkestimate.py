@@ -89,6 +89,10 @@ option. Both are fitted together, with forgetting:
   agrees counts as a look at the path for the aged ask.
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
+- A test or look that reads slower, by `change`, than what the job's syncs
+  surely carried in the last `bound_window_s` (their bytes over their whole
+  time; since a slower streak began, while one is in progress) read what they
+  left of the link, not the path: it says nothing (`crossing`).
 - A probe that reads faster, or agrees, confirms; one that reads slower while
   the job's syncs say the path is as it was is the job sharing the link with the
   test, and a slower probe alone must read it twice. A test the owner knows the
@@ -301,6 +305,8 @@ class LinkEstimate:
     looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
     look_asked: float | None = None  # when a look was wanted to answer `look_reason` (`find_out`)
     look_reason: str = ""
+    # (when, beta) each sync's bytes surely crossed at (over its whole time), the last `bound_window_s`
+    crossing: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -374,6 +380,7 @@ class LinkEstimate:
             # anything from 4.8 to 472 Mbit/s, and every such move sent the MOO
             # exploring again); only a shift of its level is news.
             return
+        self._crossed(self._bound_beta(seconds, beta_bytes), ts)
         fit = self.overheads.setdefault(form, CollectiveFit())
         beta = self.beta_s_per_byte
         wire = None if beta is None else self._wire_s(beta, beta_bytes)
@@ -430,6 +437,25 @@ class LinkEstimate:
             return None
         seen = [self.floor[0] if self.floor else None, self.fell_at, self.looked]
         return max([self.confirmed, *(t for t in seen if t is not None)])
+
+    def _crossed(self, beta: float | None, ts: float) -> None:
+        window = self.config.bound_window_s
+        self.crossing = [(t, b) for t, b in self.crossing if t > ts - window] + ([(ts, beta)] if beta else [])
+
+    def _under_crossing(self, beta: float, ts: float) -> bool:
+        """Whether a reading of the path is slower, by `change`, than what the
+        job's syncs surely carried within the last `bound_window_s`: a test or
+        look that read what they left of the link, not the path (as Linux's
+        rate estimator takes a sample, a lower bound on the path). In the cnn
+        lab two tests read 136-149 Mbit/s of an 820 Mbit/s link while the
+        job's syncs carried 512, and were taken as a fall.) While syncs read
+        slower, only what crossed since they began counts: before, the path
+        may have been another."""
+        since = ts - self.config.bound_window_s
+        if self.streak is not None and self.streak.direction > 0:
+            since = max(since, self.streak.began - 1e-9)
+        crossed = [b for t, b in self.crossing if t > since]
+        return bool(crossed) and beta > min(crossed) * (1 + self.config.change)
 
     def _window(self, ts: float) -> list[tuple[float, float]]:
         """The bounds of the last `bound_window_s` before `ts`."""
@@ -762,6 +788,9 @@ class LinkEstimate:
             if self.floor is None or beta <= self.floor[1]:
                 self.floor = (ts, beta)
             return  # agrees with a figure only bounded: still only bounded
+        if old is not None and self._under_crossing(beta, ts):
+            self.probe_pending = None
+            return  # it read what the job's syncs left of the link
         if old is None or (self.lower_bound and beta < old):
             self._set(beta, PROBE, ts)
         elif slower_pending and beta >= old * (1 + change):
@@ -803,7 +832,11 @@ class LinkEstimate:
         figure = self.beta_s_per_byte
         if figure is None:
             return
+        if self._under_crossing(beta, ts):
+            return  # it read what the job's syncs left of the link: it says nothing
         every = beta if slowest is None else slowest
+        if math.isfinite(every) and self._under_crossing(every, ts):
+            every = math.inf  # another path's look read what the syncs left: looked at again
         if self.lower_bound:
             self._look_at_bound(beta, every, ts)
             return
@@ -918,6 +951,8 @@ class LinkEstimate:
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
+            # a state written before what crossed was kept had none
+            fields["crossing"] = [(float(t), float(b)) for t, b in state.get("crossing", [])]
             # a state written before the job's clock ran on the caller's: go on from its last time
             fields["trained_s"] = float(state.get("trained_s", _latest(state, bounds)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
