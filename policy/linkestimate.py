@@ -80,9 +80,10 @@ option. Both are fitted together, with forgetting:
   path's look is the figure unless it reads under the bound by `change` (it
   shared the link with the job's syncs); that, or no look within
   `probe_wait_s`, asks for the probe.
-- Syncs that showed nothing of the path for `look_after_s` (all burst-sized,
-  too wide to read it, or bounds however they move) want a look (`wants_look`):
-  packet trains timed by the receiving kernel, a few ms of the link.
+- Where no look, test or report read the path for `look_after_s`, the syncs
+  want a look (`wants_look`), whatever they read (one option's overhead and
+  the wire are one figure to them): packet trains timed by the receiving
+  kernel, a few ms of the link.
   One that reads faster than the figure by `level_shift` (allowing for a burst
   it may read, `look_overread`) is the figure; two in a row that read slower
   ask for a probe (a look shares the link with the job's syncs); one that
@@ -305,6 +306,8 @@ class LinkEstimate:
     looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
     look_asked: float | None = None  # when a look was wanted to answer `look_reason` (`find_out`)
     look_reason: str = ""
+    # when a look, test or the job's report last read the path (or the first figure came)
+    seen_at: float | None = None
     # (when, beta) each sync's bytes surely crossed at (over its whole time), the last `bound_window_s`
     crossing: list[tuple[float, float]] = field(default_factory=list)
 
@@ -354,16 +357,15 @@ class LinkEstimate:
             self.wants_look = True
 
     def _blind_s(self, ts: float) -> float:
-        """How long nothing has shown the path: no sync read it as the figure (a
-        confirmation), nor did a look, probe or move to a figure more than a
-        bound (0 while there is no figure). Bounds that move say as little: in
-        the cnn lab PowerSGD's syncs, mostly gloo's own work, bound a 160-980
-        Mbit/s path at 13-55 Mbit/s, a move every second, and no look came for 38 s."""
-        if self.beta_s_per_byte is None:
+        """How long no look, test or report has read the path (0 while there is
+        no figure). Syncs cannot end it: where one option runs, its overhead and
+        the wire are one figure, fitted at one rate and read at any other. In
+        the cnn lab PowerSGD rank 4's syncs, mostly gloo's own work, read a
+        160-980 Mbit/s path at 14-54 Mbit/s for 30 s, each reading taken as
+        the path and most of them a move, and no look came."""
+        if self.beta_s_per_byte is None or self.seen_at is None:
             return 0.0
-        moved = None if self.lower_bound else self.moved_at
-        seen = [t for t in (self._looked_at(), moved) if t is not None]
-        return ts - max(seen) if seen else 0.0
+        return ts - max(self.seen_at, self.looked or -math.inf)
 
     def _read_sync(self, form: str, beta_bytes: float, seconds: float, ts: float, reports: int) -> None:
         looked = self._looked_at()
@@ -400,6 +402,7 @@ class LinkEstimate:
         if beta is None or wire is None:
             if bound is not None:
                 self._set(bound, SYNC if narrow else SYNC_BOUND, ts, lower_bound=not narrow)
+                self.seen_at = ts  # blind from the first figure on
             # A first figure the syncs read is the path as the job loads it: the
             # owner's wish to probe goes (a registration's test then shares the
             # link with the job: the lab's dense job's read 4.5 of 20 Mbit/s in
@@ -782,15 +785,17 @@ class LinkEstimate:
         slower_pending = self.streak is not None and self.streak.direction > 0
         if shared and (old is None or beta <= old / (1 + change)):
             self._set(beta, PROBE_SHARED, ts, lower_bound=True)  # the path is at least this fast
-            self.floor = (ts, beta)
+            self.floor, self.seen_at = (ts, beta), ts
             return
         if shared and self.lower_bound and beta < old * (1 + change):
             if self.floor is None or beta <= self.floor[1]:
                 self.floor = (ts, beta)
+            self.seen_at = ts
             return  # agrees with a figure only bounded: still only bounded
         if old is not None and self._under_crossing(beta, ts):
             self.probe_pending = None
             return  # it read what the job's syncs left of the link
+        self.seen_at = ts
         if old is None or (self.lower_bound and beta < old):
             self._set(beta, PROBE, ts)
         elif slower_pending and beta >= old * (1 + change):
@@ -898,6 +903,7 @@ class LinkEstimate:
     def observe_report(self, beta: float, ts: float) -> None:
         """The job's own figure for its network, taken as it is."""
         self._set(beta, REPORT, ts)
+        self.seen_at = ts
 
     def _set(self, beta: float, evidence: str, ts: float, lower_bound: bool = False) -> None:
         # measured from where the last move was counted: a figure that bounds let
@@ -953,6 +959,8 @@ class LinkEstimate:
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
             # a state written before what crossed was kept had none
             fields["crossing"] = [(float(t), float(b)) for t, b in state.get("crossing", [])]
+            seen_at = state.get("seen_at", state["confirmed"])  # or, before it was kept, the confirmation
+            fields["seen_at"] = None if seen_at is None else float(seen_at)
             # a state written before the job's clock ran on the caller's: go on from its last time
             fields["trained_s"] = float(state.get("trained_s", _latest(state, bounds)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
