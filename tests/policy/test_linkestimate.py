@@ -928,17 +928,27 @@ def test_a_look_is_read_through_the_links_bucket():
     assert 8 / e.looked_beta(8 / (0.99 * 20e6), 256 << 10) == pytest.approx(0.94 * 20e6, rel=0.02)
 
 
-def test_slower_looks_ask_for_a_probe_when_read_twice_in_a_row():
+def test_slower_looks_read_twice_in_a_row_are_the_figure():
     e = LinkEstimate(LinkEstimateConfig())
     e.observe_probe(8 / 450e6, 0.0)
-    e.observe_look(8 / 160e6, 2.0)  # the path fell, or the job's syncs shared the link with the look
-    assert not e.wants_probe and e.look_pending
-    e.observe_look(8 / 440e6, 4.0)  # the job's syncs it was
+    e.observe_look(8 / 160e6, 2.0)  # the path fell, or something shared the link with the look
+    assert not e.wants_probe and e.look_pending and e.bandwidth_bps == pytest.approx(450e6)
+    e.observe_look(8 / 440e6, 4.0)  # it was not the path
     assert not e.wants_probe and not e.look_pending and e.looked == 4.0
     e.observe_look(8 / 160e6, 6.0)
-    e.observe_look(8 / 150e6, 8.0)  # the path fell
-    assert e.wants_probe and e.probe_reason == "looks read slower" and not e.look_pending
-    assert e.bandwidth_bps == pytest.approx(450e6)  # the probe says how far
+    e.observe_look(8 / 150e6, 8.0)  # the path fell: the faster of the two
+    assert e.bandwidth_bps == pytest.approx(160e6) and e.evidence == "look" and not e.wants_probe
+
+
+def test_a_slower_look_under_what_the_syncs_carried_is_nothing():
+    # A 160 Mbit/s link, the job's dense syncs on it; the looks beside them read 60.
+    path = Path()
+    path.run(DENSE, 160e6, 1)
+    path.probe(160e6)
+    for _ in range(3):
+        path.run(DENSE, 160e6, 1)
+        path.estimate.observe_look(8 / 60e6, path.now)
+    assert path.mbps == pytest.approx(160, rel=0.1) and not path.estimate.look_pending
 
 
 def test_a_look_that_finds_the_figure_puts_off_the_aged_ask_and_the_next_look():
