@@ -108,10 +108,13 @@ LOOK_TIMEOUT_S = 1.0
 # CI run with two hogs, 256 KB trains read 0.93-0.97x the rate at 20-980 Mbit/s
 # and 64 KB ones 0.97x at 20-410 but 1.5-1.9x at 980 (the shaper passes 0.5 ms
 # of it in clumps); a look of one 256 KB train held a 20 Mbit/s link 108 ms, and
-# the 0.25% duty cycle then allowed none for 43 s.
+# the 0.25% duty cycle then allowed none for 43 s. A train is at most LOOK_GROWTH
+# times the one before: a first train inside the shaper's burst reads the line, and
+# sized by it a 256 KB train held a 160 Mbit/s link 13 ms (none for 5 s after).
 LOOK_HELD_S = 0.002
 LOOK_TRAINS = 3
 LOOK_MAX_BYTES = 256 << 10
+LOOK_GROWTH = 4
 # A look asked for longer ago than this is no longer wanted: a job's estimate asks
 # at every report message while its syncs show nothing of the path (run later, a
 # dense job's look asked on an 820 Mbit/s link, where its syncs were mostly the
@@ -223,7 +226,7 @@ def sized_look(train: Callable[[str, int], Measurement], peer: str) -> Measureme
         held += m.duration_s or 0.0
         if (m.duration_s or 0.0) >= LOOK_HELD_S or size >= LOOK_MAX_BYTES or not m.bandwidth_bps:
             break
-        size = min(LOOK_MAX_BYTES, int(m.bandwidth_bps / 8 * 2 * LOOK_HELD_S))
+        size = min(LOOK_MAX_BYTES, LOOK_GROWTH * size, int(m.bandwidth_bps / 8 * 2 * LOOK_HELD_S))
     return dataclasses.replace(m, duration_s=held)
 
 

@@ -22,6 +22,7 @@ from flexcomm.policy.linkestimate import LOOK_OVERREAD
 from flexcomm.probe.addresses import local_addresses
 from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout
 from flexcomm.probe.scheduler import (
+    LOOK_GROWTH,
     LOOK_HELD_S,
     LOOK_MAX_BYTES,
     LOOK_RECKONED_S,
@@ -365,11 +366,16 @@ def test_a_look_reads_again_with_a_larger_train_until_one_held_the_link_long_eno
     assert len(sizes) == 1 and m.bandwidth_bps == 20e6 and m.duration_s == pytest.approx(sizes[0] * 8 / 20e6)
     fast, sizes = path(980e6, 5e9, 30_000)  # the first, small train passed in one clump
     m = sized_look(fast, "p")
-    assert sizes[1] == LOOK_MAX_BYTES and m.bandwidth_bps == 980e6 and m.bytes_sent == LOOK_MAX_BYTES
-    assert m.duration_s == pytest.approx(sizes[0] * 8 / 5e9 + LOOK_MAX_BYTES * 8 / 980e6)
+    assert sizes == [sizes[0], LOOK_GROWTH * sizes[0], LOOK_MAX_BYTES]  # each at most LOOK_GROWTH times
+    assert m.bandwidth_bps == 980e6 and m.bytes_sent == LOOK_MAX_BYTES
+    assert m.duration_s == pytest.approx(sizes[0] * 8 / 5e9 + (sizes[1] + LOOK_MAX_BYTES) * 8 / 980e6)
+    clumped, sizes = path(160e6, 5e9, 30_000)  # sized by the clump, 256 KB would hold it 13 ms
+    m = sized_look(clumped, "p")
+    assert sizes == [sizes[0], LOOK_GROWTH * sizes[0]] and m.bandwidth_bps == 160e6
+    assert m.duration_s < 0.004
     middling, sizes = path(160e6, 160e6, 0)
     sized_look(middling, "p")
-    assert len(sizes) == 2 and sizes[1] == int(160e6 / 8 * 2 * LOOK_HELD_S)
+    assert len(sizes) == 2 and sizes[1] == min(LOOK_GROWTH * sizes[0], int(160e6 / 8 * 2 * LOOK_HELD_S))
 
     def lost_after_the_first(peer: str, size: int) -> Measurement:
         if size > 20_000:
