@@ -738,7 +738,7 @@ def test_powersgd_syncs_teach_their_own_overhead_not_the_rings_they_run_over():
     assert estimate.bandwidth_bps == pytest.approx(1e9, rel=0.05) and not estimate.lower_bound
 
 
-def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_for_a_probe():
+def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_a_look():
     # The cnn's fast phases on a busy host: AllGather Top-k syncs read "65 Mbit/s"
     # (their fitted overhead small, the host's 25 ms taken for the wire) while the
     # AR tree's syncs in between carried their bytes at 180 Mbit/s and more; the
@@ -754,7 +754,10 @@ def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_fo
         estimate.observe_sync("ag_topk", ag, 0.032, 5.0 + 0.2 * i)
         estimate.observe_sync("art_tree", tree, 0.0055, 5.1 + 0.2 * i)  # 179 Mbit/s crossed
     assert estimate.moves == moves and estimate.bandwidth_bps == pytest.approx(400e6, rel=0.05)
-    assert estimate.wants_probe
+    assert estimate.wants_look and estimate.look_reason == "syncs contradict each other"
+    assert not estimate.wants_probe
+    estimate.observe_look(8 / 390e6, 6.0)  # the path is as it was: answered, no test
+    assert estimate.look_asked is None and estimate.bandwidth_bps == pytest.approx(400e6, rel=0.05)
 
 
 TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
@@ -788,7 +791,7 @@ def test_a_shift_of_burst_sized_syncs_asks_for_a_probe_and_says_what_it_means():
 
 
 def test_burst_sized_syncs_that_slow_ask_once_for_a_probe():
-    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536))
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=65536, looks=False))
     estimate.observe_probe(8 / 950e6, 0.0)
     now = small_syncs(estimate, FAST * 3, 0.1)
     now = small_syncs(estimate, SLOW[:8], now)
@@ -1059,3 +1062,19 @@ def test_a_test_under_what_the_syncs_just_carried_read_what_they_left_of_the_lin
     for _ in range(2):
         path.probe(bound / 4 * 1e6)
     assert path.mbps == pytest.approx(bound / 4) and e.evidence == PROBE
+
+
+def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
+    path = Path(looks=True)
+    path.probe(1e9)
+    path.run(TOPK_AG, 1e9, 30)
+    path.run(TOPK_AG, 200e6, 1)  # slower, but Top-k's bytes explain too little to stand alone
+    e = path.estimate
+    assert e.wants_look and e.look_reason == "slower streak" and not e.wants_probe
+    e.observe_look(8 / 950e6, path.now)  # the host's slowing, not the path's
+    assert e.streak is None and e.look_asked is None and path.mbps == pytest.approx(1000, rel=0.05)
+    path.run(TOPK_AG, 200e6, 1)  # it goes on: a look again
+    e.observe_look(8 / 200e6, path.now)
+    path.run(TOPK_AG, 200e6, 1)
+    e.observe_look(8 / 190e6, path.now)  # twice slower: the path fell
+    assert path.mbps == pytest.approx(200) and e.evidence == "look" and not e.wants_probe
