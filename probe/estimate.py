@@ -40,7 +40,7 @@ from flexcomm.store.records import BANDWIDTH, LATENCY, LOOK, PASSIVE, Measuremen
 
 ALPHA_BURSTS = 5
 # Looks at a job's several peers within this long stand together for its path: the
-# scheduler looks at them in turn, one every 0.8-2 s at most (LOOK_DUTY_CYCLE).
+# scheduler looks at them in turn, one every 0.4-1 s at most (LOOK_DUTY_CYCLE).
 # An older look slower than the path holds a recovery back only until that peer is
 # looked at again; the slowest is taken, so none makes a path seem faster than it is.
 LOOK_SPAN_S = 10.0
