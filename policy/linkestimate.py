@@ -447,10 +447,10 @@ class LinkEstimate:
     def _under_crossing(self, beta: float, ts: float) -> bool:
         """Whether a reading of the path is slower, by `change`, than what the
         job's syncs surely carried within the last `bound_window_s`: a test or
-        look that read what they left of the link, not the path (as Linux's
-        rate estimator takes a sample, a lower bound on the path). In the cnn
+        look that read what they left of the link, not the path (Linux's rate
+        estimator takes such a sample as a lower bound on the path). In the cnn
         lab two tests read 136-149 Mbit/s of an 820 Mbit/s link while the
-        job's syncs carried 512, and were taken as a fall.) While syncs read
+        job's syncs carried 512, and were taken as a fall. While syncs read
         slower, only what crossed since they began counts: before, the path
         may have been another."""
         since = ts - self.config.bound_window_s
@@ -532,7 +532,7 @@ class LinkEstimate:
 
     def _suspect(self, beta_bytes: float, before_s: float, recent_s: float, ts: float) -> None:
         """An option's syncs moved from `before_s` to `recent_s`: a probe is asked
-        for (a look first where they quickened), unless the move is the host's."""
+        for (of a look first), unless the move is the host's."""
         self.suspect_beta = self._shifted_beta(beta_bytes, before_s, recent_s)
         if self.suspect_beta is None:
             return
@@ -859,7 +859,7 @@ class LinkEstimate:
             self.looked = ts
         elif slower:
             self.suspect_beta = beta  # the rate it would mean, until the next look says
-        elif not slower:
+        else:
             self.looked, self.look_asked = ts, None
             if self.streak is not None and self.streak.direction > 0:
                 self.streak = None  # the syncs' slowing was the host's
