@@ -1078,3 +1078,17 @@ def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
     path.run(TOPK_AG, 200e6, 1)
     e.observe_look(8 / 190e6, path.now)  # twice slower: the path fell
     assert path.mbps == pytest.approx(200) and e.evidence == "look" and not e.wants_probe
+
+
+def test_a_look_that_answers_a_question_reads_the_path_as_a_probe_of_one_peer_does():
+    # The default lab's recoveries: 2-4 s of 1 Gbit/s after 20 Mbit/s, the job's three
+    # paths looked at in turn; another path's look of the slow phase held each back.
+    asked = Path(looks=True)
+    asked.run(TOPK_AG, 1e9, 3)  # only bounded: how fast, a look is asked
+    assert asked.estimate.look_asked is not None
+    asked.estimate.observe_look(8 / 950e6, asked.now, slowest=8 / 20e6)
+    assert asked.mbps == pytest.approx(950) and asked.estimate.evidence == "look"
+    unasked = LinkEstimate(LinkEstimateConfig())
+    unasked.observe_probe(8 / 20e6, 0.0)
+    unasked.observe_look(8 / 950e6, 0.5, slowest=8 / 20e6)  # faster on one path, not on the other
+    assert unasked.bandwidth_bps == pytest.approx(20e6)
