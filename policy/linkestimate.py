@@ -84,9 +84,11 @@ option. Both are fitted together, with forgetting:
   the wire are one figure to them): packet trains timed by the receiving
   kernel, a few ms of the link.
   One that reads faster than the figure by `level_shift` (allowing for a burst
-  it may read, `look_overread`) is the figure; two in a row that read slower
-  ask for a probe (a look shares the link with the job's syncs); one that
-  agrees counts as a look at the path for the aged ask.
+  it may read, `look_overread`) is the figure (the slowest of the paths looked
+  at: all of them, or while a question is out those looked at since); two in
+  a row that read slower, within `probe_wait_s`, are the figure; one that
+  agrees counts as a look at the path for the aged ask, and ends a slower
+  streak where every path agrees.
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A test or look that reads slower, by `change`, than what the job's syncs
@@ -301,7 +303,7 @@ class LinkEstimate:
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
     looked: float | None = None  # when a look last found the path as the figure says
     wants_look: bool = False  # cleared by the owner once it has asked
-    look_pending: bool = False  # the last look read slower, to be read again
+    look_pending: tuple[float, float] | None = None  # (when, what) a look read slower, to be read again
     looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
     look_asked: float | None = None  # when a look was wanted to answer `look_reason` (`find_out`)
     look_reason: str = ""
@@ -791,7 +793,7 @@ class LinkEstimate:
         if old is not None and self._under_crossing(beta, ts):
             self.probe_pending = None
             return  # it read what the job's syncs left of the link
-        self.seen_at = ts
+        self.seen_at, self.look_pending = ts, None
         if old is None or (self.lower_bound and beta < old):
             self._set(beta, PROBE, ts)
         elif slower_pending and beta >= old * (1 + change):
@@ -810,7 +812,8 @@ class LinkEstimate:
             self.probe_pending = beta
             self.ask("a slower probe, read again")
 
-    def observe_look(self, beta: float, ts: float, slowest: float | None = None) -> None:
+    def observe_look(self, beta: float, ts: float, slowest: float | None = None,
+                     all_paths: float | None = None) -> None:
         """A look at the job's path, its reading through the link's bucket
         (`looked_beta`; on a link configured plain it may read up to
         `look_overread` times the rate of a bucket the estimate was not told
@@ -837,18 +840,20 @@ class LinkEstimate:
             return
         if self._under_crossing(beta, ts):
             return  # it read what the job's syncs left of the link: it says nothing
-        # A look that answers a question (`find_out`) reads the job's path as a
-        # probe of one peer does: in the default lab's 2-4 s of 1 Gbit/s after 20,
-        # three paths looked at in turn, an older look at one of them held every
-        # recovery back until the job ended.
-        every = beta if slowest is None or self.look_asked is not None else slowest
+        every = beta if slowest is None else slowest
         if math.isfinite(every) and self._under_crossing(every, ts):
             every = math.inf  # another path's look read what the syncs left: looked at again
+        paths = every if all_paths is None else all_paths
+        pending = self.look_pending
+        if pending is not None and ts - pending[0] > self.config.probe_wait_s:
+            pending = None  # too old to be read twice with this one
+        self.look_pending = None
         if self.lower_bound:
-            self._look_at_bound(beta, every, ts)
+            self._look_at_bound(beta, every, pending, ts)
             return
         shift = 1 + self.config.level_shift
-        slower = beta >= figure * shift
+        reading = max(beta, every) if math.isfinite(every) else beta  # the slowest path looked at
+        slower = reading >= figure * shift
         # a bucket the estimate was told of is read through (`looked_beta`), not allowed for
         overread = self.config.look_overread if self.bucket.plain else 1.0
         if every * shift * overread <= figure:
@@ -856,26 +861,24 @@ class LinkEstimate:
             self.looked = ts
         elif beta * shift * overread <= figure and not math.isfinite(every):
             self._look_elsewhere(beta, ts)
-        elif beta * shift * overread <= figure:  # faster here, not on the slowest path: it stands
-            self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
-        elif slower and self.look_pending:
-            self._set(min(beta, self.suspect_beta or beta), LOOK, ts)
+        elif slower and pending is not None:
+            self._set(min(reading, pending[1]), LOOK, ts)  # the faster of the two
             self.looked = ts
         elif slower:
-            self.suspect_beta = beta  # the rate it would mean, until the next look says
-        else:
-            self.looked, self.look_asked = ts, None
-            if self.streak is not None and self.streak.direction > 0:
-                self.streak = None  # the syncs' slowing was the host's
-        self.look_pending = slower and not self.look_pending
+            self.look_pending, self.wants_look = (ts, reading), True
+        else:  # the slowest path looked at agrees, or reads faster where another does not
+            self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
+            if self.streak is not None and self.streak.direction > 0 and paths < figure * shift:
+                self.streak = None  # every path agrees: the syncs' slowing was the host's
 
-    def _look_at_bound(self, beta: float, every: float, ts: float) -> None:
+    def _look_at_bound(self, beta: float, every: float, pending: tuple[float, float] | None, ts: float) -> None:
         """A look while the figure only bounds the path from below: the slowest
-        path's reading is the figure (the path is at least the bound, so no
-        slower), unless it reads slower than the bound by `change`: it shared
-        the link with the job's syncs and read what they left, and a probe
-        settles it. Faster on this path with another unlooked: looks at the
-        others first (`_look_elsewhere`)."""
+        path's reading (`every`) is the figure (the path is at least the bound,
+        so no slower), unless it reads slower than the bound by `change`: it
+        shared the link with the job's syncs and read what they left, and if
+        the next look (`pending`) did too, a probe settles it. About the bound
+        or faster on this path with another unlooked: looks at the others first
+        (`_look_elsewhere`)."""
         bound = self.beta_s_per_byte
         assert bound is not None
         within = bound * (1 + self.config.change)
@@ -885,11 +888,10 @@ class LinkEstimate:
             self.looked = ts
         elif not under:
             self._look_elsewhere(beta, ts)
-        elif self.look_pending:  # twice in a row, as a slower look at a confirmed figure
+        elif pending is not None:  # twice in a row, as a slower look at a confirmed figure
             self.ask(self.look_reason if self.look_asked is not None else "looks read under the bound")
         else:
-            self.wants_look = True
-        self.look_pending = under and not self.look_pending
+            self.look_pending, self.wants_look = (ts, beta), True
 
     def _look_elsewhere(self, beta: float, ts: float) -> None:
         if self.looking_since is None:
@@ -917,7 +919,7 @@ class LinkEstimate:
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
-        self.looking_since = None
+        self.looking_since, self.look_pending = None, None
         self.bounds, self.floor = ([(ts, beta)] if lower_bound else []), None
         if not lower_bound:
             self.confirmed, self.look_asked = ts, None
@@ -950,8 +952,10 @@ class LinkEstimate:
             # nor had a state written before looks
             fields["looked"] = None if state.get("looked") is None else float(state["looked"])
             fields["looking_since"] = None if state.get("looking_since") is None else float(state["looking_since"])
-            for name in ("wants_look", "look_pending"):
-                fields[name] = bool(state.get(name, False))
+            fields["wants_look"] = bool(state.get("wants_look", False))
+            pending = state.get("look_pending")  # a bool before what it read was kept: read again
+            fields["look_pending"] = (float(pending[0]), float(pending[1])) \
+                if isinstance(pending, (list, tuple)) else None
             fields["probe_reason"] = str(state.get("probe_reason", ""))
             fields["look_asked"] = None if state.get("look_asked") is None else float(state["look_asked"])
             fields["look_reason"] = str(state.get("look_reason", ""))
@@ -965,7 +969,9 @@ class LinkEstimate:
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
             # a state written before what crossed was kept had none
             fields["crossing"] = [(float(t), float(b)) for t, b in state.get("crossing", [])]
-            seen_at = state.get("seen_at", state["confirmed"])  # or, before it was kept, the confirmation
+            # before it was kept: the confirmation, or for a figure only bounded its last time
+            seen_at = state.get("seen_at", state["confirmed"] if state["confirmed"] is not None else
+                                None if state["beta_s_per_byte"] is None else _latest(state, bounds))
             fields["seen_at"] = None if seen_at is None else float(seen_at)
             # a state written before the job's clock ran on the caller's: go on from its last time
             fields["trained_s"] = float(state.get("trained_s", _latest(state, bounds)))

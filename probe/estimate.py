@@ -43,6 +43,8 @@ ALPHA_BURSTS = 5
 # scheduler looks at them in turn, one every 0.4-1 s at most (LOOK_DUTY_CYCLE).
 # An older look slower than the path holds a recovery back only until that peer is
 # looked at again; the slowest is taken, so none makes a path seem faster than it is.
+# While the job's estimate has a question out, only the peers looked at since count,
+# as a test's reading counts from the peers read since the move it answers.
 LOOK_SPAN_S = 10.0
 
 
@@ -132,6 +134,7 @@ class Estimator:
         self.job_peers: dict[str, tuple[str, ...]] = {}
         self.fresh_since: dict[str, float] = {}  # per job: peer readings older than this are another network's
         self.reported_alpha: dict[str, float] = {}
+        self.asked_since: dict[str, float] = {}  # per job: when looks began to answer its question (wall)
 
     def peer(self, address: str) -> PeerPath:
         return self.peers.setdefault(address, PeerPath(address))
@@ -145,10 +148,11 @@ class Estimator:
         self.jobs[job_id] = LinkEstimate(link, self.bucket)
         self.fresh_since[job_id] = ts
         self.reported_alpha.pop(job_id, None)
+        self.asked_since.pop(job_id, None)
         return self.jobs[job_id]
 
     def remove_job(self, job_id: str) -> None:
-        for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha):
+        for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha, self.asked_since):
             table.pop(job_id, None)
 
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
@@ -161,9 +165,7 @@ class Estimator:
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         if m.kind == LOOK and m.beta_s_per_byte:
             for job_id in affected:
-                job = self.jobs[job_id]
-                slowest = self._slowest_look(job, self.job_peers[job_id], since=ts - LOOK_SPAN_S)
-                job.observe_look(_looked(job, self.peer(m.peer)), job.trained_s, slowest)
+                self._looked_for(job_id, _looked(self.jobs[job_id], self.peer(m.peer)), ts)
         for job_id in affected if bandwidth else ():
             since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
             beta = self._probed_beta(self.job_peers[job_id], since=since)
@@ -202,13 +204,33 @@ class Estimator:
                  if p is not None and p.beta_s_per_byte and p.measured is not None and p.measured >= since]
         return max(betas) if betas else None
 
-    def _slowest_look(self, job: LinkEstimate, peers: Sequence[str], since: float) -> float:
+    def _looked_for(self, job_id: str, beta: float, ts: float) -> None:
+        """A look (read as `beta` for the job) at one of the job's peers, with the
+        slowest of the latest looks at each of them within LOOK_SPAN_S (inf while
+        one has none); while the job's estimate has a question out
+        (`LinkEstimate.find_out`), the figure is taken from the slowest of those
+        looked at since its first look after the question, as a test's is from
+        the peers read since the move it answers (in the default lab's 2-4 s of
+        1 Gbit/s after 20, an older look at another path held each recovery back
+        until the job ended)."""
+        job, peers = self.jobs[job_id], self.job_peers[job_id]
+        every = self._slowest_look(job, peers, since=ts - LOOK_SPAN_S)
+        if job.look_asked is None:
+            self.asked_since.pop(job_id, None)
+            job.observe_look(beta, job.trained_s, every)
+            return
+        since = self.asked_since.setdefault(job_id, ts)
+        job.observe_look(beta, job.trained_s, self._slowest_look(job, peers, since, partial=True), every)
+
+    def _slowest_look(self, job: LinkEstimate, peers: Sequence[str], since: float, partial: bool = False) -> float:
         """The slowest of the latest looks at `peers` since `since`, as `job` reads
-        them; inf unless every one has one."""
+        them; inf unless every one has one (`partial`: of those that have)."""
         paths = [self.peers.get(a) for a in peers]
-        if any(p is None or p.look_beta is None or p.looked is None or p.looked < since for p in paths):
+        looked = [p for p in paths if p is not None and p.look_beta is not None and p.looked is not None
+                  and p.looked >= since]
+        if not looked or (len(looked) < len(paths) and not partial):
             return math.inf
-        return max(_looked(job, p) for p in paths)
+        return max(_looked(job, p) for p in looked)
 
     def _alpha(self, job_id: str) -> float | None:
         alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))

@@ -118,6 +118,25 @@ def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_
     assert est.peer("p1").bandwidth_bps == pytest.approx(20e6)  # a look is the job's, not the probed rate
 
 
+def test_a_look_that_answers_a_question_reads_the_peers_looked_at_since_it_was_asked():
+    # The default lab's 2-4 s of 1 Gbit/s after 20 Mbit/s: a look of the slow phase
+    # at another path held the recovery back until the job ended.
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
+    for peer in ("p1", "p2", "p3"):
+        est.observe(bandwidth(peer, 20e6), ts=1.0)
+    est.observe(look("p3", 1.167 * 20e6), ts=2.0)
+    job = est.jobs["j"]
+    job.find_out("syncs quickened", job.trained_s)  # as the syncs ask
+    est.observe(look("p1", 1.167 * 900e6), ts=3.0)
+    assert job.bandwidth_bps == pytest.approx(0.972 * 900e6, rel=0.01) and job.evidence == "look"
+    # p3 is still slow: its looks, read twice, are the figure again
+    est.observe(look("p3", 1.167 * 20e6), ts=4.0)
+    assert job.bandwidth_bps == pytest.approx(0.972 * 900e6, rel=0.01) and job.look_pending
+    est.observe(look("p3", 1.167 * 20e6), ts=5.0)
+    assert job.bandwidth_bps == pytest.approx(8 / job.looked_beta(8 / (1.167 * 20e6), 256 << 10))
+
+
 def test_a_look_faster_on_one_path_stands_aside_when_the_slowest_path_looked_as_the_figure():
     est = Estimator(BUCKET)
     est.add_job("j", ("p1", "p2"), ts=0.0)
