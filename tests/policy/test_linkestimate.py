@@ -1065,11 +1065,18 @@ def test_a_test_under_what_the_syncs_just_carried_read_what_they_left_of_the_lin
     assert path.mbps == pytest.approx(bound / 4) and e.evidence == PROBE
 
 
-def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
+def slower_top_k_streak() -> Path:
+    """A path confirmed at 1 Gbit/s whose Top-k syncs then read 200 Mbit/s:
+    slower, but their bytes explain too little of their time to stand alone."""
     path = Path(looks=True)
     path.probe(1e9)
     path.run(TOPK_AG, 1e9, 30)
-    path.run(TOPK_AG, 200e6, 1)  # slower, but Top-k's bytes explain too little to stand alone
+    path.run(TOPK_AG, 200e6, 1)
+    return path
+
+
+def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
+    path = slower_top_k_streak()
     e = path.estimate
     assert e.wants_look and e.look_reason == "slower streak" and not e.wants_probe
     e.observe_look(8 / 950e6, path.now)  # the host's slowing, not the path's
@@ -1084,10 +1091,7 @@ def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
 
 
 def test_a_look_that_agrees_ends_a_slower_streak_only_where_every_path_agrees():
-    path = Path(looks=True)
-    path.probe(1e9)
-    path.run(TOPK_AG, 1e9, 30)
-    path.run(TOPK_AG, 200e6, 1)  # slower, but Top-k's bytes explain too little to stand alone
+    path = slower_top_k_streak()
     e = path.estimate
     e.observe_look(8 / 950e6, path.now, slowest=8 / 950e6, all_paths=8 / 20e6)  # another path read 20
     assert e.streak is not None and e.look_asked is None  # answered for this path, not the job's
