@@ -9,6 +9,7 @@ the process it started. Waits are polls with load-scaled deadlines
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,11 +32,31 @@ __all__ = ["AgentProcess", "free_port", "in_namespace", "job_ids", "metrics_text
            "wait_for"]
 
 
+def _ephemeral_ports() -> range:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A loopback port nothing holds now, TCP or (SOCK_DGRAM) UDP."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing holds now, TCP or (SOCK_DGRAM) UDP, outside the
+    kernel's ephemeral range: one from inside it (a bind to port 0) can be given
+    to another test's outgoing connection before the process it is meant for
+    binds it (an agent's metrics port was, in a CI run)."""
+    ephemeral, rng = _ephemeral_ports(), random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, 65536)
+        if port in ephemeral:
+            continue
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 class AgentProcess:
