@@ -102,8 +102,13 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 9
+STATE_FORMAT = 10
 COMPUTE_SAMPLES = 9
+# A compression's time is the median of its latest steps: one step a loaded host
+# stalled (PowerSGD rank 4 compressed in 85 ms, then 2 and 2) held its smoothed
+# figure at 42 ms through a short lab's slow phase, where it would have been the
+# fastest option within the budget.
+COMP_SAMPLES = 5
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
 LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed option the model puts first
@@ -328,7 +333,7 @@ class _State:
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
-    t_comp: dict[str, float] = field(default_factory=dict)  # compression name -> s
+    t_comp: dict[str, list[float]] = field(default_factory=dict)  # compression name -> latest s
     set_up: list[str] = field(default_factory=list)  # compressions whose first step (their set-up) was seen
     gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain its probes read
     delivered: dict[str, float] = field(default_factory=dict)  # choice label -> gain its steps applied
@@ -445,6 +450,11 @@ class MooPolicy:
         if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
             self._set_current(self._warmup_option(), self._s.current.reason)
         moved = self.watch.moved(net, self.config.change_threshold, self.config.alpha_floor_s)
+        if moved:
+            # Outliers were judged against the network just left: kept, a fit whose
+            # last fast-link steps swung 3x on host jitter (2 against 6 ms) stayed
+            # untrusted through a short lab's 10 Mbit/s phase, and Top-k 0.1 with it.
+            self._s.outliers = {}
         if self._s.phase == EXPLOIT and moved:
             self._s.sync = {}  # measured on the old network
             self._reconsider(self.watch.change_reason(net))
@@ -538,7 +548,7 @@ class MooPolicy:
         if name not in s.set_up:
             s.set_up = [*s.set_up, name]
             return
-        s.t_comp[name] = _ewma(s.t_comp.get(name), t_comp_s, self.config.smoothing)
+        s.t_comp[name] = [*s.t_comp.get(name, ()), t_comp_s][-COMP_SAMPLES:]
 
     def _calibrate(self, report: StepReport) -> None:
         """Fit the model's error on this pair, unless the time is so far off the
@@ -874,10 +884,10 @@ class MooPolicy:
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
         ratios = []
-        for name, measured in sorted(self._s.t_comp.items()):
+        for name, samples in sorted(self._s.t_comp.items()):
             c, model = self._modelled_comp(name)
             if c.family == family and model > 0:
-                ratios.append(measured / model)
+                ratios.append(statistics.median(samples) / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
 
     def _modelled_comp(self, name: str) -> tuple[Compression, float]:
@@ -913,9 +923,9 @@ class MooPolicy:
         """Measured, or the model's figure times what the family measured (`scale`)."""
         if compression.family == DENSE:
             return 0.0
-        measured = self._s.t_comp.get(compression.name)
-        if measured is not None:
-            return measured
+        samples = self._s.t_comp.get(compression.name)
+        if samples:
+            return statistics.median(samples)
         return scale * self._modelled_comp(compression.name)[1]
 
     def _spent_exploring(self, label: str) -> bool:

@@ -653,6 +653,33 @@ def test_a_compressions_first_step_is_its_set_up_and_left_out_of_its_time() -> N
     assert figure() == pytest.approx(0.001)
 
 
+def test_one_stalled_compression_step_does_not_hold_its_time() -> None:
+    # A short lab under load: PowerSGD rank 4's steps after its set-up compressed
+    # in 85, 1.6 and 1.6 ms; smoothed, its figure stayed at 42 ms through the slow
+    # phase, where it would have been the fastest option within the budget.
+    policy = moo()
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    for step, t_comp in enumerate((0.035, 0.085, 0.0016, 0.0016)):
+        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01))
+    row = next(r for r in policy.evaluate() if r.label == "powersgd:4@dense_ring")
+    assert row.t_comp_s == pytest.approx(0.0016)
+
+
+def test_outliers_judged_on_a_network_left_behind_do_not_outlast_the_move() -> None:
+    # A short lab: Top-k 0.1's last steps on the fast link synced in 2 ms against
+    # 6 predicted (host jitter, 3x off), and its fit stayed untrusted through the
+    # 10 Mbit/s phase that followed: bf16 ran at 0.32 s a step where Top-k 0.1,
+    # delivered and calibrated, was predicted at 0.14.
+    policy, job = topk_running_with_powersgd_2_untimed()
+    job.adopted, job.control_interval = policy._s.current, 10**9
+    job.run(2, *SLOW, noise=lambda step: 10.0, observe=False)
+    key = calibration_key(Compression("topk", 0.011), "art_ring")
+    assert policy._outlying(key)
+    policy.observe_network(NetworkObservation.from_link(SLOW[0], SLOW[1] / 10, 4))
+    assert not policy._outlying(key)
+
+
 def test_stale_reports_of_an_old_decision_do_not_advance_exploration() -> None:
     policy = moo(warmup_steps=2)
     for i in range(5):  # reports of a compression the policy never asked for
