@@ -833,7 +833,10 @@ class LinkEstimate:
         shared the link with them read what they left): the path fell, and the
         faster of the two is the figure. Asked of a test, in the cnn lab the
         duty budget put it 70-90 s off, and the estimate stayed at 967 Mbit/s
-        through a 410 Mbit/s phase its looks read at every turn. Else the
+        through a 410 Mbit/s phase its looks read at every turn. Where the
+        second reads slower than the first by `level_shift` too, the path is
+        still falling: it is read again (a short lab's 1 Gbit/s look, then one
+        at 10 Mbit/s, made the figure 977 Mbit/s after the fall). Else the
         figure stands, as of now."""
         figure = self.beta_s_per_byte
         if figure is None:
@@ -861,8 +864,8 @@ class LinkEstimate:
             self.looked = ts
         elif beta * shift * overread <= figure and not math.isfinite(every):
             self._look_elsewhere(beta, ts)
-        elif slower and pending is not None:
-            self._set(min(reading, pending[1]), LOOK, ts)  # the faster of the two
+        elif slower and pending is not None and reading < pending[1] * shift:
+            self._set(min(reading, pending[1]), LOOK, ts)  # the two agree: the faster of them
             self.looked = ts
         elif slower:
             self.look_pending, self.wants_look = (ts, reading), True

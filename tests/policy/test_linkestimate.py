@@ -943,6 +943,19 @@ def test_slower_looks_read_twice_in_a_row_are_the_figure():
     assert e.bandwidth_bps == pytest.approx(160e6) and e.evidence == "look" and not e.wants_probe
 
 
+def test_a_second_slower_look_far_under_the_first_is_read_again():
+    # A short lab: a look on the fast link read under an overread figure, the
+    # next one after the link fell 100x; taken as the faster of the two, the
+    # figure after the fall was 977 Mbit/s.
+    e = LinkEstimate(LinkEstimateConfig())
+    e.observe_probe(8 / 1500e6, 0.0)
+    e.observe_look(8 / 1000e6, 1.0)
+    e.observe_look(8 / 10e6, 2.0)  # still falling: read again
+    assert e.bandwidth_bps == pytest.approx(1500e6) and e.look_pending == (2.0, 8 / 10e6) and e.wants_look
+    e.observe_look(8 / 9.8e6, 3.0)
+    assert e.bandwidth_bps == pytest.approx(10e6) and e.evidence == "look"
+
+
 def test_a_slower_look_under_what_the_syncs_carried_is_nothing():
     # A 160 Mbit/s link, the job's dense syncs on it; the looks beside them read 60.
     path = Path()
