@@ -943,6 +943,20 @@ def test_slower_looks_read_twice_in_a_row_are_the_figure():
     assert e.bandwidth_bps == pytest.approx(160e6) and e.evidence == "look" and not e.wants_probe
 
 
+def test_one_slower_look_at_one_path_is_not_read_twice_by_a_look_at_another():
+    # The default lab, 20 Mbit/s, three paths: a look at one read 11 (beside the
+    # job's syncs), the next one, at another path, 23. The first, still the
+    # slowest path's latest, was counted as the second slower look: 9.3 Mbit/s.
+    e = LinkEstimate(LinkEstimateConfig())
+    e.observe_probe(8 / 20e6, 0.0)
+    e.observe_look(8 / 11e6, 1.0, slowest=8 / 11e6)
+    assert e.look_pending == (1.0, 8 / 11e6)
+    e.observe_look(8 / 23e6, 2.0, slowest=8 / 11e6)  # another path agrees
+    assert e.bandwidth_bps == pytest.approx(20e6) and e.look_pending == (1.0, 8 / 11e6) and e.wants_look
+    e.observe_look(8 / 11.5e6, 3.0, slowest=8 / 11.5e6)  # the slow path read again: it fell
+    assert e.bandwidth_bps == pytest.approx(11.5e6) and e.evidence == "look"
+
+
 def test_a_second_slower_look_far_under_the_first_is_read_again():
     # A short lab: a look on the fast link read under an overread figure, the
     # next one after the link fell 100x; taken as the faster of the two, the
