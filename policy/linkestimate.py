@@ -859,6 +859,7 @@ class LinkEstimate:
         shift = 1 + self.config.level_shift
         reading = max(beta, every) if math.isfinite(every) else beta  # the slowest path looked at
         slower = reading >= figure * shift
+        this_slower = beta >= figure * shift  # this look itself, not only the slowest path's latest
         # a bucket the estimate was told of is read through (`looked_beta`), not allowed for
         overread = self.config.look_overread if self.bucket.plain else 1.0
         if every * shift * overread <= figure:
@@ -866,13 +867,13 @@ class LinkEstimate:
             self.looked = ts
         elif beta * shift * overread <= figure and not math.isfinite(every):
             self._look_elsewhere(beta, ts)
-        elif slower and pending is not None and beta >= figure * shift and reading < pending[1] * shift:
+        elif slower and pending is not None and this_slower and reading < pending[1] * shift:
             self._set(min(reading, pending[1]), LOOK, ts)  # the two agree: the faster of them
             self.looked = ts
         elif slower:
             # A look that itself agrees reads no path slower a second time: the
             # slowest path's earlier look stays the one to be read again.
-            again = pending is not None and beta < figure * shift
+            again = pending is not None and not this_slower
             self.look_pending, self.wants_look = (pending if again else (ts, reading)), True
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None

@@ -884,10 +884,10 @@ class MooPolicy:
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
         ratios = []
-        for name, samples in sorted(self._s.t_comp.items()):
+        for name in sorted(self._s.t_comp):
             c, model = self._modelled_comp(name)
             if c.family == family and model > 0:
-                ratios.append(statistics.median(samples) / model)
+                ratios.append(self._measured_comp(name) / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
 
     def _modelled_comp(self, name: str) -> tuple[Compression, float]:
@@ -923,10 +923,15 @@ class MooPolicy:
         """Measured, or the model's figure times what the family measured (`scale`)."""
         if compression.family == DENSE:
             return 0.0
-        samples = self._s.t_comp.get(compression.name)
-        if samples:
-            return statistics.median(samples)
+        measured = self._measured_comp(compression.name)
+        if measured is not None:
+            return measured
         return scale * self._modelled_comp(compression.name)[1]
+
+    def _measured_comp(self, name: str) -> float | None:
+        """A compression's measured t_comp: the median of its latest COMP_SAMPLES steps."""
+        samples = self._s.t_comp.get(name)
+        return statistics.median(samples) if samples else None
 
     def _spent_exploring(self, label: str) -> bool:
         """A step run only to measure its option: the running exploring option, or
@@ -1305,7 +1310,7 @@ class MooPolicy:
         s.current = None  # the first choice after exploring is free of hysteresis
         self._choose()
         self._rebase()
-        if s.phase == EXPLOIT and not self._running_off_model():
+        if not self._running_off_model():
             self._measure_an_untimed_first_choice(self.evaluate())
 
     def _rebase(self) -> None:
