@@ -62,6 +62,11 @@ class IperfBusy(IperfError):
     """The server is running another test: try again later."""
 
 
+class IperfUnconnected(IperfError):
+    """The test never connected to the server (refused, no route, timed out
+    connecting): nothing of it crossed the path."""
+
+
 class IperfTimeout(IperfError):
     """The test overran its timeout and was ended. sent_bps: its sender's rate
     past the first second (`sent_so_far_bps`), None without one: what entered the
@@ -156,7 +161,7 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
     """An IperfResult from iperf3's JSON report, or its "error" raised."""
     error = report.get("error")
     if error:
-        cls = IperfBusy if "busy" in str(error).lower() else IperfError
+        cls = IperfBusy if "busy" in str(error).lower() else IperfUnconnected if never_connected(report) else IperfError
         raise cls(f"iperf3 to {peer}:{port}: {error}")
     try:
         end, test = report["end"], report["start"]["test_start"]
@@ -179,6 +184,12 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
         # a 64 KB test beside a job's syncs on the cnn lab's 160 Mbit/s link once said so
         raise IperfError(f"iperf3 to {peer}:{port}: the receiver reported nothing received")
     return result
+
+
+def never_connected(report: dict[str, Any]) -> bool:
+    """Whether iperf3's report says its test never connected (no stream set up)."""
+    start = report.get("start")
+    return isinstance(start, dict) and start.get("connected") == []
 
 
 def sent_so_far_bps(report: dict[str, Any]) -> float | None:
@@ -222,7 +233,8 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
              binary: str = "iperf3", auth: ClientAuth | None = None) -> IperfResult:
     """One TCP test to `peer`'s iperf3 server: `duration_s` long, or until
     `bytes_` are sent (then `duration_s` bounds how long that may take, with the
-    usual slack). Raises IperfError (IperfBusy, IperfTimeout, IperfMissing) on failure."""
+    usual slack). Raises IperfError (IperfBusy, IperfUnconnected, IperfTimeout,
+    IperfMissing) on failure."""
     if duration_s < 1 or duration_s != int(duration_s):
         # iperf3 reads -t as whole seconds, and -t 0 runs forever
         raise ValueError(f"duration_s: iperf3 runs whole seconds >= 1, got {duration_s!r}")
@@ -258,9 +270,10 @@ def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, by
     return parse_report(report, peer, port)
 
 
-def _ended(proc: subprocess.Popen, message: str) -> IperfTimeout:
+def _ended(proc: subprocess.Popen, message: str) -> IperfTimeout | IperfUnconnected:
     """Interrupt an overrunning test (iperf3 then reports what it sent so far), kill
-    its group if it has not ended within INTERRUPT_GRACE_S, and say what it sent."""
+    its group if it has not ended within INTERRUPT_GRACE_S, and say what it sent
+    (IperfUnconnected where it was still connecting)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGINT)
     try:
@@ -272,9 +285,12 @@ def _ended(proc: subprocess.Popen, message: str) -> IperfTimeout:
         kill_group(proc)
         raise
     try:
-        sent_bps = sent_so_far_bps(first_json_object(out or ""))
+        report = first_json_object(out or "")
     except IperfError:
-        sent_bps = None
+        report = {}
+    if never_connected(report):
+        return IperfUnconnected(f"{message}, ended before it connected")
+    sent_bps = sent_so_far_bps(report)
     said = f"; its sender ran at {sent_bps / 1e6:.3g} Mbit/s" if sent_bps else ""
     return IperfTimeout(f"{message}, ended{said}", proc.pid, sent_bps)
 

@@ -16,12 +16,14 @@ Rules:
   say), and a target whose iperf3 server is busy with another node's test
   answers IperfBusy. Busy means
   back off (`backoff_s`, doubling up to `backoff_max_s`) and retry; no
-  measurement is recorded for it.
+  measurement is recorded for it. A failed test is recorded and retried on the
+  same backoff.
 - Duty cycle: bandwidth tests may use at most `duty_cycle` (default 1%) of wall
   time in any `budget_window_s` window (default 120 s, so 1.2 s of tests per two
   minutes: a few sized tests, and the share holds over any run of minutes); a
   test that would exceed it waits. The time charged is the test's
-  real elapsed time, failed tests included, and a measurement's duration_s says it.
+  real elapsed time, failed tests included (but for one that never connected:
+  nothing crossed the path), and a measurement's duration_s says it.
 - A test is sized by the path as it is now: a pilot of PILOT_BYTES (a few ms at
   1 Gbit/s, a fifth of a second at 10 Mbit/s), then a test sized to take about
   `sized_test_s` at the pilot's reading (iperf3 -n BYTES), unless the pilot took
@@ -79,7 +81,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from flexcomm.probe.addresses import is_local
-from flexcomm.probe.iperf import DEFAULT_PORT, ClientAuth, IperfBusy, IperfTimeout, bandwidth_measurement, run_test
+from flexcomm.probe.iperf import (
+    DEFAULT_PORT,
+    ClientAuth,
+    IperfBusy,
+    IperfTimeout,
+    IperfUnconnected,
+    bandwidth_measurement,
+    run_test,
+)
 from flexcomm.probe.latency import latency_measurement, rtt_burst
 from flexcomm.probe.train import DATAGRAM_BYTES, DEFAULT_LOOK_PORT, MIN_DATAGRAMS, TrainLookError, train_look
 from flexcomm.store import BANDWIDTH, LATENCY, LOOK, Measurement, Store
@@ -336,7 +346,7 @@ class DutyBudget:
 class PeerSchedule:
     next_latency: float
     next_bandwidth: float
-    busy_attempts: int = 0
+    failed_tries: int = 0  # busy or failed bandwidth tries in a row
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
     look_asked: float = -math.inf  # when a look was last asked for
 
@@ -498,16 +508,27 @@ class ProbeScheduler:
             m = self.measure_bandwidth(peer)
         except IperfBusy as exc:
             self.busy_count += 1
-            backoff = min(self.config.backoff_s * 2 ** sched.busy_attempts, self.config.backoff_max_s)
-            with self._lock:
-                sched.busy_attempts += 1
-                sched.next_bandwidth = self.clock() + self._jittered(backoff)
-            log.info("%s; retrying in about %.1f s", exc, backoff)
+            log.info("%s; retrying in about %.1f s", exc, self._back_off(sched))
             return
-        with self._lock:
-            sched.busy_attempts = 0
-            sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
+        if m.ok:
+            with self._lock:
+                sched.failed_tries = 0
+                sched.next_bandwidth = self.clock() + self._jittered(self.config.bandwidth_interval_s)
+        else:
+            # Tried again soon, not on the schedule: a job's first test that failed
+            # (nothing received, on a busy host) left it without a figure for minutes.
+            log.info("bandwidth test to %s failed; retrying in about %.1f s", peer, self._back_off(sched))
         self._record(m)
+
+    def _back_off(self, sched: PeerSchedule) -> float:
+        """Put the peer's next test `backoff_s` off, doubling with each failed or
+        busy try in a row up to `backoff_max_s`; returns the wait."""
+        backoff = min(self.config.backoff_s * 2 ** sched.failed_tries, self.config.backoff_max_s,
+                      self.config.bandwidth_interval_s)
+        with self._lock:
+            sched.failed_tries += 1
+            sched.next_bandwidth = self.clock() + self._jittered(backoff)
+        return backoff
 
     def measure_bandwidth(self, peer: str, look: bool = False) -> Measurement:
         """One bandwidth test to `peer` now (or a look), holding its target
@@ -517,7 +538,7 @@ class ProbeScheduler:
             raise ValueError(f"peer: {peer} is an address of this host; a test to it measures nothing")
         with self.locks.hold(peer):
             self._announce(peer, time.time())
-            start = self.clock()
+            start, moved = self.clock(), True
             try:
                 m = self.look_probe(peer) if look else self.bandwidth_probe(peer)
             except IperfBusy:
@@ -526,6 +547,8 @@ class ProbeScheduler:
                 raise
             except IperfTimeout as cut:
                 m = cut_off_measurement(peer, cut)
+            except IperfUnconnected as exc:
+                m, moved = failed(peer, BANDWIDTH, exc), False
             except Exception as exc:  # a failed probe is data, and the schedule goes on
                 m = failed(peer, BANDWIDTH, exc)
             elapsed = self.clock() - start
@@ -533,8 +556,12 @@ class ProbeScheduler:
         # unanswered, LOOK_RECKONED_S: its first train held a 10 Mbit/s link 13 ms, and
         # charged the 1 s wait one lost answer would hold every look off for 400 s); a
         # test, the whole call (iperf3's own figure leaves out its start-up), and a
-        # failed one (killed at its timeout, say) held the link all the same.
-        if look:
+        # failed one (killed at its timeout, say) held the link all the same; one that
+        # never connected, nothing: charged its 3.6 s wait, a job's one dead peer held
+        # every test of its live ones off for two minutes.
+        if not moved:
+            held = 0.0
+        elif look:
             held = m.duration_s if m.ok and m.duration_s is not None else min(elapsed, LOOK_RECKONED_S)
         else:
             held = elapsed

@@ -23,6 +23,7 @@ from flexcomm.probe.iperf import (
     IperfMissing,
     IperfServer,
     IperfTimeout,
+    IperfUnconnected,
     ServerAuth,
     bandwidth_measurement,
     first_json_object,
@@ -110,9 +111,11 @@ def test_busy_server_is_reported_as_busy(privileged, iperf3_binary, shaped_pair)
 @pytest.mark.privileged
 def test_peer_not_answering_is_an_error_not_a_hang(privileged, iperf3_binary, shaped_pair):
     a, _, _ = shaped_pair
-    with pytest.raises(IperfError, match="unable to connect") as err:
+    with pytest.raises(IperfUnconnected, match="unable to connect"):
         run_test(NOBODY, port=PORT, duration_s=1.0, connect_timeout_s=0.5, netns=a.ns)
-    assert not isinstance(err.value, IperfBusy)
+    # ended by its own timeout while still connecting: nothing crossed the path either
+    with pytest.raises(IperfUnconnected, match="ended before it connected"):
+        run_test(NOBODY, port=PORT, bytes_=1 << 20, timeout_s=0.5, connect_timeout_s=3.0, netns=a.ns)
     rtt = rtt_burst(NOBODY, PORT, count=2, timeout_s=0.3, netns=a.ns)
     assert rtt.answered == 0 and rtt.loss == 1.0
     failed = latency_measurement(rtt)
@@ -249,8 +252,18 @@ def test_a_report_of_nothing_received_is_a_failed_test():
                 "end": {"sum_received": ends, "sum_sent": {**ends, "bits_per_second": 5e7}, "streams": []}}
 
     assert parse_report(report(4.2e7), "10.0.0.2", 5201).bandwidth_bps == 4.2e7
-    with pytest.raises(IperfError, match="nothing received"):
+    with pytest.raises(IperfError, match="nothing received") as err:
         parse_report(report(0.0), "10.0.0.2", 5201)
+    assert not isinstance(err.value, IperfUnconnected)  # it connected: its bytes crossed the path
+
+
+def test_a_report_that_never_connected_says_so():
+    refused = {"start": {"connected": []}, "intervals": [], "end": {},
+               "error": "unable to connect to server: Connection refused"}
+    with pytest.raises(IperfUnconnected, match="Connection refused"):
+        parse_report(refused, "10.0.0.2", 5201)
+    with pytest.raises(IperfBusy):  # busy is said before a stream is set up
+        parse_report({**refused, "error": "the server is busy running a test. try again later"}, "10.0.0.2", 5201)
 
 
 def test_run_test_rejects_bad_arguments():

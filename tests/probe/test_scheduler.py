@@ -20,7 +20,7 @@ from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
 from flexcomm.policy.linkestimate import LOOK_OVERREAD
 from flexcomm.probe.addresses import local_addresses
-from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout
+from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout, IperfUnconnected
 from flexcomm.probe.scheduler import (
     LOOK_GROWTH,
     LOOK_HELD_S,
@@ -66,7 +66,8 @@ class FakeProbes:
         self.bandwidth_calls: list[tuple[str, float]] = []
         self.latency_calls: list[tuple[str, float]] = []
         self.busy_left = 0
-        self.fail_peers: set[str] = set()
+        self.fail_peers: set[str] = set()  # never connect (a dead peer)
+        self.broken_left = 0  # tests that connect, then fail
 
     def bandwidth(self, peer: str) -> Measurement:
         self.bandwidth_calls.append((peer, self.clock.now))
@@ -76,7 +77,10 @@ class FakeProbes:
             raise IperfBusy("the server is busy running a test. try again later")
         self.clock.now += self.test_s
         if peer in self.fail_peers:
-            raise IperfError(f"iperf3 to {peer}:5201: unable to connect to server")
+            raise IperfUnconnected(f"iperf3 to {peer}:5201: unable to connect to server")
+        if self.broken_left:
+            self.broken_left -= 1
+            raise IperfError(f"iperf3 to {peer}:5201: the receiver reported nothing received")
         return Measurement(peer=peer, kind="bandwidth", bandwidth_bps=1e8, beta_s_per_byte=8e-8)
 
     def latency(self, peer: str) -> Measurement:
@@ -146,7 +150,36 @@ def test_busy_target_backs_off_doubling_then_succeeds():
     assert sched.busy_count == 3
     bw = [m for m in sched.recorded if m.kind == "bandwidth"]
     assert len(bw) == 1 and bw[0].ok  # busy answers are not measurements
-    assert sched.schedule["p"].busy_attempts == 0
+    assert sched.schedule["p"].failed_tries == 0
+
+
+def test_a_failed_test_is_retried_on_the_backoff_and_charged():
+    clock = FakeClock()
+    probes = FakeProbes(clock, test_s=0.2)
+    probes.broken_left = 2
+    sched = make(["p"], clock, probes, backoff_s=2.0, jitter=0.0, latency_interval_s=1000.0)
+    sched.request_bandwidth(["p"])
+    run_for(sched, clock, 30)
+    attempts = [t for _, t in probes.bandwidth_calls]
+    # not 300 s later (the schedule): 2, then 4 s after each failure ended
+    assert [round(b - a, 2) for a, b in itertools.pairwise(attempts)] == [2.2, 4.2]
+    bw = [m for m in sched.recorded if m.kind == "bandwidth"]
+    assert [m.ok for m in bw] == [False, False, True] and sched.schedule["p"].failed_tries == 0
+    assert sched.budget.used_s(attempts[-1]) == pytest.approx(0.6)  # the failed ones held the link too
+
+
+def test_a_dead_peer_costs_the_budget_nothing():
+    clock = FakeClock()
+    probes = FakeProbes(clock, test_s=0.3)
+    probes.fail_peers = {"dead"}
+    sched = make(["dead", "live"], clock, probes, latency_interval_s=1000.0, jitter=0.0)
+    sched.request_bandwidth(["dead", "live"])
+    while clock.now < 1020:
+        clock.now += min(sched.tick(), 1020 - clock.now)
+    tried = [p for p, _ in probes.bandwidth_calls]
+    # dead: at once, then 2, 4 and 8 s later; live's test was not held off by them
+    assert tried == ["dead", "live", "dead", "dead", "dead"], tried
+    assert sched.budget.used_s(clock.now) == pytest.approx(0.3)  # live's test alone
 
 
 def test_failed_peer_is_recorded_and_the_rest_goes_on(tmp_path):
@@ -186,10 +219,10 @@ def test_exceptions_from_a_probe_become_failed_measurements():
 
 
 def test_a_failed_test_says_how_long_it_held_the_link():
-    # the fake iperf3 runs 4 s, then fails (as one killed at its timeout does)
+    # the fake iperf3 connects, runs 4 s, then fails
     clock = FakeClock()
     probes = FakeProbes(clock, test_s=4.0)
-    probes.fail_peers = {"slow"}
+    probes.broken_left = 1
     sched = make(["slow"], clock, probes)
     m = sched.measure_bandwidth("slow")
     assert not m.ok and m.duration_s == pytest.approx(4.0)
@@ -640,10 +673,11 @@ def test_real_dead_peer_is_recorded_and_probing_goes_on(privileged, iperf3_binar
                        and len(store.measurements(peer=b.address, kind="latency")) >= 3)
         finally:
             sched.stop()
-        (failed,) = store.measurements(peer=dead, kind="bandwidth")
+        failed = store.measurements(peer=dead, kind="bandwidth")  # retried on the backoff meanwhile
         (ok,) = store.measurements(peer=b.address, kind="bandwidth")
         lat = store.measurements(peer=dead, kind="latency")
-    assert not failed.ok and "unable to connect" in failed.error
+    assert failed and all(not m.ok and "unable to connect" in m.error for m in failed)
+    assert all(m.duration_s == 0 for m in failed)  # it never connected: nothing charged
     assert ok.ok and ok.bandwidth_bps > 50e6
     assert lat and not lat[0].ok and lat[0].loss == 1.0
 
