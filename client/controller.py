@@ -21,6 +21,7 @@ input fails when the hook is built, not at step 1000.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from flexcomm.client.agreement import RANK_STATS, Agreement
+from flexcomm.client.agreement import CONTROL_PERIOD_S, RANK_STATS, Agreement
 from flexcomm.client.decisions import DecisionSource, PolicySource, as_source
 from flexcomm.client.gains import merge_masses
 from flexcomm.client.stats import StepStats
@@ -47,6 +48,7 @@ from flexcomm.policy.types import (
 )
 
 log = logging.getLogger("flexcomm.client")
+STEP_SAMPLES = 5  # rank 0's step time for the agreements' cadence: the median of its latest steps
 
 DENSE = replace(DENSE_DECISION, reason="dense (warm-up)")
 # The probes' readings may take this share of the job's time: on the lm lab's
@@ -113,6 +115,7 @@ class Controller:
         source: DecisionSource,
         *,
         control_interval: int = 10,
+        control_period_s: float = CONTROL_PERIOD_S,
         probe_interval: int = 10,
         probe_share: float = PROBE_SHARE,
         warmup_steps: int = 0,
@@ -124,7 +127,7 @@ class Controller:
         self._probe_s = 0.0  # rank 0: the probes' readings so far
         self._first_began: float | None = None
         self._probing: tuple[Compression, ...] = ()  # this step's probes, decided as it opens
-        self.agreement = Agreement(group, control_interval)
+        self.agreement = Agreement(group, control_interval, control_period_s)
         self.rank = dist.get_rank(group)
         self.source = source
         self.warmup_steps = warmup_steps
@@ -141,6 +144,8 @@ class Controller:
         self._unresolved: deque[StepStats] = deque()  # finished, the device's work not yet read
         self._unreported: deque[tuple[StepStats, int]] = deque()  # rank 0: resolved steps and their epoch
         self._next_began: dict[int, float] = {}  # rank 0: a finished step -> the next step's start
+        self._step_s: deque[float] = deque(maxlen=STEP_SAMPLES)  # rank 0: its latest steps, start to start
+        self._began: float | None = None
         self._last_finished: StepStats | None = None
 
     @property
@@ -180,6 +185,9 @@ class Controller:
             self._first_began = now
         if self.rank == 0 and self._last_finished is not None:
             self._next_began[self._last_finished.step] = now
+        if self.rank == 0 and self._began is not None:
+            self._step_s.append(now - self._began)
+        self._began = now
         self._fold_finished(wait=False)
         if self._pending is not None:
             self._adopt()
@@ -211,7 +219,8 @@ class Controller:
         proposal = self._proposal() if self.rank == 0 else None
         steps = self._acc["steps"]
         stats = [self._acc[k] / steps if steps else 0.0 for k in RANK_STATS if k != "steps"]
-        self._pending = (self.agreement.start(proposal, [*stats, steps]), proposal)
+        step_s = statistics.median(self._step_s) if self._step_s else None
+        self._pending = (self.agreement.start(proposal, [*stats, steps], self.step, step_s), proposal)
         self._acc = dict.fromkeys(RANK_STATS, 0.0)
 
     def _adopt(self) -> None:
@@ -298,6 +307,7 @@ class Controller:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
+        self.agreement.next_step = self.step  # every rank restored alike agrees at once
         self.epoch = int(state.get("epoch", 0))
         self.decision = Decision.from_dict(state["decision"])
         if self.rank == 0 and "policy" in state and isinstance(self.source, PolicySource):

@@ -19,7 +19,9 @@ joins the group at its first step):
 choice given, the node's agent, else the MOO in-process.
 
 What runs each step:
-- Every `control_interval` steps, at the start of a step (the first bucket's hook
+- Every `control_interval` steps, or every step where steps take longer than
+  `control_period_s` (as many whole steps as fit in it; client/agreement.py), at
+  the start of a step (the first bucket's hook
   call), all ranks join one tiny all-reduce that carries rank 0's decision; all
   ranks adopt it from the next step on (the one at step 0 at once), so its
   latency hides behind a step. Only rank 0 asks its source/policy; the other
@@ -88,7 +90,9 @@ class FlexcommState(Runner):
         flexcomm.policy Policy run in-process). Or give compression ("topk:0.01",
         "powersgd:2", "bf16"; + collective, root) for a fixed choice; nothing at
         all means dense.
-    control_interval: K, steps between agreements. probe_interval: steps between
+    control_interval: K, the most steps between agreements; control_period_s:
+        agreements come as often as whole steps fit in it (0.1 s; 0: every K
+        steps whatever they take). probe_interval: steps between
         readings of the probes' gains (rank 0); probe_share: the most of the
         job's time those readings may take (0.02; a due reading is skipped while
         over it). warmup_steps: dense steps first

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from flexcomm.client.agreement import CONTROL_PERIOD_S, MAX_PERIOD_S
 from flexcomm.client.controller import DENSE, PROBE_SHARE, Controller, check_group, resolve_source
 from flexcomm.client.decisions import DecisionSource
 from flexcomm.client.nodes import share_nodes
@@ -45,6 +46,7 @@ class Runner:
         collective: str | None = None,
         root: str = ROOT_STAR,
         control_interval: int = 10,
+        control_period_s: float = CONTROL_PERIOD_S,
         probe_interval: int = 10,
         probe_share: float = PROBE_SHARE,
         warmup_steps: int = 0,
@@ -58,6 +60,7 @@ class Runner:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         check_range("probe_share", probe_share, 0.0, 1.0, open_low=True)
+        check_range("control_period_s", control_period_s, 0.0, MAX_PERIOD_S)
         if source is not None and policy is not None:
             raise ValueError("source: give a source or a policy, not both")
         decided_by = resolve_source(source if source is not None else policy, compression, collective, root)
@@ -68,7 +71,8 @@ class Runner:
             )
         self.process_group = process_group
         self._decided_by = decided_by
-        self._settings = {"control_interval": control_interval, "probe_interval": probe_interval,
+        self._settings = {"control_interval": control_interval, "control_period_s": control_period_s,
+                          "probe_interval": probe_interval,
                           "probe_share": probe_share,
                           "warmup_steps": warmup_steps, "history": history}
         self._engine = {"selector": selector, "var_smoothing": var_smoothing}

@@ -15,6 +15,7 @@ Bad input fails at construction (in this process, and a group of one rank).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -347,8 +348,10 @@ def check_switching(rank: int, world: int) -> dict:
     # latest() call 6 (step 10's agreement) fails: rank 0 keeps what it ran.
     source = FlakySource(policy, fail_on_call=6)
     model = ddp(mlp(4))
-    state = register(model, source=source, control_interval=CONTROL_INTERVAL, probe_interval=CONTROL_INTERVAL,
-                     warmup_steps=1)
+    # control_period_s 0: agreements every CONTROL_INTERVAL steps whatever the steps take
+    # (the schedule below pins what each step runs)
+    state = register(model, source=source, control_interval=CONTROL_INTERVAL, control_period_s=0.0,
+                     probe_interval=CONTROL_INTERVAL, warmup_steps=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     lossless_after_lossy_residual_zero = None
     for step in range(SWITCH_STEPS):
@@ -435,6 +438,32 @@ def check_powersgd_in_one_rebuilt_bucket(rank: int, world: int) -> dict:
     return {"vector_errors": errors, "ran": [s.compression.name for s in state.history]}
 
 
+def check_cadence(rank: int, world: int) -> dict:
+    """Where each agreement was launched, as rank 0 timed its steps: 6 slow steps
+    (0.3 s against a 0.2 s period), then 16 quick ones."""
+    import time
+
+    from flexcomm.client.controller import Controller
+    from flexcomm.client.decisions import PolicySource
+
+    controller = Controller(None, PolicySource(ScheduledPolicy({0: Decision("dense", 0.0, "dense_ring", version=1)})),
+                            control_interval=4, control_period_s=0.2)
+    launched: list[int] = []
+    start = controller.agreement.start
+
+    def recording(proposal, stats, step, step_s=None):
+        launched.append(step)
+        return start(proposal, stats, step, step_s)
+
+    controller.agreement.start = recording
+    for step in range(22):
+        controller.begin_step()
+        if step < 6:
+            time.sleep(0.3)
+        controller.end_step()
+    return {"launched": launched}
+
+
 def battery(rank: int, world: int) -> dict:
     return {
         "powersgd_one_bucket": check_powersgd_in_one_rebuilt_bucket(rank, world),
@@ -443,6 +472,7 @@ def battery(rank: int, world: int) -> dict:
         "sparse": check_sparse_through_ddp(rank, world),
         "sync": check_gradient_sync(rank, world),
         "switching": check_switching(rank, world),
+        "cadence": check_cadence(rank, world),
         "step_times": check_step_times(rank, world),
         "probe_share": check_probe_share(rank, world),
         "checkpoint": check_checkpoint_with_powersgd_and_policy(rank, world),
@@ -565,6 +595,28 @@ def expected_sequence(world: int) -> list[tuple]:
             roots = None if d.root == "var" else (step % world,)
         seq.append((step, d.compression.name, d.collective, roots))
     return seq
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_agreements_come_every_step_while_steps_are_slow_on_every_rank(results):
+    _, per_rank = results
+    launched = per_rank[0]["cadence"]["launched"]
+    assert all(r["cadence"]["launched"] == launched for r in per_rank), per_rank  # rank 0 set it for all
+    # Step 0 is not timed yet: agree again at step 1; slow steps: every step (and
+    # while the median of the latest 5 steps is still a slow one, to step 8); then
+    # every control_interval (4) steps, or every 2 or 3 where a loaded host slows
+    # the quick steps past a tenth of a second.
+    assert launched[:9] == list(range(9)), launched
+    gaps = [b - a for a, b in itertools.pairwise([s for s in launched if s >= 9])]
+    assert len(gaps) >= 2 and all(2 <= g <= 4 for g in gaps), launched
+
+
+def test_cadence_fits_whole_steps_in_the_period():
+    from flexcomm.client.agreement import cadence
+
+    assert [cadence(s, 10, 0.1) for s in (None, 0.005, 0.017, 0.034, 0.067, 0.45)] == [1, 10, 5, 2, 1, 1]
+    assert cadence(0.45, 10, 0.0) == 10  # no period: every control_interval steps
+    assert cadence(0.005, 2, 0.1) == 2  # never less often than control_interval
 
 
 @pytest.mark.slow  # real gloo ranks
