@@ -263,6 +263,13 @@ class CompressionCost:
 # --- calibration -----------------------------------------------------------------
 
 FIT_WEIGHTING = "1/measured"  # recorded in the state: sums of another weighting are not reused
+# A line is fitted only where the predictions explain this share of the measured
+# spread (weighted R^2). Else the spread is the host's: the cnn lab's fits from fast
+# links (raw 1-5 ms, measured 20-90 ms) drew slopes of 0.12 for Top-k over
+# AllGather and ~3 for PowerSGD, and at 16 Mbit/s put Top-k 0.1 (0.37 s of wire)
+# at 0.09 s and PowerSGD rank 4 (0.05 s) at 0.28 s. With no relation, R^2 over the
+# fit's ~10 effective pairs is under 0.4 nineteen times in twenty.
+EXPLAINED_MIN = 0.5
 
 @dataclass
 class _Fit:
@@ -273,7 +280,8 @@ class _Fit:
     0.6 ms measured); weighted 1/measured**2 (pure relative error) the many noisy
     short operations bent the line for the long ones. 1/measured did best of the
     three on both validation runs (docs/BENCHMARKS.md). The overhead is the
-    per-call cost the alpha-beta terms lack, so it is never negative.
+    per-call cost the alpha-beta terms lack, so it is never negative; the line is
+    used only where the predictions explain EXPLAINED_MIN of the measurements.
     """
 
     w: float = 0.0
@@ -281,6 +289,7 @@ class _Fit:
     y: float = 0.0
     xx: float = 0.0
     xy: float = 0.0
+    yy: float = 0.0
     err: float = 0.0  # EWMA of |measured - prediction before the update| / measured
     n: int = 0
 
@@ -294,6 +303,7 @@ class _Fit:
         self.y = decay * self.y + weight * measured
         self.xx = decay * self.xx + weight * predicted * predicted
         self.xy = decay * self.xy + weight * predicted * measured
+        self.yy = decay * self.yy + weight * measured * measured
         self.n += 1
 
     def apply(self, predicted: float) -> float:
@@ -322,11 +332,12 @@ class _Fit:
 
     def _affine(self) -> tuple[float, float] | None:
         mx, my = self.x / self.w, self.y / self.w
-        var = self.xx / self.w - mx * mx
-        if self.n >= 3 and var > (0.05 * mx) ** 2:
-            slope = (self.xy / self.w - mx * my) / var
+        var, var_y = self.xx / self.w - mx * mx, self.yy / self.w - my * my
+        if self.n >= 3 and var > (0.05 * mx) ** 2 and var_y > 0:
+            cov = self.xy / self.w - mx * my
+            slope = cov / var
             overhead = my - slope * mx
-            if slope > 0 and overhead >= 0:
+            if slope > 0 and overhead >= 0 and cov * cov >= EXPLAINED_MIN * var * var_y:
                 return slope, overhead
         return None
 
@@ -387,7 +398,8 @@ class Calibration:
         if state.get("weighting") != FIT_WEIGHTING:
             return cal
         for name, fit in (state.get("fits") or {}).items():
-            cal._fits[_check_key(name)] = _Fit(**fit)
+            if "yy" in fit:  # older fits lack the measurements' spread: relearned
+                cal._fits[_check_key(name)] = _Fit(**fit)
         return cal
 
 

@@ -358,3 +358,35 @@ def test_a_fit_seen_at_one_point_extrapolates_the_faster_way() -> None:
     assert fast.apply("ag_topk", 0.5) == pytest.approx(0.504)  # as a ratio: 2.5
     assert slow.apply("dense_ring", 0.5) == pytest.approx(0.575)
     assert slow.apply("dense_ring", 0.001) == pytest.approx(0.00115)  # as an overhead: 0.076
+
+
+def test_calibration_draws_no_line_through_the_hosts_noise() -> None:
+    """Fast-link pairs whose measured times are the host's (raw predictions of 1-5
+    ms, measurements of 20-60 ms that they explain little of) extrapolate as the
+    faster of a ratio and an overhead, not along the steep line the noise drew."""
+    cal = Calibration()
+    raw = [0.001, 0.002, 0.003, 0.004, 0.005] * 2
+    noise = [0.015, -0.015, 0.015, -0.015, 0.015, -0.015, 0.015, -0.015, 0.015, -0.015]
+    for pred, n in zip(raw, noise, strict=True):
+        cal.observe("powersgd", pred, 3 * pred + 0.03 + n)
+    assert cal._fits["powersgd"]._affine() is None
+    # PowerSGD rank 4's 53 ms of wire at 16 Mbit/s: the wire plus the host's ~35 ms,
+    # not three times the wire (0.19 s)
+    assert cal.apply("powersgd", 0.053) == pytest.approx(0.053 + 0.036, rel=0.1)
+
+
+def test_calibration_keeps_a_line_the_predictions_explain() -> None:
+    cal = Calibration()
+    for pred in (0.001, 0.05, 0.01, 0.2, 0.002, 0.1, 0.02, 0.4):
+        cal.observe("dense_ring", pred, 1.3 * pred + 0.004 * (1 + 0.1 * math.sin(pred * 100)))
+    assert cal._fits["dense_ring"]._affine() is not None
+    assert cal.apply("dense_ring", 0.3) == pytest.approx(1.3 * 0.3 + 0.004, rel=0.05)
+
+
+def test_calibration_fits_saved_without_the_spread_are_relearned() -> None:
+    cal = Calibration()
+    for pred in (0.1, 0.2, 0.3):
+        cal.observe("art_ring", pred, 1.5 * pred)
+    state = cal.state_dict()
+    del state["fits"]["art_ring"]["yy"]  # as the version before saved it
+    assert Calibration.from_state(state).observations("art_ring") == 0
