@@ -13,7 +13,7 @@ Goal: step_time_ratio <= 1.03 (dense).
 The last printed line is one JSON object with `step_time_ratio`.
 
     .venv/bin/python bench/hook_overhead.py [--world 4] [--steps 200] [--width 1024]
-        [--compression powersgd:4]
+        [--compression powersgd:4] [--control-interval 10] [--control-period-s 0.1]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from flexcomm.client.agreement import CONTROL_PERIOD_S
 from flexcomm.lab.workload import gradient_bytes
 
 
@@ -75,7 +76,7 @@ def rank_main(rank: int, world: int, store: str, args: argparse.Namespace, out: 
     register_builtin(builtin, args.compression)
     ours = one_bucket(model(args.width))
     fixed = {"compression": args.compression} if args.compression != "dense" else {}
-    register(ours, control_interval=args.control_interval, **fixed)
+    register(ours, control_interval=args.control_interval, control_period_s=args.control_period_s, **fixed)
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=gen)
     y = torch.randint(0, 10, (args.batch,), generator=gen)
@@ -109,6 +110,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--control-interval", type=int, default=10)
+    ap.add_argument("--control-period-s", type=float, default=CONTROL_PERIOD_S,
+                    help="the hook's control_period_s (0: every --control-interval steps)")
     ap.add_argument("--compression", default="dense", help="dense or powersgd:RANK (both hooks fixed on it)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="flexcomm-bench-") as tmp:
@@ -133,7 +136,8 @@ def main() -> None:
         "builtin_mean_s": statistics.fmean(times["builtin"]),
         "flexcomm_mean_s": statistics.fmean(times["flexcomm"]),
         "world": args.world, "parameters": params, "steps": args.steps,
-        "control_interval": args.control_interval, "compression": args.compression,
+        "control_interval": args.control_interval, "control_period_s": args.control_period_s,
+        "compression": args.compression,
     }))
 
 

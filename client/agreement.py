@@ -36,11 +36,12 @@ from flexcomm.policy.types import COLLECTIVES, FAMILIES, ROOT_SELECTIONS, Decisi
 HEADER = 6
 # Per-rank statistics carried alongside (means over the interval's steps).
 RANK_STATS: tuple[str, ...] = ("gain", "t_sync_s", "t_comp_s", "bytes_sent", "steps")
-# Agreements come as often as whole steps fit in this. bench/hook_overhead.py (4 gloo
-# ranks, 50 ms steps, on the 2-vCPU lab host): one every step against one every two
-# steps, 1.06 and 1.06 against 1.08 and 1.04 of PyTorch's hook, no cost beyond the
-# noise; waited for at once, one took 4.6 ms there (0.6 ms with 2 ranks).
-CONTROL_PERIOD_S = 0.1
+# Agreements come as often as whole steps fit in this. One costs its latency (the
+# step's first bucket queues behind it): 4.6 ms median for 4 gloo ranks on the
+# 2-vCPU lab host. bench/hook_overhead.py there (rank 0's steps ~0.1 s) against
+# PyTorch's hook: 1.07 and 1.06 at 0.1 s (every step), 1.03 and 1.02 at 0.5 s,
+# 1.03 and 1.01 with agreements every 10 steps alone.
+CONTROL_PERIOD_S = 0.5
 MAX_PERIOD_S = 3600.0
 
 

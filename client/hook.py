@@ -91,7 +91,7 @@ class FlexcommState(Runner):
         "powersgd:2", "bf16"; + collective, root) for a fixed choice; nothing at
         all means dense.
     control_interval: K, the most steps between agreements; control_period_s:
-        agreements come as often as whole steps fit in it (0.1 s; 0: every K
+        agreements come as often as whole steps fit in it (0.5 s; 0: every K
         steps whatever they take). probe_interval: steps between
         readings of the probes' gains (rank 0); probe_share: the most of the
         job's time those readings may take (0.02; a due reading is skipped while
