@@ -12,10 +12,11 @@ How often (`cadence`): every `interval` steps (K), or more often where steps are
 slow, as many whole steps as fit in `period_s` (at least one), timed by rank 0.
 At K steps alone a decision waited up to K + 1 steps to run: at the lab's K = 2
 the cnn job ran bf16 three more 0.45 s steps into a 20 Mbit/s phase after its
-agent had decided to leave it. An agreement costs one tiny all-reduce.
+agent had decided to leave it. An agreement costs its latency: the step's first
+bucket's collective queues behind it (see CONTROL_PERIOD_S).
 
 `start` launches it without waiting and `finish` reads it, so the Controller can
-read it at the next step's start and hide its latency behind a step. On NCCL the
+read it at the next step's start: the step does not wait for the answer. On NCCL the
 vector lives on the GPU: it goes there from pinned memory and comes back on a
 side stream as soon as the collective has run, so `finish` waits for that copy
 alone, not for the step's work queued on the GPU (untested here: no GPU).

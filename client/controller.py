@@ -179,7 +179,7 @@ class Controller:
         """Open a step: adopt an agreement launched at the previous step, launch a
         new one if due. Step 0's agreement is waited for at once, so the first
         decision applies from step 0; later ones apply from the step after they
-        were launched, on every rank alike, and their latency hides behind a step."""
+        were launched, on every rank alike, and no step waits for their answer."""
         now = time.perf_counter()
         if self._first_began is None:
             self._first_began = now

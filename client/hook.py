@@ -23,8 +23,8 @@ What runs each step:
   `control_period_s` (as many whole steps as fit in it; client/agreement.py), at
   the start of a step (the first bucket's hook
   call), all ranks join one tiny all-reduce that carries rank 0's decision; all
-  ranks adopt it from the next step on (the one at step 0 at once), so its
-  latency hides behind a step. Only rank 0 asks its source/policy; the other
+  ranks adopt it from the next step on (the one at step 0 at once), so no step
+  waits for its answer (the first bucket's collective queues behind it). Only rank 0 asks its source/policy; the other
   ranks' sources are never consulted.
 - The first `warmup_steps` steps (at least 1: DDP rebuilds its buckets after the
   first step, and residuals are kept per bucket index) run dense.
