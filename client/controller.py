@@ -145,7 +145,6 @@ class Controller:
         self._unreported: deque[tuple[StepStats, int]] = deque()  # rank 0: resolved steps and their epoch
         self._next_began: dict[int, float] = {}  # rank 0: a finished step -> the next step's start
         self._step_s: deque[float] = deque(maxlen=STEP_SAMPLES)  # rank 0: its latest steps, start to start
-        self._began: float | None = None
         self._last_finished: StepStats | None = None
 
     @property
@@ -185,9 +184,8 @@ class Controller:
             self._first_began = now
         if self.rank == 0 and self._last_finished is not None:
             self._next_began[self._last_finished.step] = now
-        if self.rank == 0 and self._began is not None:
-            self._step_s.append(now - self._began)
-        self._began = now
+            if self._last_finished.began is not None:
+                self._step_s.append(now - self._last_finished.began)
         self._fold_finished(wait=False)
         if self._pending is not None:
             self._adopt()

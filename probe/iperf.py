@@ -161,8 +161,10 @@ def parse_report(report: dict[str, Any], peer: str, port: int) -> IperfResult:
     """An IperfResult from iperf3's JSON report, or its "error" raised."""
     error = report.get("error")
     if error:
-        cls = IperfBusy if "busy" in str(error).lower() else IperfUnconnected if never_connected(report) else IperfError
-        raise cls(f"iperf3 to {peer}:{port}: {error}")
+        message = f"iperf3 to {peer}:{port}: {error}"
+        if "busy" in str(error).lower():
+            raise IperfBusy(message)
+        raise (IperfUnconnected if never_connected(report) else IperfError)(message)
     try:
         end, test = report["end"], report["start"]["test_start"]
         received, sent = end["sum_received"], end["sum_sent"]
