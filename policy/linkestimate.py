@@ -54,7 +54,8 @@ option. Both are fitted together, with forgetting:
   where no probe will come, and at once where the syncs' slowing ended a
   shared test's bound.
 - A change is `persist` reports in a row outside the interval (by more than
-  `change` of the bytes' time). Faster: taken (at least that fast; only bounded,
+  `change` of the bytes' time); a reading `level_shift` slower than the
+  streak's fastest begins it again (still falling, as with looks). Faster: taken (at least that fast; only bounded,
   a probe is asked for where it is `level_shift` beyond the figure). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path), or when
@@ -687,6 +688,14 @@ class LinkEstimate:
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction, ts)
+        elif direction > 0 and reading >= min(streak.betas) * (1 + self.config.level_shift):
+            # Still falling, as a second slower look: the streak begins again here.
+            # Readings from before the fall are the old path's (or the host's): in
+            # the cnn lab one stalled bf16 sync, then one that crossed fast, began
+            # a streak the fall's 0.4 s syncs joined, and what had crossed before
+            # the fall "contradicted" them; the move waited 1 s for a look.
+            streak = self.streak = Streak(direction, ts, probe_asked=streak.probe_asked,
+                                          probe_late=streak.probe_late)
         elif narrow and alone and not ((streak.informative and streak.alone) or streak.beyond_host):
             # A reading that stands for the path after readings that could not
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the

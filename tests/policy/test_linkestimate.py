@@ -760,6 +760,29 @@ def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_a_
     assert estimate.look_asked is None and estimate.bandwidth_bps == pytest.approx(400e6, rel=0.05)
 
 
+# The cnn lab's bf16 ring syncs (ms) on a 932 Mbit/s path, then its fall to 20
+# Mbit/s: one sync the host stalled and one that crossed fast came just before.
+RING_BYTES = 924_222
+RING_FAST = [37, 58, 54, 83, 84, 48, 67, 54, 83, 84, 48, 46, 95, 46, 79, 70, 67, 54]
+RING_FELL = [384, 395, 443]
+
+
+def test_a_fall_after_a_stalled_sync_moves_on_the_falls_own_syncs():
+    estimate = LinkEstimate()
+    estimate.observe_probe(8 / 932.8e6, 0.0)
+    now = 0.0
+    for ms in [*RING_FAST, 130, 48]:  # the host stalls one sync: a slower streak begins
+        now += 0.15
+        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    assert estimate.streak is not None and estimate.bandwidth_bps == pytest.approx(932.8e6, rel=0.05)
+    moves = estimate.moves
+    for ms in RING_FELL:
+        now += 0.45
+        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    assert estimate.moves == moves + 1 and estimate.look_reason != "syncs contradict each other"
+    assert estimate.bandwidth_bps == pytest.approx(RING_BYTES * 8 / 0.384, rel=0.05)
+
+
 TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
 # Per-message medians of its syncs in the lab: 20 Mbit/s, one of 48 ms, and 1 Gbit/s.
 SLOW = [0.0258, 0.0192, 0.0245, 0.0317, 0.0176, 0.0273, 0.0219, 0.048, 0.0186, 0.0265, 0.0203, 0.0241]
