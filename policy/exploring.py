@@ -6,9 +6,11 @@ planned for 2 steps runs until the next agreement: in the lab a 2-step item ran
 4-6 steps with agreements every 2 steps. The budget counts every step the job
 ran on an explored option. It charges an item the steps it is planned for plus
 the steps the job took to adopt a new decision, as the last few decisions
-showed (the policy does not know K; with the hook's default K = 10 a first
-exploration charged 2 steps an item ran 10 each, four times its share), or the
-most an item of the last plan cost when that is more.
+made at a step showed (the policy does not know K; with the hook's default
+K = 10 a first exploration charged 2 steps an item ran 10 each, four times its
+share), or the most an item that ran in the last plan cost when that is more.
+An explored item kept as the choice is charged the steps the job runs it as
+explored until it adopts the choice.
 
 Pure and deterministic; its state is plain data.
 """
@@ -35,10 +37,19 @@ class ExploreBudget:
     item_steps: float = 0.0  # the most an explored item has run (0: not yet seen)
     lags: list[int] = field(default_factory=list)  # steps the last decisions took to be adopted
     changed_at: int | None = None  # steps seen when the decision changed, until a step runs it
+    items: int = 0  # explored items the plan started has run (items the budget skipped are not)
 
     def decision_changed(self) -> None:
         """The policy's decision now names another option."""
         self.changed_at = self.steps_seen
+
+    def change_untimed(self) -> None:
+        """The last change came with news of the network, at any point between
+        the job's agreements: how long it takes to be adopted says nothing of
+        what an item pays, whose end comes with a step (a simulated job whose
+        moves all came at its agreements learned lags of 0 alone, and charged
+        2-step items that ran 10)."""
+        self.changed_at = None
 
     def observe(self, exploring: bool, runs_decision: bool = True) -> None:
         """One step of the job; `exploring` when it ran an option only to measure it,
@@ -48,6 +59,12 @@ class ExploreBudget:
             self.changed_at = None
         self.steps_seen += 1
         self.spent += exploring
+
+    def kept_item(self) -> None:
+        """The running explored item became the choice: the job runs it as
+        explored until its next agreement, as long as a decision takes to be
+        adopted (the most of the last few lags), and those steps are spent."""
+        self.spent += max(self.lags, default=0)
 
     def allowance(self, share: float, horizon: int) -> int:
         """Exploring steps still allowed: `share` of the steps seen so far (of
@@ -60,16 +77,21 @@ class ExploreBudget:
         last few), or what the last plan's items actually ran when more."""
         return max(float(planned_steps + max(self.lags, default=0)), self.item_steps)
 
-    def plan_started(self, explored_items_before: int) -> None:
-        """A new plan starts; the last one had `explored_items_before` explored items.
-        An item is charged the most one has cost so far: the share is a ceiling, and
-        the last plan's own figure swung (its last item, the one the job went on
-        running, stops counting when the plan ends), so a plan charged 2 steps an
-        item ran 5 and broke the share."""
-        if explored_items_before:
-            last = (self.spent - self.spent_before) / explored_items_before
+    def item_started(self) -> None:
+        """An explored item of the plan begins to run."""
+        self.items += 1
+
+    def plan_started(self) -> None:
+        """A new plan starts. An item is charged the most one has cost so far: the
+        share is a ceiling, and the last plan's own figure swung (its last item,
+        the one the job went on running, stops counting when the plan ends), so a
+        plan charged 2 steps an item ran 5 and broke the share. Only the items that
+        ran share what the last plan spent: over the three it planned, one that
+        ran 10 steps (agreements every 10) was charged 3.3, and the share broke."""
+        if self.items:
+            last = (self.spent - self.spent_before) / self.items
             self.item_steps = max(self.item_steps, last)
-        self.spent_before = self.spent
+        self.spent_before, self.items = self.spent, 0
 
     def state_dict(self) -> dict[str, Any]:
         return plain_fields(self)

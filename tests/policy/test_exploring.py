@@ -36,10 +36,21 @@ def test_a_long_lag_is_forgotten_after_a_few_decisions() -> None:
 
 def test_the_most_an_item_of_the_last_plan_ran_counts_when_more() -> None:
     budget = ExploreBudget()
+    budget.item_started()
     run(budget, 12, exploring=True)
-    budget.plan_started(explored_items_before=1)  # not the first plan: the last one's item ran 12
-    budget.plan_started(explored_items_before=2)
+    budget.plan_started()  # not the first plan: the last one's item ran 12
+    budget.item_started()
+    budget.item_started()
+    budget.plan_started()
     assert budget.item_cost(2) == 12
+
+
+def test_items_the_budget_skipped_share_nothing_of_what_the_last_plan_spent() -> None:
+    budget = ExploreBudget()
+    budget.item_started()  # one of the plan's three explored items ran; the budget skipped two
+    run(budget, 10, exploring=True)
+    budget.plan_started()
+    assert budget.item_cost(2) == 10
 
 
 def test_a_state_saved_before_lags_were_kept_loads() -> None:
@@ -47,3 +58,22 @@ def test_a_state_saved_before_lags_were_kept_loads() -> None:
     budget = ExploreBudget.from_state(old)
     assert budget.lags == [] and budget.changed_at is None and budget.item_cost(2) == 4
     assert ExploreBudget.from_state(budget.state_dict()) == budget
+
+
+def test_a_change_that_came_with_network_news_teaches_no_lag() -> None:
+    budget = ExploreBudget()
+    budget.decision_changed()
+    budget.change_untimed()  # a move, at whatever point between the job's agreements
+    run(budget, 7, runs_decision=False)
+    run(budget, 1)
+    assert budget.lags == [] and budget.item_cost(2) == 2
+
+
+def test_an_explored_item_kept_as_the_choice_is_charged_the_steps_it_runs_until_adopted() -> None:
+    budget = ExploreBudget()
+    budget.decision_changed()
+    run(budget, 7, runs_decision=False)
+    run(budget, 1)
+    spent = budget.spent
+    budget.kept_item()  # the job runs it, flagged explored, until its next agreement
+    assert budget.spent == spent + 7

@@ -1011,6 +1011,31 @@ def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_li
     assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
 
 
+def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measured() -> None:
+    # PowerSGD rank 2 ran the 20 Mbit/s phase; back at 10 Gbit/s the fits, each
+    # timed on its own steps, put it 19% behind Top-k 0.011 over the AR ring and
+    # are off by far less: measuring it again would only cost its steps (the cnn
+    # lab's fall so re-ran bf16 and Top-k 0.1, put at 2-3x PowerSGD rank 4).
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *FAST)
+    settle(policy, job, *SLOW)
+    assert policy.decide().label == "powersgd:2@dense_ring"
+    policy.observe_network(NetworkObservation.from_link(*FAST, 4))
+    planned = [label for label, _ in policy._s.plan]
+    assert planned[0] == "topk:0.011@art_ring" and "powersgd:2@dense_ring" not in planned, planned
+
+
+def test_an_option_only_an_uncalibrated_fit_puts_ahead_of_the_running_one_leaves_it_measured() -> None:
+    # At the fall PowerSGD has never run: its prediction is the raw model's, so the
+    # running option, within explore_prune of it, is measured beside it.
+    policy = moo()
+    job = Job(policy)
+    settle(policy, job, *FAST)
+    policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
+    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+
+
 def _measure_nothing_delivered(policy: MooPolicy, job: Job, steps: int) -> None:
     """`steps` steps measuring Top-k 0.033 over the AR ring, delivering nothing (an
     AR collective whose non-root ranks send little), as a free item."""
