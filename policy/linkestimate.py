@@ -268,6 +268,11 @@ class Streak:
     # the fastest beta any sync since it began surely showed (its bytes over its whole time)
     crossed: float | None = None
 
+    def again(self, began: float) -> Streak:
+        """This streak begun again at `began`: its readings dropped, what was
+        asked of a probe kept."""
+        return Streak(self.direction, began, probe_asked=self.probe_asked, probe_late=self.probe_late)
+
     def saw(self, bound: float | None) -> None:
         if bound is not None:
             self.crossed = bound if self.crossed is None else min(self.crossed, bound)
@@ -694,8 +699,7 @@ class LinkEstimate:
             # the cnn lab one stalled bf16 sync, then one that crossed fast, began
             # a streak the fall's 0.4 s syncs joined, and what had crossed before
             # the fall "contradicted" them; the move waited 1 s for a look.
-            streak = self.streak = Streak(direction, ts, probe_asked=streak.probe_asked,
-                                          probe_late=streak.probe_late)
+            streak = self.streak = streak.again(ts)
         elif narrow and alone and not ((streak.informative and streak.alone) or streak.beyond_host):
             # A reading that stands for the path after readings that could not
             # (PowerSGD's, then Top-k's on the lab's 20 Mbit/s phase) begins the
@@ -703,8 +707,7 @@ class LinkEstimate:
             # a probe the duty budget ran 110 s later, at 742 Mbit/s all along.
             # (One that moves at `persist` anyway goes on: a figure only bounded
             # takes the next reading that stands for the path, if no slower.)
-            streak = self.streak = Streak(direction, streak.began, probe_asked=streak.probe_asked,
-                                          probe_late=streak.probe_late)
+            streak = self.streak = streak.again(streak.began)
         streak.saw(self._bound_beta(seconds, beta_bytes))
         streak.reports += reports
         streak.betas = [*streak.betas, reading][-self.config.persist:]

@@ -1287,8 +1287,7 @@ class MooPolicy:
             return False
         if not (self._fit_is_calibrated(row) and self._fit_is_calibrated(first)):
             return True
-        row_err, first_err = (self.calibration.error(calibration_key(r.option.compression, r.option.collective))
-                              for r in (row, first))
+        row_err, first_err = self._fit_error(row), self._fit_error(first)
         hopeful = row.t_step_s - row.t_sync_s * row_err / (1 + row_err)
         return hopeful <= (first.t_step_s + first.t_sync_s * first_err) * (1 + self.config.hysteresis)
 
@@ -1466,9 +1465,12 @@ class MooPolicy:
         that predicted it. Only the two fits compared count: one poor fit of an
         option not in question (the lab had one at 0.80) must not freeze every
         switch."""
-        errors = [self.calibration.error(calibration_key(r.option.compression, r.option.collective))
-                  for r in rows if not r.measured]
+        errors = [self._fit_error(r) for r in rows if not r.measured]
         return max([self.config.hysteresis, *errors])
+
+    def _fit_error(self, row: Evaluation) -> float:
+        """The current relative error of the fit that predicts `row`'s sync."""
+        return self.calibration.error(calibration_key(row.option.compression, row.option.collective))
 
     def _not_worth_switching(self, current: Evaluation, best: Evaluation, rows: list[Evaluation],
                              margin: float) -> bool:
