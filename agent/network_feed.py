@@ -7,7 +7,8 @@ them into messages).
 A job's paths are those to its nodes but this host's own addresses (a path to
 itself measures nothing). A step that overlapped a bandwidth test of one of its
 paths is marked `disturbed`: the test shared the link with its sync, so neither
-the estimate nor the policy's sync figures take it. A test counts from when the
+the estimate nor the policy's sync figures take it, unless the test held the
+link for less than `HELD_SHARE` of the sync (a look's trains: a few ms). A test counts from when the
 prober says it started (`bandwidth_started`), so the steps of messages that
 arrive while it runs are marked too, and until its measurement (failed or not)
 comes it has no end. The test's own reading is, for a job that synced while it
@@ -52,6 +53,11 @@ IN_FLIGHT_MAX_S = 60.0
 # while it ran: a job streaming reports sends one every agreement period (two steps;
 # under a second at the lab's slowest, 500 ms steps).
 SHARED_GAP_S = 1.0
+# A test that held the link for less than this share of a step's sync delayed it
+# less than the noise the estimate allows each sync (`LinkEstimateConfig.noise`).
+# Counted whole, the cnn lab's looks (3-12 ms of trains) hid 0.4-0.55 s syncs of
+# a fall to 20 Mbit/s from the estimate, which then moved on looks alone, 2-3 s in.
+HELD_SHARE = 0.05
 
 # peers -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str]], float]
@@ -78,7 +84,8 @@ def job_peers(nodes: Iterable[str], own: frozenset[str]) -> list[str]:
 def mark_disturbed(reports: Sequence[StepReport], received: float,
                    tests: Iterable[tuple[float, float]]) -> list[StepReport]:
     """`reports` (oldest first) with those whose step overlapped one of `tests`
-    ((start, end) times) marked. A step ended when its client stamped it
+    ((start, end) times, the span the test held the link) for `HELD_SHARE` or
+    more of its sync marked. A step ended when its client stamped it
     (`ended_unix`), else (no stamp, or one from another clock) as the next began,
     the last about when the message was `received`: there the slack is wide (the
     lab's 0.2 s tests, widened by 0.5 s either side, hid a job's first 1.2 s of
@@ -91,7 +98,7 @@ def mark_disturbed(reports: Sequence[StepReport], received: float,
         stamped = 0 < r.ended_unix <= received + STAMP_AHEAD_S
         end = r.ended_unix if stamped else end
         start, slack = end - r.step_s, STAMPED_SLACK_S if stamped else TEST_SLACK_S
-        hit = any(s - slack < end and start < e + slack for s, e in tests)
+        hit = any(s - slack < end and start < e + slack and e - s >= HELD_SHARE * r.t_sync_s for s, e in tests)
         out.append(dataclasses.replace(r, disturbed=True) if hit and not r.disturbed else r)
         end = start
     out.reverse()
