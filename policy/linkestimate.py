@@ -55,7 +55,8 @@ option. Both are fitted together, with forgetting:
   shared test's bound.
 - A change is `persist` reports in a row outside the interval (by more than
   `change` of the bytes' time); a reading `level_shift` slower than the
-  streak's fastest begins it again (still falling, as with looks). Faster: taken (at least that fast; only bounded,
+  streak's fastest begins it again where what crossed since it began
+  contradicts it (still falling, as with looks). Faster: taken (at least that fast; only bounded,
   a probe is asked for where it is `level_shift` beyond the figure). Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path), or when
@@ -693,12 +694,16 @@ class LinkEstimate:
         streak = self.streak
         if streak is None or streak.direction != direction:
             streak = self.streak = Streak(direction, ts)
-        elif direction > 0 and reading >= min(streak.betas) * (1 + self.config.level_shift):
+        elif direction > 0 and reading >= min(streak.betas) * (1 + self.config.level_shift) \
+                and self._contradicted(streak):
             # Still falling, as a second slower look: the streak begins again here.
             # Readings from before the fall are the old path's (or the host's): in
             # the cnn lab one stalled bf16 sync, then one that crossed fast, began
             # a streak the fall's 0.4 s syncs joined, and what had crossed before
             # the fall "contradicted" them; the move waited 1 s for a look.
+            # Where nothing that crossed since says otherwise, its readings are the
+            # fall's own and the streak goes on (begun again, a fall to 20 Mbit/s
+            # read at 28, 39, then 13 Mbit/s moved only on a look, 2.3 s in).
             streak = self.streak = streak.again(ts)
         elif narrow and alone and not ((streak.informative and streak.alone) or streak.beyond_host):
             # A reading that stands for the path after readings that could not
@@ -719,7 +724,7 @@ class LinkEstimate:
         if streak.reports < self.config.persist:
             return
         figure = min(streak.betas)  # the fastest the path surely was
-        if direction > 0 and streak.crossed is not None and streak.crossed * (1 + self.config.change) < figure:
+        if direction > 0 and self._contradicted(streak):
             # What crossed since the streak began says the path was faster than its
             # readings: they are the host's, not the link's (on the cnn's fast phases
             # AllGather Top-k syncs read "65 Mbit/s" beside AR-tree syncs whose bytes
@@ -758,6 +763,12 @@ class LinkEstimate:
         elif not streak.probe_asked:
             streak.probe_asked = True
             self.find_out("slower streak", ts)
+
+    def _contradicted(self, streak: Streak) -> bool:
+        """Whether what crossed since a slower streak began was faster, by `change`,
+        than its fastest reading: its readings are then the host's (or the old
+        path's), not the link's."""
+        return streak.crossed is not None and streak.crossed * (1 + self.config.change) < min(streak.betas)
 
     def _beyond_host(self, seconds: float, beta_bytes: float) -> bool:
         """Whether a sync's bytes took longer than the estimate allows (by `change`)

@@ -783,6 +783,25 @@ def test_a_fall_after_a_stalled_sync_moves_on_the_falls_own_syncs():
     assert estimate.bandwidth_bps == pytest.approx(RING_BYTES * 8 / 0.384, rel=0.05)
 
 
+def test_a_fall_read_ever_slower_moves_on_its_first_syncs():
+    # The cnn lab's fall from 160 to 20 Mbit/s: an option's two syncs read the
+    # link at 30-40 Mbit/s as its queue drained, the next option's at 13. Each is
+    # slower than any host work explains, so the streak is the fall's own and
+    # moves at `persist` readings, not three more.
+    estimate = LinkEstimate()
+    estimate.observe_probe(8 / 160e6, 0.0)
+    now = 0.0
+    for ms in [56, 58, 55, 60, 57, 54, 59, 56]:
+        now += 0.15
+        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    moves = estimate.moves
+    for ms in [250, 200, 550]:
+        now += 0.4
+        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    assert estimate.moves == moves + 1
+    assert estimate.bandwidth_bps < 50e6
+
+
 TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
 # Per-message medians of its syncs in the lab: 20 Mbit/s, one of 48 ms, and 1 Gbit/s.
 SLOW = [0.0258, 0.0192, 0.0245, 0.0317, 0.0176, 0.0273, 0.0219, 0.048, 0.0186, 0.0265, 0.0203, 0.0241]
