@@ -38,10 +38,16 @@ class ExploreBudget:
     lags: list[int] = field(default_factory=list)  # steps the last decisions took to be adopted
     changed_at: int | None = None  # steps seen when the decision changed, until a step runs it
     items: int = 0  # explored items the plan started has run (items the budget skipped are not)
+    named: str | None = None  # the option the policy's decision last named
 
-    def decision_changed(self) -> None:
-        """The policy's decision now names another option."""
-        self.changed_at = self.steps_seen
+    def decision_changed(self, option: str) -> None:
+        """The policy made a decision naming `option`. One naming the option the
+        last one did is nothing for the job to adopt (an exploration's choice of
+        the item it ended on: counted, a simulated job learned lags of 0 alone
+        and charged 2-step items that ran 10)."""
+        if option != self.named:
+            self.changed_at = self.steps_seen
+        self.named = option
 
     def change_untimed(self) -> None:
         """The last change came with news of the network, at any point between

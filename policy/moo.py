@@ -1522,7 +1522,7 @@ class MooPolicy:
             return
         s.version += 1
         s.phase_steps = s.next_look = 0
-        self.exploring.decision_changed()
+        self.exploring.decision_changed(option.label)
         # What the choice was made on, measured or predicted: it stands for the
         # option until its own steps give a figure. Left on its first steps' mean
         # instead, the cnn lab's PowerSGD rank 4, chosen on a 0.11 s prediction,

@@ -14,7 +14,7 @@ def test_an_item_costs_its_planned_steps_plus_the_steps_a_decision_took_to_be_ad
     budget = ExploreBudget()
     assert budget.item_cost(2) == 2  # no decision adopted yet: nothing known of the lag
     run(budget, 5)
-    budget.decision_changed()
+    budget.decision_changed("bf16")
     run(budget, 7, runs_decision=False)  # the job runs the old option until its agreement
     run(budget, 3)
     assert budget.lags == [7]
@@ -23,12 +23,12 @@ def test_an_item_costs_its_planned_steps_plus_the_steps_a_decision_took_to_be_ad
 
 def test_a_long_lag_is_forgotten_after_a_few_decisions() -> None:
     budget = ExploreBudget()
-    budget.decision_changed()
+    budget.decision_changed("bf16")
     run(budget, 100, runs_decision=False)  # the client could not reach its agent
     run(budget, 1)
     assert budget.item_cost(2) == 102
-    for _ in range(ADOPTION_LAGS):
-        budget.decision_changed()
+    for i in range(ADOPTION_LAGS):
+        budget.decision_changed(f"topk:{i}")
         run(budget, 3, runs_decision=False)
         run(budget, 1)
     assert budget.item_cost(2) == 5
@@ -62,7 +62,7 @@ def test_a_state_saved_before_lags_were_kept_loads() -> None:
 
 def test_a_change_that_came_with_network_news_teaches_no_lag() -> None:
     budget = ExploreBudget()
-    budget.decision_changed()
+    budget.decision_changed("bf16")
     budget.change_untimed()  # a move, at whatever point between the job's agreements
     run(budget, 7, runs_decision=False)
     run(budget, 1)
@@ -71,9 +71,20 @@ def test_a_change_that_came_with_network_news_teaches_no_lag() -> None:
 
 def test_an_explored_item_kept_as_the_choice_is_charged_the_steps_it_runs_until_adopted() -> None:
     budget = ExploreBudget()
-    budget.decision_changed()
+    budget.decision_changed("bf16")
     run(budget, 7, runs_decision=False)
     run(budget, 1)
     spent = budget.spent
     budget.kept_item()  # the job runs it, flagged explored, until its next agreement
     assert budget.spent == spent + 7
+
+
+def test_a_decision_naming_the_option_the_last_one_named_teaches_no_lag() -> None:
+    # An exploration's choice of the item it ended on: the job already runs it.
+    budget = ExploreBudget()
+    budget.decision_changed("bf16")
+    run(budget, 7, runs_decision=False)
+    run(budget, 3)
+    budget.decision_changed("bf16")
+    run(budget, 1)
+    assert budget.lags == [7] and budget.item_cost(2) == 9
