@@ -249,6 +249,21 @@ def test_a_move_during_an_exploration_drops_its_figures_and_plans_again() -> Non
     assert not policy._s.sync  # nothing measured on the slow link is averaged with the fast one
 
 
+def test_with_the_budget_spent_a_move_runs_only_the_models_first_choice() -> None:
+    # The cnn lab: bf16 settled on a fast link, the link fell and the model put
+    # another option ahead by more than the margin; bf16, within explore_prune,
+    # ran on free beside it, 4-5 steps at 3x PowerSGD's step.
+    policy = moo(explore_share=0.001)
+    job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.001}.get(c.family, 0.2))
+    settle(policy, job, 50e-6, 5e9)
+    assert policy.decide().label == "bf16@dense_ring" and not policy._budget_covers_an_item()
+    policy.observe_network(NetworkObservation.from_link(1e-3, 400e6, 4))
+    first = policy.ranking(policy.evaluate(predicted=True))[0]
+    bf16 = next(r for r in policy.evaluate(predicted=True) if r.label == "bf16@dense_ring")
+    assert bf16.t_step_s <= policy.config.explore_prune * first.t_step_s  # the prune alone keeps it
+    assert "now prefers" in policy._s.why and policy._s.plan == [(first.label, False)]
+
+
 def test_an_explored_item_is_charged_the_steps_the_job_ran_it() -> None:
     policy = moo()
     job = Job(policy, control_interval=5)
@@ -1003,12 +1018,14 @@ def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> 
 
 
 def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_link() -> None:
-    policy = moo()
+    # As an explored item: the model put another ahead by more than the margin.
+    policy = moo(explore_share=0.2)
     job = Job(policy)
     settle(policy, job, *FAST)
     job.run(1, *SLOW, observe=False)  # one slow step is no figure
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))  # a probe saw it first
-    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+    assert policy._s.plan[0] == ("powersgd:2@dense_ring", False)
+    assert ("topk:0.011@art_ring", True) in policy._s.plan
 
 
 def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measured() -> None:
@@ -1028,12 +1045,13 @@ def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measure
 
 def test_an_option_only_an_uncalibrated_fit_puts_ahead_of_the_running_one_leaves_it_measured() -> None:
     # At the fall PowerSGD has never run: its prediction is the raw model's, so the
-    # running option, within explore_prune of it, is measured beside it.
-    policy = moo()
+    # running option, within explore_prune of it, is measured beside it, charged.
+    policy = moo(explore_share=0.2)
     job = Job(policy)
     settle(policy, job, *FAST)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy._s.plan == [("powersgd:2@dense_ring", False), ("topk:0.011@art_ring", False)]
+    assert policy._s.plan[0] == ("powersgd:2@dense_ring", False)
+    assert ("topk:0.011@art_ring", True) in policy._s.plan
 
 
 def _measure_nothing_delivered(policy: MooPolicy, job: Job, steps: int) -> None:
