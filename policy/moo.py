@@ -1402,8 +1402,8 @@ class MooPolicy:
         at bf16, put at 7 ms a step on the fast link's figure, two steps after
         the link fell 100x: it ran 0.37 s a step there, and the move then
         detected dropped that figure, so bf16 was run again."""
-        cur = self._s.current
-        return cur is not None and self._outlying(calibration_key(cur.compression, cur.collective))
+        running = self._by_label.get(self.watch.running or "")  # s.current, or the item an exploration ended on
+        return running is not None and self._outlying(calibration_key(running.compression, running.collective))
 
     def _look_due(self) -> bool:
         """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS

@@ -681,6 +681,21 @@ def test_one_stalled_compression_step_does_not_hold_its_time() -> None:
     assert row.t_comp_s == pytest.approx(0.0016)
 
 
+def test_an_exploration_whose_last_item_ran_off_the_model_chooses_on_no_prediction() -> None:
+    # The cnn lab: the link fell to 20 Mbit/s as an exploration's last item ran,
+    # its syncs 12x what the model put them at; the estimator had not judged the
+    # move yet, and the exploration's end chose bf16 on a prediction for the old
+    # link (0.15 s a step; it ran 0.5).
+    policy = moo(explore_share=0.2, explore_max=2)
+    job = Job(policy)
+    settle(policy, job, *SLOW)
+    job.run(1, *FAST)
+    assert policy.phase == EXPLORE and len(policy._s.plan) == 2
+    while policy.phase == EXPLORE:
+        job.run(1, 1e-3, 5e6, observe=False)  # the link fell; nothing told the policy
+    assert " s measured" in policy.decide().reason.split(";")[0], policy.decide().reason
+
+
 def test_outliers_judged_on_a_network_left_behind_do_not_outlast_the_move() -> None:
     # A short lab: Top-k 0.1's last steps on the fast link synced in 2 ms against
     # 6 predicted (host jitter, 3x off), and its fit stayed untrusted through the
