@@ -802,6 +802,34 @@ def test_a_fall_read_ever_slower_moves_on_its_first_syncs():
     assert estimate.bandwidth_bps < 50e6
 
 
+def test_two_syncs_no_host_explains_move_the_figure_and_two_stalls_do_not():
+    # bf16's ring at 20 Mbit/s after 160: 0.43 and 0.41 s syncs, each one's bytes
+    # most of its time and more than any host work explains: a fall. Two syncs a
+    # host stalled by 60-80 ms past 160 Mbit/s's 56 ms are not sure: three needed.
+    def at_160() -> tuple[LinkEstimate, float]:
+        estimate, now = LinkEstimate(), 0.0
+        estimate.observe_probe(8 / 160e6, 0.0)
+        for ms in [56, 58, 55, 60, 57, 54, 59, 56]:
+            now += 0.15
+            estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+        return estimate, now
+
+    fall, now = at_160()
+    moves = fall.moves
+    for ms in [430, 410]:
+        now += 0.45
+        fall.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    assert fall.moves == moves + 1 and fall.bandwidth_bps == pytest.approx(RING_BYTES * 8 / 0.41, rel=0.1)
+    stalls, now = at_160()
+    for ms in [130, 125]:
+        now += 0.2
+        stalls.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    assert stalls.moves == moves and stalls.bandwidth_bps == pytest.approx(160e6, rel=0.1)
+    assert LinkEstimate(LinkEstimateConfig(persist_sure=3)).config.persist_sure == 3
+    with pytest.raises(ValueError, match="persist_sure"):
+        LinkEstimateConfig(persist_sure=0)
+
+
 TOPK_BYTES = 45_000  # the default lab's Top-k 0.01 AllGather: within a 64 KB burst
 # Per-message medians of its syncs in the lab: 20 Mbit/s, one of 48 ms, and 1 Gbit/s.
 SLOW = [0.0258, 0.0192, 0.0245, 0.0317, 0.0176, 0.0273, 0.0219, 0.048, 0.0186, 0.0265, 0.0203, 0.0241]
