@@ -121,7 +121,8 @@ def test_a_reported_network_change_alone_starts_a_new_measurement(agent: AgentPr
 
 def test_the_configured_token_bucket_reaches_the_model_and_status(tmp_path: Path) -> None:
     with running(tmp_path, "--link-peak-over-rate", "1.2", "--link-burst", "5ms") as agent:
-        agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("bucketed", policy="dense")), timeout=5)
+        agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("bucketed", policy="dense", grad_bytes=GRAD_BYTES)),
+                               timeout=5)
         simulated_steps(agent.stub, "bucketed", SLOW, 2, 0)
         b = agent.stub.GetNetwork(pb.GetNetworkRequest(job_id="bucketed"), timeout=5).bottleneck
         assert (b.known, b.peak_over_rate, b.burst_s) == (True, 1.2, 0.005)
@@ -282,7 +283,7 @@ def test_a_second_agent_on_the_same_socket_is_refused(agent: AgentProcess, tmp_p
 
 
 def test_status_command_shows_jobs_network_and_decisions(agent: AgentProcess) -> None:
-    agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("shown", policy="dense")), timeout=5)
+    agent.stub.RegisterJob(pb.RegisterJobRequest(spec=spec("shown", policy="dense", grad_bytes=GRAD_BYTES)), timeout=5)
     simulated_steps(agent.stub, "shown", SLOW, 3, 0)
     cmd = [sys.executable, "-m", "flexcomm.cli", "status", "--socket", agent.socket]
     data = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60,
