@@ -1231,10 +1231,10 @@ class MooPolicy:
         first, the running one (where `running_free`) and the reference until it
         has delivered a figure cost nothing (the job would run them anyway); the
         running one is left out where `measured` (its steps ran on this network
-        already) unless it is the model's first; the next ones, within explore_prune of the first choice's
-        predicted step, as many as explore_max and the exploring share allow. With
-        the budget spent, only the free ones: the policy runs what the model
-        predicts best and stays."""
+        already) unless it is the model's first; the next ones, within
+        explore_prune of the first choice's predicted step, as many as
+        explore_max and the exploring share allow. With the budget spent, only
+        the free ones: the policy runs what the model predicts best and stays."""
         cfg = self.config
         rows = self.evaluate(predicted=True)
         if not rows:  # no network to predict with: one option per family, the reference for its own, second

@@ -783,17 +783,22 @@ def test_a_fall_after_a_stalled_sync_moves_on_the_falls_own_syncs():
     assert estimate.bandwidth_bps == pytest.approx(RING_BYTES * 8 / 0.384, rel=0.05)
 
 
+def ring_at_160() -> tuple[LinkEstimate, float]:
+    """An estimate probed at 160 Mbit/s that the ring's syncs agree with; the time."""
+    estimate, now = LinkEstimate(), 0.0
+    estimate.observe_probe(8 / 160e6, 0.0)
+    for ms in [56, 58, 55, 60, 57, 54, 59, 56]:
+        now += 0.15
+        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    return estimate, now
+
+
 def test_a_fall_read_ever_slower_moves_on_its_first_syncs():
     # The cnn lab's fall from 160 to 20 Mbit/s: an option's two syncs read the
     # link at 30-40 Mbit/s as its queue drained, the next option's at 13. Each is
     # slower than any host work explains, so the streak is the fall's own and
     # moves at `persist` readings, not three more.
-    estimate = LinkEstimate()
-    estimate.observe_probe(8 / 160e6, 0.0)
-    now = 0.0
-    for ms in [56, 58, 55, 60, 57, 54, 59, 56]:
-        now += 0.15
-        estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
+    estimate, now = ring_at_160()
     moves = estimate.moves
     for ms in [250, 200, 550]:
         now += 0.4
@@ -806,21 +811,13 @@ def test_two_syncs_no_host_explains_move_the_figure_and_two_stalls_do_not():
     # bf16's ring at 20 Mbit/s after 160: 0.43 and 0.41 s syncs, each one's bytes
     # most of its time and more than any host work explains: a fall. Two syncs a
     # host stalled by 60-80 ms past 160 Mbit/s's 56 ms are not sure: three needed.
-    def at_160() -> tuple[LinkEstimate, float]:
-        estimate, now = LinkEstimate(), 0.0
-        estimate.observe_probe(8 / 160e6, 0.0)
-        for ms in [56, 58, 55, 60, 57, 54, 59, 56]:
-            now += 0.15
-            estimate.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
-        return estimate, now
-
-    fall, now = at_160()
+    fall, now = ring_at_160()
     moves = fall.moves
     for ms in [430, 410]:
         now += 0.45
         fall.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
     assert fall.moves == moves + 1 and fall.bandwidth_bps == pytest.approx(RING_BYTES * 8 / 0.41, rel=0.1)
-    stalls, now = at_160()
+    stalls, now = ring_at_160()
     for ms in [130, 125]:
         now += 0.2
         stalls.observe_sync("dense_ring", RING_BYTES, ms / 1e3, now)
