@@ -1,6 +1,6 @@
 """The control-interval collective: every rank adopts rank 0's decision.
 
-At the start of a step, every few steps, all ranks join one tiny all-reduce of a
+As a step's syncs end, every few steps, all ranks join one tiny all-reduce of a
 float64 vector: a header that only rank 0 fills (its decision as numbers: index
 into FAMILIES, the family's parameter, index into COLLECTIVES, index into
 ROOT_SELECTIONS, version; then the steps until the next agreement) and one slot
@@ -12,11 +12,11 @@ How often (`cadence`): every `interval` steps (K), or more often where steps are
 slow, as many whole steps as fit in `period_s` (at least one), timed by rank 0.
 At K steps alone a decision waited up to K + 1 steps to run: at the lab's K = 2
 the cnn job ran bf16 three more 0.45 s steps into a 20 Mbit/s phase after its
-agent had decided to leave it. An agreement costs its latency: the step's first
-bucket's collective queues behind it (see CONTROL_PERIOD_S).
+agent had decided to leave it. An agreement costs what of its latency the
+optimizer and the next forward do not cover (see CONTROL_PERIOD_S).
 
-`start` launches it without waiting and `finish` reads it, so the Controller can
-read it at the next step's start: the step does not wait for the answer. On NCCL the
+`start` launches it without waiting and `finish` reads it, so the Controller
+launches it as one step's syncs end and reads it as the next step begins. On NCCL the
 vector lives on the GPU: it goes there from pinned memory and comes back on a
 side stream as soon as the collective has run, so `finish` waits for that copy
 alone, not for the step's work queued on the GPU (untested here: no GPU).
@@ -37,11 +37,11 @@ from flexcomm.policy.types import COLLECTIVES, FAMILIES, ROOT_SELECTIONS, Decisi
 HEADER = 6
 # Per-rank statistics carried alongside (means over the interval's steps).
 RANK_STATS: tuple[str, ...] = ("gain", "t_sync_s", "t_comp_s", "bytes_sent", "steps")
-# Agreements come as often as whole steps fit in this. One costs its latency (the
-# step's first bucket queues behind it): 4.6 ms median for 4 gloo ranks on the
-# 2-vCPU lab host. bench/hook_overhead.py there (rank 0's steps ~0.1 s) against
-# PyTorch's hook: 1.07 and 1.06 at 0.1 s (every step), 1.03 and 1.02 at 0.5 s,
-# 1.03 and 1.01 with agreements every 10 steps alone.
+# Agreements come as often as whole steps fit in this. One costs 4.6 ms (median,
+# 4 gloo ranks on the 2-vCPU lab host) where the next step's optimizer and forward
+# do not cover it. bench/hook_overhead.py there against PyTorch's hook, an
+# agreement every step: 1.008-1.017 (44 ms steps); launched as a step began, the
+# first bucket queued behind it and it cost 1.024-1.037 (1.06-1.07 at 0.1 s steps).
 CONTROL_PERIOD_S = 0.5
 MAX_PERIOD_S = 3600.0
 

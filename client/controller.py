@@ -141,6 +141,7 @@ class Controller:
         self.rejected = 0
         self._acc = dict.fromkeys(RANK_STATS, 0.0)  # sums since the last agreement
         self._pending = None
+        self._agree_at_once = True  # step 0 and a restored step agree before they run
         self._unresolved: deque[StepStats] = deque()  # finished, the device's work not yet read
         self._unreported: deque[tuple[StepStats, int]] = deque()  # rank 0: resolved steps and their epoch
         self._next_began: dict[int, float] = {}  # rank 0: a finished step -> the next step's start
@@ -175,10 +176,9 @@ class Controller:
         return tuple(Compression.parse(name) for name in self.decision.probes)
 
     def begin_step(self) -> StepStats:
-        """Open a step: adopt an agreement launched at the previous step, launch a
-        new one if due. Step 0's agreement is waited for at once, so the first
-        decision applies from step 0; later ones apply from the step after they
-        were launched, on every rank alike, and no step waits for their answer."""
+        """Open a step: adopt the agreement launched as the previous step's syncs
+        ended (`end_syncs`), on every rank alike. Step 0 and the first step after
+        a restore agree at once, so the first decision applies from that step."""
         now = time.perf_counter()
         if self._first_began is None:
             self._first_began = now
@@ -189,10 +189,10 @@ class Controller:
         self._fold_finished(wait=False)
         if self._pending is not None:
             self._adopt()
-        if self.agreement.due(self.step):
+        elif self._agree_at_once:
             self._launch()
-            if self.step == 0:
-                self._adopt()
+            self._adopt()
+        self._agree_at_once = False
         d = self.running
         self._probing = self._probes_due(now)
         self.stats = StepStats(self.step, d.family, d.param, d.collective, self.decision.version, began=now)
@@ -232,10 +232,23 @@ class Controller:
         if self.rank == 0:
             log_change(self.step, before, self.decision)
 
+    def end_syncs(self) -> None:
+        """The open step's collectives are all launched: launch the agreement the
+        next step adopts, if one is due. It runs while the optimizer and the next
+        forward do, so no bucket's collective queues behind it, and it carries
+        what rank 0's source has decided by now: an agent's answer to the report
+        sent as this step began (launched as the next step began, that answer
+        ran a step later, and a fall to 20 Mbit/s in the cnn lab cost one more
+        0.4 s step). Called by the hook as its last bucket's collective
+        completes, else by `end_step`."""
+        if self.stats is not None and self._pending is None and self.agreement.due(self.step):
+            self._launch()
+
     def end_step(self) -> StepStats | None:
         """Close the open step and advance the counter. Its statistics join the
         history once the device has done its work; rank 0 reports it once that is
         so and the next step has started (or at close)."""
+        self.end_syncs()
         stats, self.stats = self.stats, None
         if stats is None:
             return None
@@ -305,7 +318,7 @@ class Controller:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.agreement.next_step = self.step  # every rank restored alike agrees at once
+        self._agree_at_once = True  # every rank restored alike agrees at once
         self.epoch = int(state.get("epoch", 0))
         self.decision = Decision.from_dict(state["decision"])
         if self.rank == 0 and "policy" in state and isinstance(self.source, PolicySource):

@@ -20,12 +20,12 @@ choice given, the node's agent, else the MOO in-process.
 
 What runs each step:
 - Every `control_interval` steps, or every step where steps take longer than
-  `control_period_s` (as many whole steps as fit in it; client/agreement.py), at
-  the start of a step (the first bucket's hook
-  call), all ranks join one tiny all-reduce that carries rank 0's decision; all
-  ranks adopt it from the next step on (the one at step 0 at once), so no step
-  waits for its answer (the first bucket's collective queues behind it). Only rank 0 asks its source/policy; the other
-  ranks' sources are never consulted.
+  `control_period_s` (as many whole steps as fit in it; client/agreement.py), as
+  the step's last bucket's collective completes, all ranks join one tiny
+  all-reduce that carries rank 0's decision; all ranks adopt it as the next step
+  begins (the one at step 0 at once, before its first bucket), and it runs while
+  the optimizer and the next forward do. Only rank 0 asks its source/policy; the
+  other ranks' sources are never consulted.
 - The first `warmup_steps` steps (at least 1: DDP rebuilds its buckets after the
   first step, and residuals are kept per bucket index) run dense.
 - Each bucket then goes through client/step.py: compensate (error feedback, for
@@ -168,7 +168,16 @@ class FlexcommState(Runner):
             fut = self.gradient_step.run(work, d, stats, self.controller.probes())
         if last:
             self._in_step = False
+            if not self.global_topk:  # the global step waited for its syncs and launched it
+                fut = fut.then(self._after_syncs)
         return fut
+
+    def _after_syncs(self, fut: Future) -> torch.Tensor:
+        # Every collective of the step was launched before this one completed, and
+        # DDP launches the next step's only after this future: every rank launches
+        # the agreement at the same place in the order of its collectives.
+        self.controller.end_syncs()
+        return fut.value()
 
     def _bucket_shapes(self, bucket: dist.GradBucket, g: torch.Tensor) -> list[torch.Size]:
         """Its parameters' gradient shapes in the bucket's order (PowerSGD's
@@ -194,6 +203,7 @@ class FlexcommState(Runner):
         every = [s for _, bucket_shapes, _ in self._held for s in bucket_shapes]
         work = Bucket(GLOBAL_KEY, flat, every, self.controller.step)
         self.gradient_step.run(work, d, stats, self.controller.probes()).wait()
+        self.controller.end_syncs()
         offset = 0
         for buf, _, fut in self._held:
             buf.copy_(flat[offset : offset + buf.numel()])

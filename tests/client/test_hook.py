@@ -354,8 +354,10 @@ def check_switching(rank: int, world: int) -> dict:
                      probe_interval=CONTROL_INTERVAL, warmup_steps=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     lossless_after_lossy_residual_zero = None
+    in_flight_after_backward = []
     for step in range(SWITCH_STEPS):
         train_step(model, opt, rank, step)
+        in_flight_after_backward.append(state.controller._pending is not None)
         opt.step()
         if step == 13:  # the first bf16 step after Top-k: the residual went out with it
             lossless_after_lossy_residual_zero = all(
@@ -369,6 +371,7 @@ def check_switching(rank: int, world: int) -> dict:
         "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s, r.ended_unix)
                     for r in source.reports],
         "rejected": state.controller.rejected,
+        "in_flight_after_backward": in_flight_after_backward,
         "lossless_flushed": lossless_after_lossy_residual_zero,
         "rank_stats": state.rank_stats,
     }
@@ -464,6 +467,50 @@ def check_cadence(rank: int, world: int) -> dict:
     return {"launched": launched}
 
 
+class AnsweringSource:
+    """Rank 0's source as the agent is: the answer to a report arrives a little
+    after it was sent (here 10 ms), while the step that sent it still syncs."""
+
+    def __init__(self, answer_to: int, answer: Decision) -> None:
+        self.answer_to, self.answer = answer_to, answer
+        self.latest_decision = Decision("dense", 0.0, "dense_ring", version=1)
+        self.timers = []
+
+    def latest(self):
+        return self.latest_decision
+
+    def report(self, report) -> None:
+        import threading
+
+        if report.step == self.answer_to:
+            timer = threading.Timer(0.01, setattr, (self, "latest_decision", self.answer))
+            timer.start()
+            self.timers.append(timer)
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.join()
+
+
+def check_answer_during_a_step(rank: int, world: int) -> dict:
+    """Which step first runs an answer that came while the step after the report
+    synced (0.2 s syncs, an agreement every step)."""
+    import time
+
+    from flexcomm.client.controller import Controller
+
+    answer = Decision("topk", 0.1, "ag_topk", version=2)
+    controller = Controller(None, AnsweringSource(answer_to=3, answer=answer), control_interval=1)
+    ran = []
+    for _ in range(8):
+        stats = controller.begin_step()
+        time.sleep(0.2)  # the step's syncs
+        controller.end_step()
+        ran.append(stats.version)
+    controller.close()
+    return {"ran": ran}
+
+
 def battery(rank: int, world: int) -> dict:
     return {
         "powersgd_one_bucket": check_powersgd_in_one_rebuilt_bucket(rank, world),
@@ -473,6 +520,7 @@ def battery(rank: int, world: int) -> dict:
         "sync": check_gradient_sync(rank, world),
         "switching": check_switching(rank, world),
         "cadence": check_cadence(rank, world),
+        "answer": check_answer_during_a_step(rank, world),
         "step_times": check_step_times(rank, world),
         "probe_share": check_probe_share(rank, world),
         "checkpoint": check_checkpoint_with_powersgd_and_policy(rank, world),
@@ -609,6 +657,26 @@ def test_agreements_come_every_step_while_steps_are_slow_on_every_rank(results):
     assert launched[:9] == list(range(9)), launched
     gaps = [b - a for a, b in itertools.pairwise([s for s in launched if s >= 9])]
     assert len(gaps) >= 2 and all(2 <= g <= 4 for g in gaps), launched
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_an_answer_that_came_during_a_step_runs_from_the_next(results):
+    # Step 3's report is sent as step 4 begins; the answer comes during step 4's
+    # syncs and the agreement launched as they end carries it. (Launched as step 5
+    # began and read as step 6 did, it ran a step later.)
+    _, per_rank = results
+    for res in per_rank:
+        assert res["answer"]["ran"] == [1, 1, 1, 1, 1, 2, 2, 2], res["answer"]
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_the_agreement_is_launched_as_the_last_buckets_collective_completes(results):
+    # In flight as backward returns, on the steps it is due (every CONTROL_INTERVAL
+    # steps: the one at step 0 was waited for as that step began).
+    _, per_rank = results
+    due = [step > 0 and step % CONTROL_INTERVAL == 0 for step in range(SWITCH_STEPS)]
+    for res in per_rank:
+        assert res["switching"]["in_flight_after_backward"] == due
 
 
 def test_cadence_fits_whole_steps_in_the_period():
