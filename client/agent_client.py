@@ -62,6 +62,11 @@ from flexcomm.units import require_finite_positive
 
 log = logging.getLogger("flexcomm.client.agent")
 MAX_BATCH = 4096  # the agent's per-message limit
+# A report goes as soon as it comes (an answer to it reaches a step that is still
+# syncing: the agreement launched as its syncs end carries it), one message per
+# this long at most: on a job of 5 ms steps, a message per step would spend the
+# training process's time in gRPC; reports that come meanwhile go together.
+SEND_GAP_S = 0.02
 DEFAULT_SOCKET = "/run/flexcomm/agent.sock"
 
 
@@ -173,6 +178,7 @@ class AgentClient:
         if not self._ends_job:
             _warn_not_rank_zero(job_id)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a report came (or the client closes)
         self._first_try_done = threading.Event()  # the first registration answered, refused or failed
         self._channel = (grpc.secure_channel(self.target, credentials) if credentials
                          else grpc.insecure_channel(self.target))
@@ -219,6 +225,7 @@ class AgentClient:
 
     def report(self, report: StepReport) -> None:
         self._pending.append(report)
+        self._wake.set()
 
     def report_network(self, alpha_s: float, bandwidth_bps: float) -> None:
         """The job's own estimate of its network, sent with the next reports."""
@@ -236,6 +243,7 @@ class AgentClient:
             return
         self._closing_by = time.monotonic() + timeout_s
         self._stop.set()
+        self._wake.set()
         self._nodes_known.set()
         self._thread.join(timeout_s + self.timeout_s)
         self._channel.close()
@@ -251,6 +259,7 @@ class AgentClient:
                     self._do_register()
                 if self._inflight or self._pending or self._network != self._network_sent:
                     self._send_reports()
+                    self._stop.wait(SEND_GAP_S)
                 elif time.monotonic() - last_poll >= self.poll_interval_s:
                     self._adopt(self._stub.GetDecision(pb.JobRef(job_id=self.job_id),
                                                        timeout=self.timeout_s))
@@ -258,7 +267,8 @@ class AgentClient:
                 self._mark_reachable()
                 backoff = 0.05
                 if not self._pending:
-                    self._stop.wait(min(0.05, self.poll_interval_s))
+                    self._wake.wait(min(0.05, self.poll_interval_s))
+                self._wake.clear()
             except grpc.RpcError as exc:
                 backoff = self._on_error(exc, backoff)
             except Exception:
