@@ -68,7 +68,7 @@ from flexcomm.policy.costmodel import (
     sync_form,
 )
 from flexcomm.policy.exploring import ExploreBudget
-from flexcomm.policy.linkestimate import BURST_BYTES
+from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
 from flexcomm.policy.linkestimate import ewma as _ewma
 from flexcomm.policy.reconsider import Reconsideration
 from flexcomm.policy.types import (
@@ -1152,7 +1152,10 @@ class MooPolicy:
         policy the network a report message shows before that message's steps,
         so the last syncs may not have reached it yet). The cnn lab's bf16 ran 5
         steps at 0.43-0.54 s as the link fell to 20 Mbit/s, and the exploration
-        the fall started ran it 4 more beside PowerSGD rank 4 at 0.11-0.16 s."""
+        the fall started ran it 4 more beside PowerSGD rank 4 at 0.11-0.16 s.
+        Where the syncs themselves moved the estimate, one is enough: the
+        estimator took two or more, and the message that moved it (whose last
+        sync the policy has not seen) made bf16 run 3 more 0.45 s steps so."""
         w, net, option = self.watch, self._net(), self._by_label.get(self._current_label() or "")
         if net is None or option is None or w.alpha_s is None or w.beta_s_per_byte is None:
             return None
@@ -1163,7 +1166,8 @@ class MooPolicy:
             return None
         shown = list(itertools.takewhile(
             lambda t: t > 0 and abs(math.log(t / now)) < abs(math.log(t / then)), reversed(w.running_sync)))
-        return statistics.median(shown) if len(shown) >= SHOWN_SAMPLES else None
+        needed = 1 if net.evidence in (SYNC, SYNC_BOUND) else SHOWN_SAMPLES
+        return statistics.median(shown) if len(shown) >= needed else None
 
     def _keep_running(self, predicted_sync: float | None) -> None:
         """Carry on with the running option, judged on the model's

@@ -939,6 +939,23 @@ def test_after_a_move_its_own_steps_showed_a_call_too_close_measures_the_other_a
     assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
 
 
+@pytest.mark.parametrize(("evidence", "plan"), [
+    ("sync", [("dense@dense_ring", False)]),
+    ("look", [("dense@dense_ring", False), ("bf16@dense_ring", False)]),
+])
+def test_after_a_move_its_syncs_made_one_of_its_steps_shows_it(evidence: str, plan: list) -> None:
+    # The estimator moved on two of bf16's syncs; the policy has seen the first
+    # (the agent hands it the move before the message that made it). A look's
+    # move is a reading of the path alone: one step is not enough to go on.
+    small = GradientLayout(((500, 500),), 0, 4)
+    policy = MooPolicy(small.grad_bytes, MooConfig(families=("dense", "bf16")), small)
+    job = Job(policy, small, t_compute=0.5)
+    settle(policy, job, *SLOW)
+    job.run(1, *FAST, observe=False)
+    policy.observe_network(replace(NetworkObservation.from_link(*FAST, 4), evidence=evidence))
+    assert policy._s.plan == plan, policy._s.why
+
+
 def topk_running_with_powersgd_2_untimed() -> tuple[MooPolicy, Job]:
     """A settled job put on Top-k 0.011 over the AR ring (timed at 0.29 s), with
     PowerSGD rank 2's time dropped (as a move drops it): predicted at 0.12 s."""
