@@ -90,7 +90,7 @@ class Agreement:
         self.group = group
         self.interval = interval
         self.period_s = float(period_s)
-        self.next_step = 0  # the step whose start launches the next agreement
+        self.next_step = 0  # the step at which the next agreement is launched
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         # The latest statistics of every rank, as {name: value} per rank.
@@ -101,8 +101,8 @@ class Agreement:
 
     def start(self, proposal: Decision | None, stats: Sequence[float], step: int,
               step_s: float | None = None) -> Pending:
-        """Launch the collective at the start of `step` (all ranks together, in the
-        same order as every other collective) without waiting for it.
+        """Launch the collective at `step` (all ranks together, at the same place in
+        their order of collectives) without waiting for it.
 
         `proposal` and `step_s` (its recent step time, for the `cadence`) matter on
         rank 0 only (the proposal must not be None there); `stats` are this rank's
