@@ -91,7 +91,13 @@ option. Both are fitted together, with forgetting:
   at: all of them, or while a question is out those looked at since); two in
   a row that read slower, within `probe_wait_s`, are the figure; one that
   agrees counts as a look at the path for the aged ask, and ends a slower
-  streak where every path agrees.
+  streak where every path agrees. Where every path's look reads within
+  `change` of the figure, the figure moves toward the slowest of them by
+  `look_weight`, and until `look_after_s` after it the syncs that agree teach
+  their overhead, not the rate: a look is the wire alone, a sync the wire and
+  the host's work as one figure (the lm lab's PowerSGD rank 4 syncs read a
+  30 Mbit/s link at 24 for a whole phase beside looks at 29; an overread
+  first look at 1 Gbit/s, 1.21x, stood beside agreeing ones at 1.01x).
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A test or look that reads slower, by `change`, than what the job's syncs
@@ -210,12 +216,13 @@ class LinkEstimateConfig:
     level_shift: float = 0.5  # an option's syncs moved: their median 1.5x either way
     look_after_s: float = 2.0  # syncs that showed nothing of the path this long want a look
     look_overread: float = LOOK_OVERREAD
+    look_weight: float = 0.5  # how far a look that agrees moves the figure toward it
 
     def __post_init__(self) -> None:
         for name in ("overhead_max_s", "max_age_s", "bound_window_s", "change", "noise", "sigmas", "probe_wait_s",
                      "level_shift", "look_after_s"):
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
-        for name in ("informative", "alone_share", "beta_weight", "overhead_weight"):
+        for name in ("informative", "alone_share", "beta_weight", "overhead_weight", "look_weight"):
             check_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
         check_range("burst_bytes", self.burst_bytes, 0.0, math.inf)
         check_range("look_overread", self.look_overread, 1.0, math.inf)
@@ -676,7 +683,8 @@ class LinkEstimate:
             reading = self._beta(max(seconds - fit.overhead_s, self._wire_s(fastest, beta_bytes)), beta_bytes) \
                 if fit.known else slowest
             share = min(1.0, self._wire_s(reading, beta_bytes) / seconds)
-            self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
+            if not self._looked_lately(ts):
+                self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
         if self.lower_bound or pending:
             # an overhead against a beta only bounded would be only bounded too;
@@ -687,6 +695,11 @@ class LinkEstimate:
         wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
         fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
                   1 / self.config.overhead_weight)
+
+    def _looked_lately(self, ts: float) -> bool:
+        """Whether a look read the path within `look_after_s` (the syncs then
+        agree with the look's figure; they do not move it)."""
+        return self.looked is not None and ts - self.looked < self.config.look_after_s
 
     def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
                   beta_bytes: float, ts: float, reports: int) -> None:
@@ -914,6 +927,9 @@ class LinkEstimate:
             self.look_pending, self.wants_look = (pending if again else (ts, reading)), True
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
+            if math.isfinite(every) and relative_change(figure, reading) < self.config.change:
+                self.beta_s_per_byte = figure * (reading / figure) ** self.config.look_weight
+                self.confirmed = ts
             if self.streak is not None and self.streak.direction > 0 and paths < figure * shift:
                 self.streak = None  # every path agrees: the syncs' slowing was the host's
 

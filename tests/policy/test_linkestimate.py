@@ -990,12 +990,43 @@ def test_a_look_is_read_through_the_links_bucket():
     lab = LinkBucket(1.2, 0.005)
     e = LinkEstimate(LinkEstimateConfig(), lab)
     e.observe_probe(8 / 160e6, 0.0)
+    moves = e.moves
     e.observe_look(e.looked_beta(8 / (1.167 * 160e6), 256 << 10), 2.0)
-    assert e.looked == 2.0 and e.bandwidth_bps == pytest.approx(160e6)
+    assert e.looked == 2.0 and e.moves == moves and e.bandwidth_bps == pytest.approx(160e6, rel=0.02)
     e.observe_look(e.looked_beta(8 / (1.167 * 980e6), 256 << 10), 4.0)
     assert e.bandwidth_bps == pytest.approx(0.972 * 980e6, rel=0.01)
     assert 8 / e.looked_beta(8 / (1.167 * 20e6), 16800) == pytest.approx(0.972 * 20e6, rel=0.01)
     assert 8 / e.looked_beta(8 / (0.99 * 20e6), 256 << 10) == pytest.approx(0.94 * 20e6, rel=0.02)
+
+
+def test_looks_that_agree_move_the_figure_and_the_syncs_beside_them_do_not_pull_it_back():
+    # The lm lab's 30 Mbit/s phase: PowerSGD rank 4's ring syncs read the link at
+    # 24 (what gloo does beside the wire, read as the wire), looks every 2 s at 29.
+    path = Path()
+    path.run(DENSE, 24e6, 1)
+    path.probe(24e6)
+    path.run(DENSE, 24e6, 5)
+    for _ in range(3):
+        path.estimate.observe_look(8 / 29e6, path.now)
+        assert path.mbps == pytest.approx(29, rel=0.1)
+        path.run(DENSE, 24e6, 9)  # 1.8 s of syncs that agree with 24 as well as 29
+        assert path.mbps == pytest.approx(29, rel=0.1) and not path.estimate.lower_bound
+    # the syncs' time past the look's wire is their overhead now: alone, they read the look's figure
+    path.run(DENSE, 24e6, 40)
+    assert path.mbps == pytest.approx(29, rel=0.1) and path.estimate.overheads["dense_ring"].overhead_s > 0.02
+
+
+def test_an_overread_look_gives_way_to_the_looks_that_follow():
+    # The lm lab at 1 Gbit/s: the first look after the rise read 1157 Mbit/s
+    # through the lab's bucket (the shaper's clumps), the next ones 965.
+    e = LinkEstimate(LinkEstimateConfig())
+    e.observe_probe(8 / 29e6, 0.0)
+    e.observe_look(8 / 1157e6, 2.0)
+    assert e.bandwidth_bps == pytest.approx(1157e6) and e.evidence == "look"
+    moves = e.moves
+    for i in range(2):
+        e.observe_look(8 / 965e6, 4.0 + 2 * i)
+    assert e.bandwidth_bps == pytest.approx(965e6, rel=0.06) and e.moves == moves
 
 
 def test_slower_looks_read_twice_in_a_row_are_the_figure():
