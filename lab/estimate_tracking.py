@@ -9,11 +9,13 @@ evidence it last moved on.
 shaped_bps; goodput_bps, what iperf3 gets through such a link (TCP's payload
 share of it, which the shaper delivers: bench/shaper_fidelity.py);
 estimated_bps, the median of the phase's estimates; seconds_to_within_10pct,
-from the step's application to the first estimate within 10% of goodput (null
-if none in the phase); deadline_s, 10 s or the phase's first 10 steps, whichever
-is later; and reached. `probe_share(out, runs)` is the share of the runs' wall
-time node 0's agents spent in bandwidth tests. `plot(ax, out, run)` draws the
-estimate on network.png.
+from the step's application (or the job's first step, in the phase it began:
+the job's start is no change of the link) to the first estimate within 10% of
+goodput (null if none in the phase); deadline_s, 5 s or the phase's first 10
+steps, whichever is later (syncs show the link only as steps run); and
+reached. `probe_share(out, runs)` is the share of the runs' wall time node 0's
+agents spent in bandwidth tests. `plot(ax, out, run)` draws the estimate on
+network.png.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from flexcomm.store import TEST_KINDS, Store
 ESTIMATES = "estimates.jsonl"
 POLL_S = 0.2
 WITHIN = 0.10
-DEADLINE_S = 10.0
+DEADLINE_S = 5.0
 DEADLINE_STEPS = 10
 
 
@@ -89,20 +91,23 @@ def summarize(out: Path, run: Any) -> list[dict[str, Any]]:
     estimates = read_estimates(out, run.label, run.repeat)
     if not estimates or not run.links:
         return []
+    began = run.steps[0].get("wall", -math.inf) if run.steps else -math.inf
     entries = []
     for i, link in enumerate(run.links):
         start = link["applied_at"]
         stop = run.links[i + 1]["applied_at"] if i + 1 < len(run.links) else math.inf
         seen = [e for e in estimates if start <= e["wall"] < stop]
         if link.get("rate_bps") and seen:
-            entries.append(_phase(link, seen, [s for s in run.steps if start <= s.get("wall", 0.0) < stop]))
+            steps = [s for s in run.steps if start <= s.get("wall", 0.0) < stop]
+            entries.append(_phase(link, max(start, began), seen, steps))
     return entries
 
 
-def _phase(link: dict[str, Any], seen: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    start, goodput = link["applied_at"], link["rate_bps"] * TCP_PAYLOAD_SHARE
-    first = next((e["wall"] - start for e in seen if abs(e["bandwidth_bps"] - goodput) <= WITHIN * goodput),
-                 None)
+def _phase(link: dict[str, Any], start: float, seen: list[dict[str, Any]],
+           steps: list[dict[str, Any]]) -> dict[str, Any]:
+    goodput = link["rate_bps"] * TCP_PAYLOAD_SHARE
+    first = next((max(0.0, e["wall"] - start) for e in seen
+                  if abs(e["bandwidth_bps"] - goodput) <= WITHIN * goodput), None)
     tenth_step = steps[DEADLINE_STEPS - 1]["wall"] - start if len(steps) >= DEADLINE_STEPS else None
     deadline = max(DEADLINE_S, tenth_step or 0.0)
     return {"phase": [link["step_index"], link["round"]], "shaped_bps": link["rate_bps"],

@@ -236,14 +236,15 @@ def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     write_run(tmp_path, "moo", (0.1, 0.5), (1.0, 0.01), [0.5, 0.6, 0.7, 0.8])
     goodput = 1e7 * TCP_PAYLOAD_SHARE
-    estimates = [(100.5, 0.93e9, "probe"), (201.0, 0.93e9, "probe"), (206.0, 1.5 * goodput, "passive"),
+    # the job's first step is at 101: the first phase's clock starts there, not at the link's 100
+    estimates = [(101.5, 0.93e9, "probe"), (201.0, 0.93e9, "probe"), (206.0, 1.5 * goodput, "passive"),
                  (213.0, 1.05 * goodput, "passive+probe"), (214.0, 0.97 * goodput, "passive+probe")]
     (policy_dir(tmp_path, "moo") / "estimates.jsonl").write_text("".join(
         json.dumps({"wall": w, "bandwidth_bps": b, "evidence": e}) + "\n" for w, b, e in estimates))
     summary = build_summary(tmp_path)
     fast, slow = summary.policies["moo"].estimate_tracking
     assert (fast["shaped_bps"], fast["estimated_bps"], fast["seconds_to_within_10pct"]) == (1e9, 0.93e9, 0.5)
-    assert (slow["shaped_bps"], slow["seconds_to_within_10pct"], slow["deadline_s"]) == (1e7, 13.0, 10.0)
+    assert (slow["shaped_bps"], slow["seconds_to_within_10pct"], slow["deadline_s"]) == (1e7, 13.0, 5.0)
     assert slow["estimated_bps"] == pytest.approx(1.275 * goodput) and not slow["reached"]
     assert slow["evidence"] == ["passive", "passive+probe", "probe"]
     assert summary.estimate_tracking == {"phases": 2, "reached": 1,
