@@ -97,7 +97,7 @@ def summarize(out: Path, run: Any) -> list[dict[str, Any]]:
         start = link["applied_at"]
         stop = run.links[i + 1]["applied_at"] if i + 1 < len(run.links) else math.inf
         seen = [e for e in estimates if start <= e["wall"] < stop]
-        if link.get("rate_bps") and seen:
+        if link.get("rate_bps") and seen and stop > began:  # a phase over before the job began is none of its
             steps = [s for s in run.steps if start <= s.get("wall", 0.0) < stop]
             entries.append(_phase(link, max(start, began), seen, steps))
     return entries

@@ -91,13 +91,16 @@ option. Both are fitted together, with forgetting:
   at: all of them, or while a question is out those looked at since); two in
   a row that read slower, within `probe_wait_s`, are the figure; one that
   agrees counts as a look at the path for the aged ask, and ends a slower
-  streak where every path agrees. Where every path's look reads within
-  `change` of the figure, the figure moves toward the slowest of them by
-  `look_weight`, and until `look_after_s` after it the syncs that agree teach
-  their overhead, not the rate: a look is the wire alone, a sync the wire and
-  the host's work as one figure (the lm lab's PowerSGD rank 4 syncs read a
-  30 Mbit/s link at 24 for a whole phase beside looks at 29; an overread
-  first look at 1 Gbit/s, 1.21x, stood beside agreeing ones at 1.01x).
+  streak where every path agrees. Where every path has a recent look and the
+  slowest of them reads within `change` of the figure (as a ratio, either
+  way; on a link configured plain only slower: a faster one may be a bucket's
+  peak), the figure moves toward it by `look_weight`, and until
+  `look_after_s` after a look set or moved the figure the syncs that agree
+  teach their overhead, not the rate: a look is the wire alone, a sync the
+  wire and the host's work as one figure (the lm lab's PowerSGD rank 4 syncs
+  read a 30 Mbit/s link at 24 for a whole phase beside looks at 29; an
+  overread first look at 1 Gbit/s, 1.21x, stood beside agreeing ones at
+  1.01x). Such a drift counts no move, as the syncs' does not.
   (The cnn lab's MOO ran PowerSGD rank 2, 38 KB syncs, from a 33 Mbit/s phase
   on: its estimate stayed at 23 Mbit/s through 160, 470 and 980 for 15 s.)
 - A test or look that reads slower, by `change`, than what the job's syncs
@@ -321,6 +324,7 @@ class LinkEstimate:
     fell_at: float | None = None  # when the syncs' slowing last ended such a bound
     suspect_beta: float | None = None  # the rate a shift of burst-sized syncs means, until a probe answers
     looked: float | None = None  # when a look last found the path as the figure says
+    look_figure: float | None = None  # when a look last set or refined the figure (syncs then only agree)
     wants_look: bool = False  # cleared by the owner once it has asked
     look_pending: tuple[float, float] | None = None  # (when, what) a look read slower, to be read again
     looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
@@ -697,9 +701,9 @@ class LinkEstimate:
                   1 / self.config.overhead_weight)
 
     def _looked_lately(self, ts: float) -> bool:
-        """Whether a look read the path within `look_after_s` (the syncs then
-        agree with the look's figure; they do not move it)."""
-        return self.looked is not None and ts - self.looked < self.config.look_after_s
+        """Whether a look set or refined the figure within `look_after_s` (the
+        syncs then agree with the look's figure; they do not move it)."""
+        return self.look_figure is not None and ts - self.look_figure < self.config.look_after_s
 
     def _disagree(self, direction: int, fastest: float, slowest: float, narrow: bool, seconds: float,
                   beta_bytes: float, ts: float, reports: int) -> None:
@@ -914,12 +918,12 @@ class LinkEstimate:
         overread = self.config.look_overread if self.bucket.plain else 1.0
         if every * shift * overread <= figure:
             self._set(every, LOOK, ts)
-            self.looked = ts
+            self.looked = self.look_figure = ts
         elif beta * shift * overread <= figure and not math.isfinite(every):
             self._look_elsewhere(beta, ts)
         elif slower and pending is not None and this_slower and reading < pending[1] * shift:
             self._set(min(reading, pending[1]), LOOK, ts)  # the two agree: the faster of them
-            self.looked = ts
+            self.looked = self.look_figure = ts
         elif slower:
             # A look that itself agrees reads no path slower a second time: the
             # slowest path's earlier look stays the one to be read again.
@@ -927,11 +931,22 @@ class LinkEstimate:
             self.look_pending, self.wants_look = (pending if again else (ts, reading)), True
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
-            if math.isfinite(every) and relative_change(figure, reading) < self.config.change:
-                self.beta_s_per_byte = figure * (reading / figure) ** self.config.look_weight
-                self.confirmed = ts
+            if math.isfinite(paths):
+                self._refine_by_look(figure, max(beta, paths), ts)
             if self.streak is not None and self.streak.direction > 0 and paths < figure * shift:
                 self.streak = None  # every path agrees: the syncs' slowing was the host's
+
+    def _refine_by_look(self, figure: float, slowest: float, ts: float) -> None:
+        """Every path looked at lately agrees with the figure: within `change` of
+        the slowest of them (either way, as a ratio) the figure moves toward it
+        by `look_weight`. On a link configured plain only toward a slower one: a
+        faster reading may be a bucket's peak the estimate was not told of."""
+        if abs(math.log(slowest / figure)) >= math.log1p(self.config.change):
+            return
+        if self.bucket.plain and slowest < figure:
+            return
+        self.beta_s_per_byte = figure * (slowest / figure) ** self.config.look_weight
+        self.confirmed = self.look_figure = ts
 
     def _look_at_bound(self, beta: float, every: float, pending: tuple[float, float] | None, ts: float) -> None:
         """A look while the figure only bounds the path from below: the slowest
@@ -947,7 +962,7 @@ class LinkEstimate:
         under = (every > within and math.isfinite(every)) or beta > within
         if every <= within:
             self._set(min(every, bound), LOOK, ts)
-            self.looked = ts
+            self.looked = self.look_figure = ts
         elif not under:
             self._look_elsewhere(beta, ts)
         elif pending is not None:  # twice in a row, as a slower look at a confirmed figure
@@ -981,7 +996,7 @@ class LinkEstimate:
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
-        self.looking_since, self.look_pending = None, None
+        self.looking_since, self.look_pending, self.look_figure = None, None, None
         self.bounds, self.floor = ([(ts, beta)] if lower_bound else []), None
         if not lower_bound:
             self.confirmed, self.look_asked = ts, None
@@ -1013,6 +1028,7 @@ class LinkEstimate:
             fields["suspect_beta"] = state.get("suspect_beta")
             # nor had a state written before looks
             fields["looked"] = None if state.get("looked") is None else float(state["looked"])
+            fields["look_figure"] = None if state.get("look_figure") is None else float(state["look_figure"])
             fields["looking_since"] = None if state.get("looking_since") is None else float(state["looking_since"])
             fields["wants_look"] = bool(state.get("wants_look", False))
             pending = state.get("look_pending")  # a bool before what it read was kept: read again

@@ -1515,14 +1515,15 @@ class MooPolicy:
 
     def _saves(self, best: Evaluation, current: Evaluation, reference_error: float) -> bool:
         """Whether `best` is as quick as `current` (within half the hysteresis,
-        the tie band choose() uses) and loses ERROR_BAND of the reference's error
-        less: the budget's saving, which choose() makes and the switch must not
-        refuse. Refused, the lm lab ran PowerSGD rank 4 (134 ms a step measured)
+        half the tie band choose() uses) and loses ERROR_BAND of the reference's
+        error less: the budget's saving, which choose() makes and the switch must
+        not refuse. Refused, the lm lab ran PowerSGD rank 4 (134 ms a step measured)
         through a 1 Gbit/s phase with bf16 predicted at 135 ms, and Top-k 0.1 for
         62 steps where bf16, once run, took 154 ms to Top-k's 180: the tight
         target slipped. Half: the saver is left for speed only beyond the whole
         band, so between the two the running option stays (at the band's edge,
-        bf16 at 4.7-5.0% over rank 4's step, the lm lab switched six times in 6 s)."""
+        bf16 at 4.7-5.0% over rank 4's step, the lm lab switched six times in 6 s),
+        though choose() would run the saver there (a move then measures both)."""
         quicker = best.t_step_s <= current.t_step_s * (1 + self.config.hysteresis / 2)
         return quicker and best.error < current.error - ERROR_BAND * reference_error
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 
@@ -37,6 +38,7 @@ TOPK_AG = ("topk", 0.01, "ag_topk")
 # The per-collective overhead the lab's fits learned (s).
 OVERHEAD = {"dense_ring": 0.003, "art_tree": 0.0053, "ag_topk": 0.0018}
 JITTER = (1.0, 1.08, 0.95, 1.03, 0.98, 1.12, 0.97)
+LAB_BUCKET = LinkBucket(1.2, 0.005)  # the lab's HTB links: a 1.2x peak for 5 ms of the rate
 
 
 def step(option: tuple[str, float, str], bandwidth_bps: float, host: float = 1.0, jitter: float = 1.0,
@@ -54,8 +56,8 @@ class Path:
     probes but runs no looks unless `looks=True` (what the syncs ask of a probe
     is then asked of a look first)."""
 
-    def __init__(self, **config: float) -> None:
-        self.estimate = LinkEstimate(LinkEstimateConfig(**{"burst_bytes": 0.0, "looks": False, **config}))
+    def __init__(self, bucket: LinkBucket = PLAIN_LINK, **config: float) -> None:
+        self.estimate = LinkEstimate(LinkEstimateConfig(**{"burst_bytes": 0.0, "looks": False, **config}), bucket)
         self.reader = SyncReader(LAYOUT, NODES)
         self.now = 1000.0
         self._jitter = itertools.cycle(JITTER)
@@ -1002,7 +1004,7 @@ def test_a_look_is_read_through_the_links_bucket():
 def test_looks_that_agree_move_the_figure_and_the_syncs_beside_them_do_not_pull_it_back():
     # The lm lab's 30 Mbit/s phase: PowerSGD rank 4's ring syncs read the link at
     # 24 (what gloo does beside the wire, read as the wire), looks every 2 s at 29.
-    path = Path()
+    path = Path(LAB_BUCKET)
     path.run(DENSE, 24e6, 1)
     path.probe(24e6)
     path.run(DENSE, 24e6, 5)
@@ -1016,10 +1018,47 @@ def test_looks_that_agree_move_the_figure_and_the_syncs_beside_them_do_not_pull_
     assert path.mbps == pytest.approx(29, rel=0.1) and path.estimate.overheads["dense_ring"].overhead_s > 0.02
 
 
+def test_a_look_that_does_not_move_the_figure_leaves_the_syncs_to_read_it():
+    # Outside the band (1.39x faster, short of a move), or with another path
+    # unlooked, a look moves nothing, and the syncs go on reading the rate.
+    for looks in ((8 / 41.7e6, None), (8 / 28e6, math.inf)):
+        path, twin = Path(LAB_BUCKET), Path(LAB_BUCKET)  # the twin has no look
+        for p in (path, twin):
+            p.run(DENSE, 30e6, 1)
+            p.probe(30e6)
+        path.estimate.observe_look(looks[0], path.now, slowest=looks[1])
+        for p in (path, twin):
+            p.run(DENSE, 26e6, 9)
+        assert path.mbps == pytest.approx(twin.mbps) and path.mbps < 28, looks
+
+
+def test_looks_at_some_paths_only_refine_nothing():
+    # A question out: the slowest of the paths looked at since is read, but
+    # another path has no recent look, so the figure does not drift on it.
+    e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
+    e.observe_probe(8 / 30e6, 0.0)
+    e.observe_look(8 / 33.3e6, 2.0, slowest=8 / 33.3e6, all_paths=math.inf)
+    assert e.bandwidth_bps == pytest.approx(30e6) and e.looked == 2.0
+    e.observe_look(8 / 33.3e6, 4.0, slowest=8 / 33.3e6, all_paths=8 / 33.3e6)
+    assert e.bandwidth_bps == pytest.approx((30 * 33.3) ** 0.5 * 1e6)
+
+
+def test_on_a_link_configured_plain_looks_that_agree_move_the_figure_only_down():
+    # Its looks may read a bucket's peak it was not told of (the lab's HTB: 1.17x).
+    plain, told = LinkEstimate(LinkEstimateConfig()), LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
+    for e in (plain, told):
+        e.observe_probe(8 / 20e6, 0.0)
+        for i in range(3):
+            e.observe_look(8 / (1.167 * 20e6), 2.0 * (i + 1))
+    assert plain.bandwidth_bps == pytest.approx(20e6) and told.bandwidth_bps > 22e6
+    plain.observe_look(8 / 17e6, 8.0)
+    assert plain.bandwidth_bps == pytest.approx((20 * 17) ** 0.5 * 1e6)
+
+
 def test_an_overread_look_gives_way_to_the_looks_that_follow():
     # The lm lab at 1 Gbit/s: the first look after the rise read 1157 Mbit/s
     # through the lab's bucket (the shaper's clumps), the next ones 965.
-    e = LinkEstimate(LinkEstimateConfig())
+    e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
     e.observe_probe(8 / 29e6, 0.0)
     e.observe_look(8 / 1157e6, 2.0)
     assert e.bandwidth_bps == pytest.approx(1157e6) and e.evidence == "look"
