@@ -97,7 +97,9 @@ def test_a_two_node_torchrun_job_gathers_its_nodes_probes_them_and_runs_compress
                             *store.measurements(peer=addresses[1], kind="look")]
                 wait_for(measured, 30, "a bandwidth test or look")
                 probe = measured()[0]
-            # The shaped 20 Mbit/s path, not an unshaped one; a test shares the link with
-            # the job's syncs, which can take half of it (a run read 9.97 Mbit/s).
-            assert probe.ok and 5e6 < probe.bandwidth_bps < 30e6, probe
+            # The shaped 20 Mbit/s path, not an unshaped one (the veth unshaped: over 1 Gbit/s);
+            # a test shares the link with the job's syncs, which can take half of it (a run
+            # read 9.97 Mbit/s), and a first look of 12 datagrams crosses at the shaper's 1.2x
+            # ceil, its receive stamps bunched beside two CPU hogs (a CI run read 30.7 Mbit/s).
+            assert probe.ok and 5e6 < probe.bandwidth_bps < 40e6, probe
             assert f"iperf3 {addresses[1]}:5201" in agents[1].log.read_text()
