@@ -177,6 +177,12 @@ def ewma(old: float | None, new: float, weight: float) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
+def toward(old: float, new: float, weight: float) -> float:
+    """`old` moved toward `new` by `weight` as a ratio (a geometric mean): a rate
+    and its inverse move alike."""
+    return old * (new / old) ** weight
+
+
 def relative_change(old: float, new: float) -> float:
     """|new - old| / old; infinite when old is 0 and new is not."""
     if old == 0:
@@ -687,8 +693,8 @@ class LinkEstimate:
             reading = self._beta(max(seconds - fit.overhead_s, self._wire_s(fastest, beta_bytes)), beta_bytes) \
                 if fit.known else slowest
             share = min(1.0, self._wire_s(reading, beta_bytes) / seconds)
-            if not self._looked_lately(ts):
-                self.beta_s_per_byte = beta * (reading / beta) ** (weight * share)
+            if not self._look_holds_figure(ts):
+                self.beta_s_per_byte = toward(beta, reading, weight * share)
             self.lower_bound, self.confirmed, self.syncs_agree = False, ts, True
         if self.lower_bound or pending:
             # an overhead against a beta only bounded would be only bounded too;
@@ -700,7 +706,7 @@ class LinkEstimate:
         fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
                   1 / self.config.overhead_weight)
 
-    def _looked_lately(self, ts: float) -> bool:
+    def _look_holds_figure(self, ts: float) -> bool:
         """Whether a look set or refined the figure within `look_after_s` (the
         syncs then agree with the look's figure; they do not move it)."""
         return self.look_figure is not None and ts - self.look_figure < self.config.look_after_s
@@ -945,7 +951,7 @@ class LinkEstimate:
             return
         if self.bucket.plain and slowest < figure:
             return
-        self.beta_s_per_byte = figure * (slowest / figure) ** self.config.look_weight
+        self.beta_s_per_byte = toward(figure, slowest, self.config.look_weight)
         self.confirmed = self.look_figure = ts
 
     def _look_at_bound(self, beta: float, every: float, pending: tuple[float, float] | None, ts: float) -> None:
