@@ -3,8 +3,10 @@ cover exactly the canonical names of flexcomm.policy.types."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,32 @@ def test_generated_code_is_not_stale() -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _floor(requirements: list[str], package: str) -> tuple[int, ...]:
+    for requirement in requirements:
+        name, _, version = requirement.partition(">=")
+        if name.strip() == package:
+            return _version(version.split(",")[0])
+    raise AssertionError(f"pyproject.toml declares no floor for {package}")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.strip().split("."))
+
+
+def test_declared_floors_are_what_the_generated_code_checks_at_import() -> None:
+    # The generated modules refuse to import under an older grpcio or protobuf than
+    # made them; an install that pip allowed must import.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    generated = ROOT / "proto" / "flexcomm" / "v1"
+    grpc_stamp = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (generated / "agent_pb2_grpc.py").read_text())
+    protobuf_stamp = re.search(r"Protobuf Python Version: ([\d.]+)", (generated / "agent_pb2.py").read_text())
+    assert grpc_stamp and protobuf_stamp, "the generated code carries no version stamp"
+    assert _floor(project["dependencies"], "grpcio") >= _version(grpc_stamp[1])
+    assert _floor(project["dependencies"], "protobuf") >= _version(protobuf_stamp[1])
+    for package in ("grpcio-health-checking", "grpcio-reflection"):
+        assert _floor(project["optional-dependencies"]["agent"], package) >= _version(grpc_stamp[1])
 
 
 def test_generated_code_imports_inside_flexcomm_proto_without_torch() -> None:
