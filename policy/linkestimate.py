@@ -14,7 +14,11 @@ option. Both are fitted together, with forgetting:
   sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
   the share of its time its bytes do not explain (squared), with the spread of
   their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
-  host's gloo spends tens of milliseconds a collective).
+  host's gloo spends tens of milliseconds a collective). Until syncs the host's
+  work is most of stand behind it (their weights reach 1), it holds only for
+  syncs the figure's wire explains most of (`alone_share`): beside the wire the
+  host's work overlaps it, and a longer sync's overhead may still be anything
+  up to `overhead_max_s`.
 - So each sync reads beta within (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k,
   the wire time read through the link's token bucket where one is configured (a
   message after idle runs at the peak while its credit lasts, as the cost model
@@ -248,20 +252,36 @@ class LinkEstimateConfig:
 class CollectiveFit:
     """One collective's overhead per sync (s) and the mean deviation of its residuals,
     learned against a confirmed beta; `weight` how many overhead-bound syncs
-    (each weighted by the share of its time its bytes do not explain) stand behind
-    them, capped by the forgetting."""
+    (each weighted by the share of its time its bytes do not explain, squared)
+    stand behind them, capped by the forgetting; `seen` whether any sync was read."""
 
     overhead_s: float = 0.0
     spread_s: float = 0.0
     weight: float = 0.0
+    seen: bool = False
 
     @property
     def known(self) -> bool:
+        """Syncs like those it was read off can be read through it."""
+        return self.seen
+
+    @property
+    def host_backed(self) -> bool:
+        """Syncs the host's work is most of stand behind it. One read off wire-bound
+        syncs holds only for such syncs: there the host's work overlaps the wire.
+        The default lab's 20 Mbit/s phase put AllGather Top-k's at 0.5 ms (its
+        syncs 99% wire); on the 1 Gbit/s phase its 8-11 ms syncs, four ranks'
+        work on two cores, then read the path at 150 Mbit/s beside looks at 1,169."""
         return self.weight >= 1.0
+
+    def first(self, residual: float, weight: float) -> None:
+        """The first sync's residual, known to about FIRST_SPREAD of itself."""
+        self.overhead_s, self.spread_s, self.weight, self.seen = residual, FIRST_SPREAD * residual, weight, True
 
     def learn(self, residual: float, weight: float, memory: float) -> None:
         if weight <= 0:
             return
+        self.seen = True
         share = weight / (min(self.weight, memory) + weight)
         self.spread_s = self.spread_s + share * (abs(residual - self.overhead_s) - self.spread_s) \
             if self.weight else 0.0
@@ -419,10 +439,9 @@ class LinkEstimate:
         if not fit.known and wire is not None and not self.lower_bound and \
                 -self.config.change * wire <= seconds - wire <= self.config.overhead_max_s:
             # a collective new since the figure was confirmed: its overhead is what the figure leaves
-            overhead = max(0.0, seconds - wire)
-            fit.overhead_s, fit.spread_s, fit.weight = overhead, FIRST_SPREAD * overhead, 1.0
+            fit.first(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports))
             return
-        lo, hi = self._overhead_range(fit, seconds)
+        lo, hi = self._overhead_range(fit, seconds, wire)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
         narrow = fastest > 0 and fastest >= (1 - self.config.informative) * slowest
         # A wide reading bounds the path by its bytes over its whole time: with the
@@ -651,13 +670,19 @@ class LinkEstimate:
         if self.moved_beta is None or figure * (1 + ratio) <= self.moved_beta or (slower and not self.config.probes):
             self._moved(ts)
 
-    def _overhead_range(self, fit: CollectiveFit, seconds: float) -> tuple[float, float]:
-        """Where the collective's overhead lies: anywhere up to `overhead_max_s` until it
-        is learned, else its fit within its noise."""
+    def _overhead_range(self, fit: CollectiveFit, seconds: float, wire: float | None) -> tuple[float, float]:
+        """Where the collective's overhead lies in a sync of `seconds` (`wire` of it its
+        bytes' at the figure): anywhere up to `overhead_max_s` until it is learned,
+        else its fit within its noise. A fit only wire-bound syncs stand behind
+        holds for a sync the figure's wire explains most of; above it, a longer
+        one's overhead may still be anything up to `overhead_max_s`."""
+        anything = min(seconds, self.config.overhead_max_s)
         if not fit.known:
-            return 0.0, min(seconds, self.config.overhead_max_s)
+            return 0.0, anything
         noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
-        return max(0.0, fit.overhead_s - noise), fit.overhead_s + noise
+        high = fit.overhead_s + noise
+        wire_bound = wire is not None and wire >= self.config.alone_share * seconds
+        return max(0.0, fit.overhead_s - noise), high if fit.host_backed or wire_bound else max(high, anything)
 
     def _wire_s(self, beta: float, beta_bytes: float) -> float:
         """How long `beta_bytes` take on the wire at `beta`, through the link's token
@@ -703,8 +728,13 @@ class LinkEstimate:
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's
         wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
-        fit.learn(max(0.0, seconds - wire), reports * max(0.0, 1 - wire / seconds) ** 2,
-                  1 / self.config.overhead_weight)
+        fit.learn(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), 1 / self.config.overhead_weight)
+
+    @staticmethod
+    def _host_weight(seconds: float, wire: float, reports: int) -> float:
+        """What `reports` syncs of `seconds` each, `wire` of it the bytes', say of the
+        host's work: the share their bytes do not explain, squared."""
+        return reports * max(0.0, 1 - wire / seconds) ** 2
 
     def _look_holds_figure(self, ts: float) -> bool:
         """Whether a look set or refined the figure within `look_after_s` (the
@@ -1025,7 +1055,8 @@ class LinkEstimate:
         if state.get("format") not in (1, STATE_FORMAT):
             raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
         try:
-            overheads = {k: CollectiveFit(**v) for k, v in state["overheads"].items()}
+            # a fit written before `seen` was kept was read once its weight reached 1
+            overheads = {k: CollectiveFit(**{"seen": v["weight"] >= 1.0, **v}) for k, v in state["overheads"].items()}
             streak = self._streak(state["streak"]) if state["streak"] else None
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",
