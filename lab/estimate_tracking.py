@@ -88,7 +88,11 @@ def read_estimates(out: Path, label: str, repeat: int = 0) -> list[dict[str, Any
 
 def summarize(out: Path, run: Any) -> list[dict[str, Any]]:
     """One entry per phase of `run` (a lab.report.PolicyRun) that had estimates."""
-    estimates = read_estimates(out, run.label, run.repeat)
+    return score(run, read_estimates(out, run.label, run.repeat))
+
+
+def score(run: Any, estimates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`summarize`'s entries for `estimates` (estimates.jsonl's records) of `run`."""
     if not estimates or not run.links:
         return []
     began = run.steps[0].get("wall", -math.inf) if run.steps else -math.inf
