@@ -4,7 +4,8 @@ times put them) fed through the estimator the agent runs (`probe.estimate`'s
 Estimator, the job's `SyncReader`), sampled every 0.2 s as the lab polls the live
 one, and scored as the lab scores that (`lab.estimate_tracking`: per phase, within
 10% of the link's goodput by the deadline; and how many phases' median estimate is
-within 10%), beside the live score. For judging a
+within 10%; and the moves it counted, each a changed network to the policy), beside
+the live score. For judging a
 change to the estimator on the same records without running a lab again.
 
 What a replay cannot be: the policy's decisions stay as recorded (the options the
@@ -57,12 +58,13 @@ def events(store: Store, job_id: str) -> Iterator[tuple[float, Measurement | Ste
 
 
 def replay(db: Path, own: str, bucket: LinkBucket, poll_s: float = estimate_tracking.POLL_S
-           ) -> list[dict[str, Any]]:
-    """The estimate of the store's first job, as the lab's poller would have recorded it."""
+           ) -> tuple[list[dict[str, Any]], int]:
+    """The estimate of the store's first job, as the lab's poller would have recorded it,
+    and the moves it counted (each one a policy takes as a changed network)."""
     with Store(db, create=False) as store:
         records = store.jobs()
         if not records:
-            return []
+            return [], 0
         spec = JobSpec.from_dict(records[0].spec)
         estimator = Estimator(bucket, EstimateConfig(link=LinkEstimateConfig()))
         estimate = estimator.add_job(spec.job_id, [n for n in spec.nodes if n != own], records[0].created)
@@ -78,7 +80,7 @@ def replay(db: Path, own: str, bucket: LinkBucket, poll_s: float = estimate_trac
             if estimate.bandwidth_bps and ts >= next_poll:
                 samples.append({"wall": ts, "bandwidth_bps": estimate.bandwidth_bps, "evidence": estimate.evidence})
                 next_poll = ts + poll_s
-    return samples
+    return samples, estimate.moves
 
 
 def lab_bucket(out: Path) -> LinkBucket:
@@ -96,8 +98,9 @@ def score_run(out: Path, run: PolicyRun) -> dict[str, Any] | None:
     if not db.exists():
         return None
     live = estimate_tracking.summarize(out, run)
-    replayed = estimate_tracking.score(run, replay(db, node0_address(out), lab_bucket(out)))
-    return {"run": f"{run.label}#{run.repeat}", "live": live, "replayed": replayed}
+    samples, moves = replay(db, node0_address(out), lab_bucket(out))
+    return {"run": f"{run.label}#{run.repeat}", "live": live, "replayed": estimate_tracking.score(run, samples),
+            "moves": moves}
 
 
 def _median_within(entry: dict[str, Any]) -> bool:
@@ -109,7 +112,8 @@ def _median_within(entry: dict[str, Any]) -> bool:
 def _line(result: dict[str, Any]) -> str:
     def phases(entries: list[dict[str, Any]]) -> str:
         return " ".join(f"{e['estimated_bps'] / e['goodput_bps']:.2f}{'' if e['reached'] else '!'}" for e in entries)
-    return f"{result['run']:28s} live {phases(result['live'])} | replayed {phases(result['replayed'])}"
+    return (f"{result['run']:28s} live {phases(result['live'])} | replayed {phases(result['replayed'])}"
+            f" ({result['moves']} moves)")
 
 
 def main() -> None:
@@ -124,7 +128,7 @@ def main() -> None:
                      "reached": sum(e["reached"] for r in results for e in r[kind]),
                      "median_within_10pct": sum(_median_within(e) for r in results for e in r[kind])}
               for kind in ("live", "replayed")}
-    print(json.dumps({"runs": len(results), **totals}))
+    print(json.dumps({"runs": len(results), **totals, "replayed_moves": sum(r["moves"] for r in results)}))
 
 
 if __name__ == "__main__":

@@ -775,6 +775,23 @@ def test_an_overhead_read_beside_the_wire_does_not_read_the_hosts_syncs_as_the_p
     assert estimate.moves == moves + 1 and estimate.bandwidth_bps == pytest.approx(20e6, rel=0.15)
 
 
+def test_a_sync_quicker_than_its_overhead_allows_but_no_faster_than_the_figure_moves_nothing():
+    # The lm lab's PowerSGD rank 4 at 30 Mbit/s: syncs mostly gloo's own work came in
+    # under their fitted overhead plus the wire, their bytes over their whole time
+    # "at least" 31 Mbit/s, and each such streak moved a 35 Mbit/s figure down to it.
+    estimate = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0))
+    beta, beta_bytes = 8 / 35e6, 262_500  # 60 ms of wire
+    estimate.observe_probe(beta, 0.0)
+    for i, jitter in zip(range(40), itertools.cycle(JITTER)):
+        estimate.observe_sync("powersgd", beta_bytes, 0.040 * jitter + beta_bytes * beta, 0.2 * (i + 1))
+    assert estimate.overheads["powersgd"].host_backed
+    moves = estimate.moves
+    for i in range(6):
+        estimate.observe_sync("powersgd", beta_bytes, 0.068, 10.0 + 0.2 * i)
+    assert estimate.moves == moves and estimate.bandwidth_bps == pytest.approx(35e6, rel=0.05)
+    assert not estimate.lower_bound
+
+
 def test_a_slower_streak_that_what_crossed_contradicts_moves_nothing_and_asks_a_look():
     # The cnn's fast phases on a busy host: AllGather Top-k syncs read "65 Mbit/s"
     # (their fitted overhead small, the host's 25 ms taken for the wire) while the
