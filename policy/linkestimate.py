@@ -62,7 +62,8 @@ option. Both are fitted together, with forgetting:
   path alone and no host work explains it); a reading `level_shift` slower than the
   streak's fastest begins it again where what crossed since it began
   contradicts it (still falling, as with looks). Faster: taken (at least that fast; only bounded,
-  a probe is asked for where it is `level_shift` beyond the figure). Slower: taken
+  a probe is asked for where it is `level_shift` beyond the figure) where some
+  reading beats the figure; where none does, the host was quicker and nothing moves. Slower: taken
   from the syncs alone only when their bytes would explain `alone_share` of their
   time at the new figure (a loaded host slows the overhead, not the path), or when
   even `overhead_max_s` of their time left the host's would not explain them (a
