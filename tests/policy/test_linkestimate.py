@@ -1122,6 +1122,31 @@ def test_an_overread_look_gives_way_to_the_looks_that_follow():
     assert e.bandwidth_bps == pytest.approx(965e6, rel=0.06) and e.moves == moves
 
 
+def test_looks_that_read_slower_short_of_a_move_twice_in_a_row_drift_the_figure_down():
+    # The lm lab's PowerSGD rank 4 at 1 Gbit/s: a first look read 1,293 Mbit/s through
+    # the bucket, the next ones 926-995: 1.3-1.4x slower, short of a slower look's
+    # move, and the figure stood at 1,293 for the whole phase.
+    e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
+    e.observe_probe(8 / 29e6, 0.0)
+    e.observe_look(8 / 1293e6, 2.0)
+    moves = e.moves
+    for i, reading in enumerate((992e6, 926e6, 943e6, 990e6, 960e6, 950e6)):
+        e.observe_look(8 / reading, 4.0 + 2 * i, slowest=8 / min(reading, 960e6))
+    assert e.bandwidth_bps == pytest.approx(956e6, rel=0.1) and e.moves == moves
+
+
+def test_one_look_slower_short_of_a_move_beside_others_that_agree_moves_nothing():
+    # bf16 at 1 Gbit/s in the same lab: one path's look read 0.78x, the next two 1.02x.
+    e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
+    e.observe_probe(8 / 974e6, 0.0)
+    for i, reading in enumerate((745e6, 987e6, 973e6, 745e6, 990e6)):
+        e.observe_look(8 / reading, 2.0 + 2 * i)
+    assert e.bandwidth_bps == pytest.approx(974e6, rel=0.02)
+    restored = LinkEstimate(e.config, LAB_BUCKET)
+    restored.load_state_dict(e.state_dict())
+    assert restored == e
+
+
 def test_slower_looks_read_twice_in_a_row_are_the_figure():
     e = LinkEstimate(LinkEstimateConfig())
     e.observe_probe(8 / 450e6, 0.0)
