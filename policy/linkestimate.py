@@ -14,11 +14,12 @@ option. Both are fitted together, with forgetting:
   sync since then sets o_k = t - B_k beta, later ones refine it, each weighted by
   the share of its time its bytes do not explain (squared), with the spread of
   their residuals. Until then it may be anything up to `overhead_max_s` (a loaded
-  host's gloo spends tens of milliseconds a collective). Until syncs the host's
-  work is most of stand behind it (their weights reach 1), it holds only for
-  syncs the figure's wire explains most of (`alone_share`): beside the wire the
-  host's work overlaps it, and a longer sync's overhead may still be anything
-  up to `overhead_max_s`.
+  host's gloo spends tens of milliseconds a collective). Beside the wire the
+  host's work overlaps it: a sync the figure's wire explains most of
+  (`alone_share`) hides up to its wire of host work. Until recent host-bound
+  syncs back a fit (`CollectiveFit.host_backed`), it holds as fitted only for
+  such syncs; a sync with less wire may carry up to the shortest wire its
+  wire-bound syncs took more (`CollectiveFit.hides`).
 - So each sync reads beta within (t - o_hi) / B_k <= beta <= (t - o_lo) / B_k,
   the wire time read through the link's token bucket where one is configured (a
   message after idle runs at the peak while its credit lasts, as the cost model
@@ -256,12 +257,17 @@ class CollectiveFit:
     """One collective's overhead per sync (s) and the mean deviation of its residuals,
     learned against a confirmed beta; `weight` how many overhead-bound syncs
     (each weighted by the share of its time its bytes do not explain, squared)
-    stand behind them, capped by the forgetting; `seen` whether any sync was read."""
+    stand behind them, capped by the forgetting; `seen` whether any sync was read;
+    `host` the same weights forgotten at the fit's rate (what recent syncs said
+    of the host's own work); `hidden_s` the shortest wire a wire-bound sync that
+    taught it took (None while none did)."""
 
     overhead_s: float = 0.0
     spread_s: float = 0.0
     weight: float = 0.0
     seen: bool = False
+    host: float = 0.0
+    hidden_s: float | None = None
 
     @property
     def known(self) -> bool:
@@ -270,18 +276,30 @@ class CollectiveFit:
 
     @property
     def host_backed(self) -> bool:
-        """Syncs the host's work is most of stand behind it. One read off wire-bound
-        syncs holds only for such syncs: there the host's work overlaps the wire.
-        The default lab's 20 Mbit/s phase put AllGather Top-k's at 0.5 ms (its
-        syncs 99% wire); on the 1 Gbit/s phase its 8-11 ms syncs, four ranks'
-        work on two cores, then read the path at 150 Mbit/s beside looks at 1,169."""
-        return self.weight >= 1.0
+        """Lately, syncs the host's work is a good share of stood behind it (at the
+        fit's forgetting, weights of 0.05 a sync or more: a fifth of their time)."""
+        return self.host >= 1.0
 
-    def first(self, residual: float, weight: float) -> None:
+    def hides(self, seconds: float) -> float:
+        """How much of a sync of `seconds` the host's work may take beyond the fit,
+        where no host-bound syncs back it: a wire-bound sync hid the host's work
+        behind its wire, up to that wire's length, so a sync with less wire may
+        show that much more. The default lab's 20 Mbit/s phase put AllGather
+        Top-k's overhead at 0.5 ms (its syncs 99% wire); on the 1 Gbit/s phase
+        its 8-11 ms syncs, four ranks' work on two cores, read the path at 150
+        Mbit/s beside looks at 1,169."""
+        return seconds if self.hidden_s is None else min(seconds, self.hidden_s)
+
+    def first(self, residual: float, weight: float, wire: float, wire_bound: bool) -> None:
         """The first sync's residual, known to about FIRST_SPREAD of itself."""
         self.overhead_s, self.spread_s, self.weight, self.seen = residual, FIRST_SPREAD * residual, weight, True
+        self.host = weight
+        self.hidden_s = wire if wire_bound else None
 
-    def learn(self, residual: float, weight: float, memory: float) -> None:
+    def learn(self, residual: float, weight: float, memory: float, wire: float, wire_bound: bool) -> None:
+        if wire_bound:
+            self.hidden_s = wire if self.hidden_s is None else min(self.hidden_s, wire)
+        self.host = self.host * (1 - 1 / memory) + weight
         if weight <= 0:
             return
         self.seen = True
@@ -443,7 +461,8 @@ class LinkEstimate:
         if not fit.known and wire is not None and not self.lower_bound and \
                 -self.config.change * wire <= seconds - wire <= self.config.overhead_max_s:
             # a collective new since the figure was confirmed: its overhead is what the figure leaves
-            fit.first(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports))
+            fit.first(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), wire,
+                      self._wire_bound(seconds, wire))
             return
         lo, hi = self._overhead_range(fit, seconds, wire)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
@@ -677,16 +696,17 @@ class LinkEstimate:
     def _overhead_range(self, fit: CollectiveFit, seconds: float, wire: float | None) -> tuple[float, float]:
         """Where the collective's overhead lies in a sync of `seconds` (`wire` of it its
         bytes' at the figure): anywhere up to `overhead_max_s` until it is learned,
-        else its fit within its noise. A fit only wire-bound syncs stand behind
-        holds for a sync the figure's wire explains most of; above it, a longer
-        one's overhead may still be anything up to `overhead_max_s`."""
+        else its fit within its noise. A fit host-bound syncs do not back holds
+        for a sync the figure's wire explains most of; in one with less wire, the
+        host's work the fit's wire-bound syncs hid may show (`CollectiveFit.hides`)."""
         anything = min(seconds, self.config.overhead_max_s)
         if not fit.known:
             return 0.0, anything
         noise = self.config.sigmas * fit.spread_s + self.config.noise * seconds
         high = fit.overhead_s + noise
-        wire_bound = wire is not None and wire >= self.config.alone_share * seconds
-        return max(0.0, fit.overhead_s - noise), high if fit.host_backed or wire_bound else max(high, anything)
+        if not (fit.host_backed or self._wire_bound(seconds, wire)):
+            high = max(high, fit.hides(anything))
+        return max(0.0, fit.overhead_s - noise), high
 
     def _wire_s(self, beta: float, beta_bytes: float) -> float:
         """How long `beta_bytes` take on the wire at `beta`, through the link's token
@@ -732,7 +752,12 @@ class LinkEstimate:
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's
         wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
-        fit.learn(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), 1 / self.config.overhead_weight)
+        fit.learn(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), 1 / self.config.overhead_weight,
+                  wire, self._wire_bound(seconds, wire))
+
+    def _wire_bound(self, seconds: float, wire: float | None) -> bool:
+        """Whether the wire (at the figure) is most of a sync: `alone_share` of it."""
+        return wire is not None and wire >= self.config.alone_share * seconds
 
     @staticmethod
     def _host_weight(seconds: float, wire: float, reports: int) -> float:
@@ -953,6 +978,7 @@ class LinkEstimate:
         if pending is not None and ts - pending[0] > self.config.probe_wait_s:
             pending = None  # too old to be read twice with this one
         self.look_pending = None
+        drift, self.look_drift = self.look_drift, None  # the look before, if this one agrees
         if self.lower_bound:
             self._look_at_bound(beta, every, pending, ts)
             return
@@ -977,23 +1003,24 @@ class LinkEstimate:
             self.look_pending, self.wants_look = (pending if again else (ts, reading)), True
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
-            if not self._drift_down(figure, beta, ts) and math.isfinite(paths):
+            if not self._drift_down(figure, beta, drift, ts) and math.isfinite(paths):
                 self._refine_by_look(figure, max(beta, paths), ts)
             if self.streak is not None and self.streak.direction > 0 and paths < figure * shift:
                 self.streak = None  # every path agrees: the syncs' slowing was the host's
 
-    def _drift_down(self, figure: float, beta: float, ts: float) -> bool:
+    def _drift_down(self, figure: float, beta: float, drift: tuple[float, float] | None, ts: float) -> bool:
         """Two looks in a row that themselves read slower than the figure by
         `change`, short of a slower look's `level_shift`: the figure drifts toward
         the faster of them by `look_weight` (no move). A figure an overread look
         set is otherwise held by the looks after it, whatever their paths: in the
         lm lab PowerSGD rank 4's 1,293 Mbit/s (1.35x a 1 Gbit/s link's goodput)
         stood 16 s beside looks at 0.97-1.04x. One such look alone is a path's
-        noise (bf16's 0.78x beside two at 1.02x)."""
-        drift, self.look_drift = self.look_drift, None
-        if beta < figure * (1 + self.config.change):
+        noise (bf16's 0.78x beside two at 1.02x). `drift`: the look before, where
+        it was such a look and nothing has moved the figure since."""
+        slower = figure * (1 + self.config.change)
+        if beta < slower:
             return False
-        if drift is None or ts - drift[0] > self.config.probe_wait_s:
+        if drift is None or ts - drift[0] > self.config.probe_wait_s or drift[1] < slower:
             self.look_drift = (ts, beta)
             return False
         self.beta_s_per_byte = toward(figure, min(beta, drift[1]), self.config.look_weight)
@@ -1060,7 +1087,7 @@ class LinkEstimate:
         moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
-        self.looking_since, self.look_pending, self.look_figure = None, None, None
+        self.looking_since, self.look_pending, self.look_figure, self.look_drift = None, None, None, None
         self.bounds, self.floor = ([(ts, beta)] if lower_bound else []), None
         if not lower_bound:
             self.confirmed, self.look_asked = ts, None
@@ -1083,8 +1110,9 @@ class LinkEstimate:
         if state.get("format") not in (1, STATE_FORMAT):
             raise ValueError(f"estimate.format: expected {STATE_FORMAT}, got {state.get('format')!r}")
         try:
-            # a fit written before `seen` was kept was read once its weight reached 1
-            overheads = {k: CollectiveFit(**{"seen": v["weight"] >= 1.0, **v}) for k, v in state["overheads"].items()}
+            # a fit written before `seen` and `host` were kept was read once its weight reached 1
+            overheads = {k: CollectiveFit(**{"seen": v["weight"] >= 1.0, "host": v["weight"], **v})
+                         for k, v in state["overheads"].items()}
             streak = self._streak(state["streak"]) if state["streak"] else None
             fields = {k: state[k] for k in ("beta_s_per_byte", "lower_bound", "evidence", "moved_at",
                                             "confirmed", "wants_probe", "probe_pending", "syncs_agree",

@@ -775,6 +775,37 @@ def test_an_overhead_read_beside_the_wire_does_not_read_the_hosts_syncs_as_the_p
     assert estimate.moves == moves + 1 and estimate.bandwidth_bps == pytest.approx(20e6, rel=0.15)
 
 
+def test_a_fall_is_not_taken_for_the_host_where_the_fit_was_read_beside_as_much_wire():
+    # A fit read off wire-bound syncs at 1 Gbit/s (10 ms of wire, 1 ms of host) hid
+    # at most 10 ms of host work: syncs of 63.5 ms after a fall to 160 Mbit/s are the
+    # path's, not an overhead to learn (and a probe at 160 then confirms it).
+    for rate in (160e6, 20e6):
+        estimate, ring = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0, looks=False)), 1_250_000
+        estimate.observe_probe(8 / 1e9, 0.0)
+        for i, jitter in zip(range(40), itertools.cycle(JITTER)):
+            estimate.observe_sync("dense_ring", ring, 0.001 * jitter + ring * 8 / 1e9, 0.2 * (i + 1))
+        moves = estimate.moves
+        for i, jitter in zip(range(20), itertools.cycle(JITTER)):
+            estimate.observe_sync("dense_ring", ring, 0.001 * jitter + ring * 8 / rate, 10 + 0.2 * i)
+        assert estimate.moves == moves + 1 and estimate.bandwidth_bps == pytest.approx(rate, rel=0.1)
+
+
+def test_wire_bound_syncs_however_many_do_not_back_an_overhead_for_the_hosts_syncs():
+    # 1,800 syncs at 20 Mbit/s, 2.4% of each the host's: their weights add up past 1,
+    # but say nothing of a host whose work is most of a sync at 1 Gbit/s.
+    estimate, ag = LinkEstimate(LinkEstimateConfig(burst_bytes=0.0)), 150_000
+    estimate.observe_probe(8 / 20e6, 0.0)
+    for i, jitter in zip(range(1800), itertools.cycle(JITTER)):
+        estimate.observe_sync("ag_topk", ag, 0.0015 * jitter + ag * 8 / 20e6, 0.2 * (i + 1))
+    fit = estimate.overheads["ag_topk"]
+    assert fit.weight > 1 and not fit.host_backed
+    estimate.observe_probe(8 / 1e9, 400.0)
+    moves = estimate.moves
+    for i, jitter in zip(range(20), itertools.cycle(JITTER)):
+        estimate.observe_sync("ag_topk", ag, 0.009 * jitter, 400.2 + 0.2 * i)
+    assert estimate.moves == moves and estimate.bandwidth_bps == pytest.approx(1e9, rel=0.1)
+
+
 def test_a_sync_quicker_than_its_overhead_allows_but_no_faster_than_the_figure_moves_nothing():
     # The lm lab's PowerSGD rank 4 at 30 Mbit/s: syncs mostly gloo's own work came in
     # under their fitted overhead plus the wire, their bytes over their whole time
@@ -1145,6 +1176,19 @@ def test_one_look_slower_short_of_a_move_beside_others_that_agree_moves_nothing(
     restored = LinkEstimate(e.config, LAB_BUCKET)
     restored.load_state_dict(e.state_dict())
     assert restored == e
+
+
+def test_a_look_that_read_slower_before_the_figure_moved_drifts_nothing_after():
+    # 770 Mbit/s against 1,000, then the figure moved to 600: the 770 reading is the
+    # old figure's news, and beside a look at 470 it would drift the figure up.
+    e = LinkEstimate(LinkEstimateConfig())
+    e.observe_probe(8 / 1e9, 0.0)
+    e.observe_look(8 / 770e6, 1.0)
+    e.observe_probe(8 / 600e6, 2.0)
+    e.observe_probe(8 / 600e6, 2.5)
+    assert e.bandwidth_bps == pytest.approx(600e6) and e.look_drift is None
+    e.observe_look(8 / 470e6, 3.0)
+    assert e.bandwidth_bps == pytest.approx(600e6)
 
 
 def test_slower_looks_read_twice_in_a_row_are_the_figure():
