@@ -290,11 +290,10 @@ class CollectiveFit:
         Mbit/s beside looks at 1,169."""
         return seconds if self.hidden_s is None else min(seconds, self.hidden_s)
 
-    def first(self, residual: float, weight: float, wire: float, wire_bound: bool) -> None:
-        """The first sync's residual, known to about FIRST_SPREAD of itself."""
-        self.overhead_s, self.spread_s, self.weight, self.seen = residual, FIRST_SPREAD * residual, weight, True
-        self.host = weight
-        self.hidden_s = wire if wire_bound else None
+    def read_first(self, residual: float) -> None:
+        """A first sync (already learned) read whatever its weight: its residual is
+        the overhead, known to about FIRST_SPREAD of itself."""
+        self.overhead_s, self.spread_s, self.seen = residual, FIRST_SPREAD * residual, True
 
     def learn(self, residual: float, weight: float, memory: float, wire: float, wire_bound: bool) -> None:
         if wire_bound:
@@ -461,8 +460,8 @@ class LinkEstimate:
         if not fit.known and wire is not None and not self.lower_bound and \
                 -self.config.change * wire <= seconds - wire <= self.config.overhead_max_s:
             # a collective new since the figure was confirmed: its overhead is what the figure leaves
-            fit.first(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), wire,
-                      self._wire_bound(seconds, wire))
+            self._teach_overhead(fit, seconds, wire, reports)
+            fit.read_first(max(0.0, seconds - wire))
             return
         lo, hi = self._overhead_range(fit, seconds, wire)
         fastest, slowest = self._beta(max(seconds - hi, 0.0), beta_bytes), self._beta(seconds - lo, beta_bytes)
@@ -751,19 +750,18 @@ class LinkEstimate:
             return
         # the overhead is read where it is most of the time: a wire-bound sync's
         # residual is the wire's noise, not the host's
-        wire = self._wire_s(self.beta_s_per_byte, beta_bytes)
-        fit.learn(max(0.0, seconds - wire), self._host_weight(seconds, wire, reports), 1 / self.config.overhead_weight,
-                  wire, self._wire_bound(seconds, wire))
+        self._teach_overhead(fit, seconds, self._wire_s(self.beta_s_per_byte, beta_bytes), reports)
+
+    def _teach_overhead(self, fit: CollectiveFit, seconds: float, wire: float, reports: int) -> None:
+        """`reports` syncs of `seconds` each, `wire` of it the bytes' at the figure, into
+        the fit: weighted by the share their bytes do not explain, squared."""
+        weight = reports * max(0.0, 1 - wire / seconds) ** 2
+        fit.learn(max(0.0, seconds - wire), weight, 1 / self.config.overhead_weight, wire,
+                  self._wire_bound(seconds, wire))
 
     def _wire_bound(self, seconds: float, wire: float | None) -> bool:
         """Whether the wire (at the figure) is most of a sync: `alone_share` of it."""
         return wire is not None and wire >= self.config.alone_share * seconds
-
-    @staticmethod
-    def _host_weight(seconds: float, wire: float, reports: int) -> float:
-        """What `reports` syncs of `seconds` each, `wire` of it the bytes', say of the
-        host's work: the share their bytes do not explain, squared."""
-        return reports * max(0.0, 1 - wire / seconds) ** 2
 
     def _look_holds_figure(self, ts: float) -> bool:
         """Whether a look set or refined the figure within `look_after_s` (the
