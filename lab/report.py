@@ -461,7 +461,8 @@ def build_summary(out: Path) -> LabSummary:
         moo_over_hindsight_best_fixed=(_ratio(moo.wall_s, best_fixed_s)
                                        if moo and best_fixed_s else None),
         estimate_tracking=estimate_tracking.summary_of(
-            {label: list(s.estimate_tracking) for label, s in per_policy.items()},
+            [estimate_tracking.summarize(out, run) for run in runs],
+            [list(s.estimate_tracking) for s in per_policy.values()],
             estimate_tracking.probe_share(out, runs)),
         verdicts=tuple(verdicts(per_policy, repeats)),
         failed={_run_name(run, repeats): run.failed for run in runs if run.failed},

@@ -247,9 +247,27 @@ def test_the_agents_estimate_is_tracked_per_phase(tmp_path: Path) -> None:
     assert (slow["shaped_bps"], slow["seconds_to_within_10pct"], slow["deadline_s"]) == (1e7, 13.0, 5.0)
     assert slow["estimated_bps"] == pytest.approx(1.275 * goodput) and not slow["reached"]
     assert slow["evidence"] == ["passive", "passive+probe", "probe"]
-    assert summary.estimate_tracking == {"phases": 2, "reached": 1,
-                                         "bandwidth_probe_share_of_wall": None}
+    assert summary.estimate_tracking == {"phases": 2, "reached": 1, "first_repeat_phases": 2,
+                                         "first_repeat_reached": 1, "bandwidth_probe_share_of_wall": None}
     assert "10 Mbit/s: 12.19/9.564, 13.0 s" in format_table(summary)
+
+
+def test_the_estimate_goal_counts_every_repeat(tmp_path: Path) -> None:
+    """The table shows the first repeat's phases, the goal's count is over every repeat."""
+    cfg = LabConfig(out=tmp_path, policies=parse_policies("moo"), repeats=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    goodput = 1e7 * TCP_PAYLOAD_SHARE
+    for repeat, slow_bps in ((0, goodput), (1, 2 * goodput)):
+        write_run(tmp_path, "moo", (0.1, 0.5), (1.0, 0.01), [0.5, 0.6, 0.7, 0.8], repeat=repeat)
+        estimates = [(101.5, 0.95e9), (201.0, slow_bps)]
+        (policy_dir(tmp_path, "moo", repeat) / "estimates.jsonl").write_text("".join(
+            json.dumps({"wall": w, "bandwidth_bps": b, "evidence": "look"}) + "\n" for w, b in estimates))
+    summary = build_summary(tmp_path)
+    assert len(summary.policies["moo"].estimate_tracking) == 2
+    track = summary.estimate_tracking
+    assert (track["phases"], track["reached"], track["first_repeat_phases"], track["first_repeat_reached"]) \
+        == (4, 3, 2, 2)
+    assert "3 of 4 phases over every repeat (the first repeat, above: 2 of 2)" in format_table(summary)
 
 
 def write_config(out: Path, policies: str, paced_budget_s: float | None = None,
