@@ -381,6 +381,10 @@ class LinkEstimate:
     seen_at: float | None = None
     # (when, beta) each sync's bytes surely crossed at (over its whole time), the last `bound_window_s`
     crossing: list[tuple[float, float]] = field(default_factory=list)
+    # Readings of the job's paths (looks, tests) taken before this, on the owner's
+    # clock, are of the network before the last move (`note_moves`); None: none was noted.
+    paths_fresh_since: float | None = None
+    moves_noted: int = 0  # the moves `note_moves` has seen
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -395,6 +399,18 @@ class LinkEstimate:
         otherwise."""
         self.trained_s += sum(r.step_s for r in reports)
         return self.trained_s
+
+    def note_moves(self, ts: float) -> None:
+        """The owner's clock reads `ts` (the time its path readings are stamped
+        with): a move made since the last call means every reading taken before
+        now is of the old network. Called before and after each reading is
+        taken in, so that the reading that made a move counts and those before
+        it do not (in the default lab a look at 20 Mbit/s, 2 s before a look
+        moved the figure to 1 Gbit/s, was the slowest path's latest and made
+        an underread look at 295 Mbit/s two slower looks in a row: the figure
+        fell to 246 for 10 s of a 1 Gbit/s phase)."""
+        if self.moves != self.moves_noted:
+            self.paths_fresh_since, self.moves_noted = ts, self.moves
 
     @property
     def suspects_move(self) -> bool:
@@ -1136,6 +1152,10 @@ class LinkEstimate:
             floor = state.get("floor")
             fields["floor"] = (float(floor[0]), float(floor[1])) if floor is not None else None
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
+            # a state written before moves cut the paths' readings had noted every move
+            fields["moves_noted"] = int(state.get("moves_noted", fields["moves"]))
+            fresh = state.get("paths_fresh_since")
+            fields["paths_fresh_since"] = None if fresh is None else float(fresh)
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
             # a state written before what crossed was kept had none

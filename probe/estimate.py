@@ -163,16 +163,27 @@ class Estimator:
         LOOK_SPAN_S (inf while one has none)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
+        for job_id in affected:
+            self.jobs[job_id].note_moves(ts)  # a move the syncs made since the last reading
         if m.kind == LOOK and m.beta_s_per_byte:
             for job_id in affected:
                 self._looked_for(job_id, _looked(self.jobs[job_id], self.peer(m.peer)), ts)
         for job_id in affected if bandwidth else ():
-            since = max(self.fresh_since[job_id], ts - self.config.max_probe_age_s)
-            beta = self._probed_beta(self.job_peers[job_id], since=since)
+            beta = self._probed_beta(self.job_peers[job_id], since=self._fresh(job_id, ts))
             if beta is not None:
                 job = self.jobs[job_id]
                 job.observe_probe(beta, job.trained_s, shared=job_id in shared)
+        for job_id in affected:
+            self.jobs[job_id].note_moves(ts)  # this reading's move: it counts, those before do not
         return affected
+
+    def _fresh(self, job_id: str, ts: float) -> float:
+        """The oldest reading of the job's paths that is of its network now: not one
+        older than `max_probe_age_s`, than a move its syncs suspect (`moved_since`),
+        or than its estimate's last move (`LinkEstimate.note_moves`)."""
+        moved = self.jobs[job_id].paths_fresh_since
+        return max(self.fresh_since[job_id], ts - self.config.max_probe_age_s,
+                   -math.inf if moved is None else moved)
 
     def moved_since(self, job_id: str, ts: float) -> None:
         """The job's syncs suspect its path moved by `ts`: what its peers read
@@ -214,12 +225,13 @@ class Estimator:
         1 Gbit/s after 20, an older look at another path held each recovery back
         until the job ended)."""
         job, peers = self.jobs[job_id], self.job_peers[job_id]
-        every = self._slowest_look(job, peers, since=ts - LOOK_SPAN_S)
+        moved = -math.inf if job.paths_fresh_since is None else job.paths_fresh_since
+        every = self._slowest_look(job, peers, since=max(ts - LOOK_SPAN_S, moved))
         if job.look_asked is None:
             self.asked_since.pop(job_id, None)
             job.observe_look(beta, job.trained_s, every)
             return
-        since = self.asked_since.setdefault(job_id, ts)
+        since = max(self.asked_since.setdefault(job_id, ts), moved)
         job.observe_look(beta, job.trained_s, self._slowest_look(job, peers, since, partial=True), every)
 
     def _slowest_look(self, job: LinkEstimate, peers: Sequence[str], since: float, partial: bool = False) -> float:

@@ -137,6 +137,29 @@ def test_a_look_that_answers_a_question_reads_the_peers_looked_at_since_it_was_a
     assert job.bandwidth_bps == pytest.approx(8 / job.looked_beta(8 / (1.167 * 20e6), 256 << 10))
 
 
+def test_looks_taken_before_the_figure_moved_do_not_read_the_path_after_it():
+    # The default lab's Top-k job, 1 Gbit/s after 20: p2's and p3's looks of the
+    # slow phase, inside LOOK_SPAN_S of the move, made p2's agreeing look a
+    # slower one and p3's underread (a host stall) the second in a row.
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
+    for peer in ("p1", "p2", "p3"):
+        est.observe(bandwidth(peer, 20e6), ts=1.0)
+    est.observe(look("p2", 1.167 * 20e6), ts=2.0)
+    est.observe(look("p3", 1.167 * 20e6), ts=3.0)
+    job = est.jobs["j"]
+    job.find_out("syncs quickened", job.trained_s)
+    est.observe(look("p1", 1.167 * 900e6), ts=4.0)
+    moved = job.bandwidth_bps
+    assert moved == pytest.approx(0.972 * 900e6, rel=0.01) and job.paths_fresh_since == 4.0
+    est.observe(look("p2", 1.167 * 900e6), ts=6.0)  # agrees: p3's look of the slow phase is not the path's now
+    assert job.look_pending is None
+    est.observe(look("p3", 1.167 * 250e6), ts=6.5)
+    assert job.bandwidth_bps == pytest.approx(moved, rel=0.05) and job.look_pending  # one slower look: read again
+    est.observe(look("p3", 1.167 * 250e6), ts=7.0)  # the path did fall: twice in a row
+    assert job.bandwidth_bps < 300e6
+
+
 def test_a_look_faster_on_one_path_stands_aside_when_the_slowest_path_looked_as_the_figure():
     est = Estimator(BUCKET)
     est.add_job("j", ("p1", "p2"), ts=0.0)
