@@ -385,6 +385,8 @@ class LinkEstimate:
     # clock, are of the network before the last move (`note_moves`); None: none was noted.
     paths_fresh_since: float | None = None
     moves_noted: int = 0  # the moves `note_moves` has seen
+    # on the owner's clock: when looks began to answer the question out (`look_asked`)
+    answer_looks_since: float | None = None
 
     @property
     def bandwidth_bps(self) -> float | None:
@@ -1154,8 +1156,8 @@ class LinkEstimate:
             fields["moves"] = state.get("moves", 0)  # a state written before the count had none
             # a state written before moves cut the paths' readings had noted every move
             fields["moves_noted"] = int(state.get("moves_noted", fields["moves"]))
-            fresh = state.get("paths_fresh_since")
-            fields["paths_fresh_since"] = None if fresh is None else float(fresh)
+            for name in ("paths_fresh_since", "answer_looks_since"):  # None before they were kept
+                fields[name] = None if state.get(name) is None else float(state[name])
             fields["moved_beta"] = state.get("moved_beta", state["beta_s_per_byte"])
             bounds = [(float(t), float(b)) for t, b in state["bounds"]]
             # a state written before what crossed was kept had none

@@ -46,6 +46,13 @@ ALPHA_BURSTS = 5
 # While the job's estimate has a question out, only the peers looked at since count,
 # as a test's reading counts from the peers read since the move it answers.
 LOOK_SPAN_S = 10.0
+# A path's reading is the fastest of its last few looks within the span (since the
+# job's figure last moved): a host stall stretches a train and reads it slow, never
+# fast beyond the bucket's peak, which a look is read through (BBR keeps the
+# windowed maximum of its rate samples so). In the default lab at 1 Gbit/s a quarter
+# of the looks read under 0.8x through the bucket and some 0.3x, and with the
+# slowest path's latest look as the figure a Top-k job's sat at 570 Mbit/s.
+LOOKS_KEPT = 3
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class PeerPath:
     look_tried: float | None = None  # the last look, answered or not
     look_beta: float | None = None  # what it read (a train's figure, before the bucket)
     look_bytes: int | None = None  # ... from a train of so many bytes
+    looks: deque[tuple[float, float, int | None]] = field(  # the latest looks: (when, beta, bytes)
+        default_factory=lambda: deque(maxlen=LOOKS_KEPT), repr=False)
     failures: int = 0
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
@@ -105,6 +114,7 @@ class PeerPath:
         self.updated = ts
         if m.kind == LOOK:  # the job's estimate judges it: not the probed rate
             self.looked, self.look_beta, self.look_bytes = ts, m.beta_s_per_byte, m.bytes_sent
+            self.looks.append((ts, m.beta_s_per_byte, m.bytes_sent))
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
         old, new = self.beta_s_per_byte, m.beta_s_per_byte
@@ -117,7 +127,18 @@ class PeerPath:
 def _looked(job: LinkEstimate, path: PeerPath) -> float:
     """`path`'s latest look as `job`'s estimate reads it (through its bucket)."""
     assert path.look_beta is not None
-    return job.looked_beta(path.look_beta, path.look_bytes) if path.look_bytes else path.look_beta
+    return _read(job, path.look_beta, path.look_bytes)
+
+
+def _path_reading(job: LinkEstimate, path: PeerPath, since: float) -> float | None:
+    """The fastest of `path`'s kept looks taken at or after `since`, as `job` reads
+    them (LOOKS_KEPT); None where it has none."""
+    betas = [_read(job, beta, size) for ts, beta, size in path.looks if ts >= since]
+    return min(betas) if betas else None
+
+
+def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
+    return job.looked_beta(beta, size) if size else beta
 
 
 class Estimator:
@@ -134,7 +155,6 @@ class Estimator:
         self.job_peers: dict[str, tuple[str, ...]] = {}
         self.fresh_since: dict[str, float] = {}  # per job: peer readings older than this are another network's
         self.reported_alpha: dict[str, float] = {}
-        self.asked_since: dict[str, float] = {}  # per job: when looks began to answer its question (wall)
 
     def peer(self, address: str) -> PeerPath:
         return self.peers.setdefault(address, PeerPath(address))
@@ -148,19 +168,18 @@ class Estimator:
         self.jobs[job_id] = LinkEstimate(link, self.bucket)
         self.fresh_since[job_id] = ts
         self.reported_alpha.pop(job_id, None)
-        self.asked_since.pop(job_id, None)
         return self.jobs[job_id]
 
     def remove_job(self, job_id: str) -> None:
-        for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha, self.asked_since):
+        for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha):
             table.pop(job_id, None)
 
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
         """One probe's measurement; the jobs whose paths it measured. `shared`: the
         jobs that synced over the path while the test ran (LinkEstimate.observe_probe).
         A look goes to those jobs' estimates alone (`LinkEstimate.observe_look`),
-        with the slowest of the latest looks at each of the job's peers within
-        LOOK_SPAN_S (inf while one has none)."""
+        with the slowest of its peers' readings within LOOK_SPAN_S (each the fastest
+        of its kept looks; inf while one has none)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         for job_id in affected:
@@ -217,8 +236,8 @@ class Estimator:
 
     def _looked_for(self, job_id: str, beta: float, ts: float) -> None:
         """A look (read as `beta` for the job) at one of the job's peers, with the
-        slowest of the latest looks at each of them within LOOK_SPAN_S (inf while
-        one has none); while the job's estimate has a question out
+        slowest of their readings within LOOK_SPAN_S and since the job's figure
+        last moved (inf while one has none); while the job's estimate has a question out
         (`LinkEstimate.find_out`), the figure is taken from the slowest of those
         looked at since its first look after the question, as a test's is from
         the peers read since the move it answers (in the default lab's 2-4 s of
@@ -228,21 +247,23 @@ class Estimator:
         moved = -math.inf if job.paths_fresh_since is None else job.paths_fresh_since
         every = self._slowest_look(job, peers, since=max(ts - LOOK_SPAN_S, moved))
         if job.look_asked is None:
-            self.asked_since.pop(job_id, None)
+            job.answer_looks_since = None
             job.observe_look(beta, job.trained_s, every)
             return
-        since = max(self.asked_since.setdefault(job_id, ts), moved)
+        if job.answer_looks_since is None:
+            job.answer_looks_since = ts
+        since = max(job.answer_looks_since, moved)
         job.observe_look(beta, job.trained_s, self._slowest_look(job, peers, since, partial=True), every)
 
     def _slowest_look(self, job: LinkEstimate, peers: Sequence[str], since: float, partial: bool = False) -> float:
-        """The slowest of the latest looks at `peers` since `since`, as `job` reads
-        them; inf unless every one has one (`partial`: of those that have)."""
+        """The slowest of `peers`' readings since `since` (each path's the fastest of
+        its kept looks), as `job` reads them; inf unless every one has one
+        (`partial`: of those that have)."""
         paths = [self.peers.get(a) for a in peers]
-        looked = [p for p in paths if p is not None and p.look_beta is not None and p.looked is not None
-                  and p.looked >= since]
-        if not looked or (len(looked) < len(paths) and not partial):
+        readings = [r for r in (_path_reading(job, p, since) for p in paths if p is not None) if r is not None]
+        if not readings or (len(readings) < len(paths) and not partial):
             return math.inf
-        return max(_looked(job, p) for p in looked)
+        return max(readings)
 
     def _alpha(self, job_id: str) -> float | None:
         alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))

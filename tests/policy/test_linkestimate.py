@@ -474,9 +474,11 @@ def test_a_restored_estimate_continues_exactly_as_a_never_stopped_twin():
     for p in (twin, path):
         p.probe(1e9)
         p.estimate.note_moves(7.0)  # the owner's clock: readings before it are another network's
+        p.estimate.answer_looks_since = 6.5  # as the owner keeps it while a question is out
         p.run(TOPK_AG, 1e9, 20)
         p.run(TOPK_AG, 1e9, 2, host=3.0)  # a streak in progress
     assert path.estimate.paths_fresh_since == 7.0 and path.estimate.moves_noted == path.estimate.moves
+    assert path.estimate.state_dict()["answer_looks_since"] == 6.5
     restored = LinkEstimate(path.estimate.config)  # the settings are the agent's, not the state's
     restored.load_state_dict(path.estimate.state_dict())
     assert restored == path.estimate

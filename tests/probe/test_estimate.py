@@ -160,6 +160,28 @@ def test_looks_taken_before_the_figure_moved_do_not_read_the_path_after_it():
     assert job.bandwidth_bps < 300e6
 
 
+def test_a_paths_reading_is_the_fastest_of_its_recent_looks_so_stalled_looks_between_agreeing_ones_set_nothing():
+    # Three paths at 1 Gbit/s, looks a host stall read at 0.3x now and then: p3's,
+    # kept as the slowest path's latest, made p1's agreeing look a slower one, and
+    # with p2's stalled look the figure fell.
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
+    for peer in ("p1", "p2", "p3"):
+        est.observe(bandwidth(peer, 950e6), ts=1.0)
+    job = est.jobs["j"]
+    for ts, peer in ((2.0, "p1"), (2.5, "p2"), (3.0, "p3")):
+        est.observe(look(peer, 1.167 * 950e6), ts=ts)
+    figure = job.bandwidth_bps
+    est.observe(look("p3", 1.167 * 300e6), ts=3.5)
+    assert job.look_pending
+    est.observe(look("p1", 1.167 * 950e6), ts=4.0)
+    assert job.look_pending is None  # p3's reading is still its faster look
+    est.observe(look("p2", 1.167 * 300e6), ts=4.5)
+    assert job.bandwidth_bps == pytest.approx(figure, rel=0.05) and job.look_pending
+    est.observe(look("p2", 1.167 * 300e6), ts=5.0)  # twice in a row: the path did fall
+    assert job.bandwidth_bps < 400e6
+
+
 def test_a_look_faster_on_one_path_stands_aside_when_the_slowest_path_looked_as_the_figure():
     est = Estimator(BUCKET)
     est.add_job("j", ("p1", "p2"), ts=0.0)
