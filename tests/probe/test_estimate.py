@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexcomm.policy.linkestimate import AGE_STEP_S
+from flexcomm.policy.linkestimate import AGE_STEP_S, LinkEstimate
 from flexcomm.policy.types import LinkBucket, StepReport
 from flexcomm.probe.estimate import LOOK_SPAN_S, EstimateConfig, Estimator, PeerPath
 from flexcomm.store import Measurement
@@ -101,6 +101,15 @@ def look(peer: str, bps: float) -> Measurement:
     return Measurement(peer=peer, kind="look", bandwidth_bps=bps, beta_s_per_byte=8 / bps, bytes_sent=256 << 10)
 
 
+def three_paths(bps: float) -> tuple[Estimator, LinkEstimate]:
+    """A job over three peers, each tested at `bps` at 1.0."""
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
+    for peer in ("p1", "p2", "p3"):
+        est.observe(bandwidth(peer, bps), ts=1.0)
+    return est, est.jobs["j"]
+
+
 def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_slowest():
     # Through the lab's bucket a 256 KB train at the 1.2x peak (1.167 of UDP
     # payload) reads 0.97x the rate.
@@ -121,12 +130,8 @@ def test_looks_move_a_job_only_once_every_peer_has_a_recent_one_and_then_to_the_
 def test_a_look_that_answers_a_question_reads_the_peers_looked_at_since_it_was_asked():
     # The default lab's 2-4 s of 1 Gbit/s after 20 Mbit/s: a look of the slow phase
     # at another path held the recovery back until the job ended.
-    est = Estimator(BUCKET)
-    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
-    for peer in ("p1", "p2", "p3"):
-        est.observe(bandwidth(peer, 20e6), ts=1.0)
+    est, job = three_paths(20e6)
     est.observe(look("p3", 1.167 * 20e6), ts=2.0)
-    job = est.jobs["j"]
     job.find_out("syncs quickened", job.trained_s)  # as the syncs ask
     est.observe(look("p1", 1.167 * 900e6), ts=3.0)
     assert job.bandwidth_bps == pytest.approx(0.972 * 900e6, rel=0.01) and job.evidence == "look"
@@ -141,13 +146,9 @@ def test_looks_taken_before_the_figure_moved_do_not_read_the_path_after_it():
     # The default lab's Top-k job, 1 Gbit/s after 20: p2's and p3's looks of the
     # slow phase, inside LOOK_SPAN_S of the move, made p2's agreeing look a
     # slower one and p3's underread (a host stall) the second in a row.
-    est = Estimator(BUCKET)
-    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
-    for peer in ("p1", "p2", "p3"):
-        est.observe(bandwidth(peer, 20e6), ts=1.0)
+    est, job = three_paths(20e6)
     est.observe(look("p2", 1.167 * 20e6), ts=2.0)
     est.observe(look("p3", 1.167 * 20e6), ts=3.0)
-    job = est.jobs["j"]
     job.find_out("syncs quickened", job.trained_s)
     est.observe(look("p1", 1.167 * 900e6), ts=4.0)
     moved = job.bandwidth_bps
@@ -164,11 +165,7 @@ def test_a_paths_reading_is_the_fastest_of_its_recent_looks_so_stalled_looks_bet
     # Three paths at 1 Gbit/s, looks a host stall read at 0.3x now and then: p3's,
     # kept as the slowest path's latest, made p1's agreeing look a slower one, and
     # with p2's stalled look the figure fell.
-    est = Estimator(BUCKET)
-    est.add_job("j", ("p1", "p2", "p3"), ts=0.0)
-    for peer in ("p1", "p2", "p3"):
-        est.observe(bandwidth(peer, 950e6), ts=1.0)
-    job = est.jobs["j"]
+    est, job = three_paths(950e6)
     for ts, peer in ((2.0, "p1"), (2.5, "p2"), (3.0, "p3")):
         est.observe(look(peer, 1.167 * 950e6), ts=ts)
     figure = job.bandwidth_bps
