@@ -417,8 +417,9 @@ def build_summary(out: Path) -> LabSummary:
     targets = resolve_targets(config, runs)
     equal_s = equal_time(config, runs)
     per_run = [summarize_run(run, target, metric, targets, equal_s) for run in runs]
-    tracked = {run.label: estimate_tracking.summarize(out, run)  # as the plots: the first repeat
-               for run in runs if run.repeat == 0}
+    every_tracked = [estimate_tracking.summarize(out, run) for run in runs]
+    tracked = {run.label: phases  # as the plots: the first repeat
+               for run, phases in zip(runs, every_tracked, strict=True) if run.repeat == 0}
     per_policy = {label: summarize_policy([s for run, s in zip(runs, per_run, strict=True)
                                            if run.label == label], tracked.get(label))
                   for label in config["policies"]}
@@ -461,8 +462,7 @@ def build_summary(out: Path) -> LabSummary:
         moo_over_hindsight_best_fixed=(_ratio(moo.wall_s, best_fixed_s)
                                        if moo and best_fixed_s else None),
         estimate_tracking=estimate_tracking.summary_of(
-            [estimate_tracking.summarize(out, run) for run in runs],
-            [list(s.estimate_tracking) for s in per_policy.values()],
+            every_tracked, [list(s.estimate_tracking) for s in per_policy.values()],
             estimate_tracking.probe_share(out, runs)),
         verdicts=tuple(verdicts(per_policy, repeats)),
         failed={_run_name(run, repeats): run.failed for run in runs if run.failed},

@@ -84,11 +84,9 @@ class PeerPath:
     loss: float | None = None
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
-    looked: float | None = None  # the last look that read
     look_tried: float | None = None  # the last look, answered or not
-    look_beta: float | None = None  # what it read (a train's figure, before the bucket)
-    look_bytes: int | None = None  # ... from a train of so many bytes
-    looks: deque[tuple[float, float, int | None]] = field(  # the latest looks: (when, beta, bytes)
+    # the latest looks that read: (when, a train's figure before the bucket, its bytes)
+    looks: deque[tuple[float, float, int | None]] = field(
         default_factory=lambda: deque(maxlen=LOOKS_KEPT), repr=False)
     failures: int = 0
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
@@ -96,6 +94,11 @@ class PeerPath:
     @property
     def bandwidth_bps(self) -> float | None:
         return None if not self.beta_s_per_byte else 8.0 / self.beta_s_per_byte
+
+    @property
+    def looked(self) -> float | None:
+        """When the last look that read was taken."""
+        return self.looks[-1][0] if self.looks else None
 
     def observe(self, m: Measurement, ts: float, config: EstimateConfig) -> bool:
         """Take one measurement; True when it was a bandwidth reading."""
@@ -113,7 +116,6 @@ class PeerPath:
                 setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
         self.updated = ts
         if m.kind == LOOK:  # the job's estimate judges it: not the probed rate
-            self.looked, self.look_beta, self.look_bytes = ts, m.beta_s_per_byte, m.bytes_sent
             self.looks.append((ts, m.beta_s_per_byte, m.bytes_sent))
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
@@ -126,8 +128,8 @@ class PeerPath:
 
 def _looked(job: LinkEstimate, path: PeerPath) -> float:
     """`path`'s latest look as `job`'s estimate reads it (through its bucket)."""
-    assert path.look_beta is not None
-    return _read(job, path.look_beta, path.look_bytes)
+    _, beta, size = path.looks[-1]
+    return _read(job, beta, size)
 
 
 def _path_reading(job: LinkEstimate, path: PeerPath, since: float) -> float | None:
@@ -139,6 +141,11 @@ def _path_reading(job: LinkEstimate, path: PeerPath, since: float) -> float | No
 
 def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
     return job.looked_beta(beta, size) if size else beta
+
+
+def _since_move(job: LinkEstimate) -> float:
+    """Readings of `job`'s paths taken before this are of the network before its last move."""
+    return -math.inf if job.paths_fresh_since is None else job.paths_fresh_since
 
 
 class Estimator:
@@ -197,12 +204,10 @@ class Estimator:
         return affected
 
     def _fresh(self, job_id: str, ts: float) -> float:
-        """The oldest reading of the job's paths that is of its network now: not one
+        """The oldest test of the job's paths that is of its network now: not one
         older than `max_probe_age_s`, than a move its syncs suspect (`moved_since`),
         or than its estimate's last move (`LinkEstimate.note_moves`)."""
-        moved = self.jobs[job_id].paths_fresh_since
-        return max(self.fresh_since[job_id], ts - self.config.max_probe_age_s,
-                   -math.inf if moved is None else moved)
+        return max(self.fresh_since[job_id], ts - self.config.max_probe_age_s, _since_move(self.jobs[job_id]))
 
     def moved_since(self, job_id: str, ts: float) -> None:
         """The job's syncs suspect its path moved by `ts`: what its peers read
@@ -244,7 +249,7 @@ class Estimator:
         1 Gbit/s after 20, an older look at another path held each recovery back
         until the job ended)."""
         job, peers = self.jobs[job_id], self.job_peers[job_id]
-        moved = -math.inf if job.paths_fresh_since is None else job.paths_fresh_since
+        moved = _since_move(job)
         every = self._slowest_look(job, peers, since=max(ts - LOOK_SPAN_S, moved))
         if job.look_asked is None:
             job.answer_looks_since = None
