@@ -98,9 +98,9 @@ option. Both are fitted together, with forgetting:
   a row that read slower, within `probe_wait_s`, are the figure; one that
   agrees counts as a look at the path for the aged ask, and ends a slower
   streak where every path agrees. Where every path has a recent look and the
-  slowest of them reads within `change` of the figure (as a ratio, either
-  way; on a link configured plain only slower: a faster one may be a bucket's
-  peak), the figure moves toward it by `look_weight`, and until
+  slowest of them reads less than `change` slower than the figure, or faster
+  short of a move (on a link configured plain only slower: a faster one may
+  be a bucket's peak), the figure moves toward it by `look_weight`, and until
   `look_after_s` after a look set or moved the figure the syncs that agree
   teach their overhead, not the rate: a look is the wire alone, a sync the
   wire and the host's work as one figure (the lm lab's PowerSGD rank 4 syncs
@@ -1044,11 +1044,15 @@ class LinkEstimate:
         return True
 
     def _refine_by_look(self, figure: float, slowest: float, ts: float) -> None:
-        """Every path looked at lately agrees with the figure: within `change` of
-        the slowest of them (either way, as a ratio) the figure moves toward it
-        by `look_weight`. On a link configured plain only toward a slower one: a
-        faster reading may be a bucket's peak the estimate was not told of."""
-        if abs(math.log(slowest / figure)) >= math.log1p(self.config.change):
+        """Every path looked at lately reads the figure or faster, short of a
+        move: the figure moves toward the slowest of them by `look_weight` (one
+        slower by `change` or more is `_drift_down`'s). Faster readings short of
+        `level_shift` moved nothing before: in the default lab one stalled look
+        set a 1 Gbit/s phase's figure at 563 Mbit/s and every path's looks after
+        it, 782-1,100, left it there. On a link configured plain only toward a
+        slower one: a faster reading may be a bucket's peak the estimate was not
+        told of."""
+        if slowest >= figure * (1 + self.config.change):
             return
         if self.bucket.plain and slowest < figure:
             return

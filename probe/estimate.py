@@ -40,19 +40,22 @@ from flexcomm.store.records import BANDWIDTH, LATENCY, LOOK, PASSIVE, Measuremen
 
 ALPHA_BURSTS = 5
 # Looks at a job's several peers within this long stand together for its path: the
-# scheduler looks at them in turn, one every 0.4-1 s at most (LOOK_DUTY_CYCLE).
+# scheduler looks at them in turn, one every 0.4-2 s at most (LOOK_DUTY_CYCLE).
 # An older look slower than the path holds a recovery back only until that peer is
 # looked at again; the slowest is taken, so none makes a path seem faster than it is.
 # While the job's estimate has a question out, only the peers looked at since count,
 # as a test's reading counts from the peers read since the move it answers.
-LOOK_SPAN_S = 10.0
+LOOK_SPAN_S = 30.0
 # A path's reading is the fastest of its last few looks within the span (since the
-# job's figure last moved): a host stall stretches a train and reads it slow, never
-# fast beyond the bucket's peak, which a look is read through (BBR keeps the
-# windowed maximum of its rate samples so). In the default lab at 1 Gbit/s a quarter
-# of the looks read under 0.8x through the bucket and some 0.3x, and with the
-# slowest path's latest look as the figure a Top-k job's sat at 570 Mbit/s.
-LOOKS_KEPT = 3
+# job's figure last moved): a host stall stretches a train and reads it slow, and
+# one sent while the job's syncs had spent the bucket's credit crosses at the rate,
+# not the peak it is read through (1/1.2 slow in the lab); neither reads fast
+# beyond the peak (BBR keeps the windowed maximum of its rate samples so). In the
+# default lab at 1 Gbit/s a quarter of the looks read under 0.8x and some 0.3x; in
+# the lm lab a dense job's looks of a 30 Mbit/s link read 0.83x or 1.0x, and with
+# one look per path in a 10 s span the slowest path's was mostly a 0.83x one: its
+# figure sat at 0.85x for whole phases.
+LOOKS_KEPT = 5
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,18 @@ class Estimator:
                 job.observe_probe(beta, job.trained_s, shared=job_id in shared)
         for job_id in affected:
             self.jobs[job_id].note_moves(ts)  # this reading's move: it counts, those before do not
+            if m.kind == LOOK and self._untried_since_move(job_id):
+                self.jobs[job_id].wants_look = True
         return affected
+
+    def _untried_since_move(self, job_id: str) -> bool:
+        """Whether one of the job's paths has not been looked at since its figure
+        last moved. Until each has, the slowest path is not known and no look
+        refines the figure: looked at only as the syncs grew blind (one a 2 s),
+        the default lab's 1 Gbit/s phases, 4-5 s long, ended with a figure one
+        stalled look had set."""
+        moved = _since_move(self.jobs[job_id])
+        return any((self.peer(a).look_tried or -math.inf) < moved for a in self.job_peers[job_id])
 
     def _fresh(self, job_id: str, ts: float) -> float:
         """The oldest test of the job's paths that is of its network now: not one

@@ -161,6 +161,23 @@ def test_looks_taken_before_the_figure_moved_do_not_read_the_path_after_it():
     assert job.bandwidth_bps < 300e6
 
 
+def test_after_a_move_each_path_not_looked_at_since_is_looked_at_and_then_no_more():
+    # A look set the figure from one path: the others' readings are the old
+    # network's, and until each is looked at again no look refines the figure.
+    est, job = three_paths(20e6)
+    job.find_out("syncs quickened", job.trained_s)
+    job.wants_look = False  # the owner asked
+    est.observe(look("p1", 1.167 * 900e6), ts=2.0)
+    assert job.evidence == "look" and job.wants_look  # p2 and p3: not looked at since
+    job.wants_look = False
+    est.observe(Measurement(peer="p2", kind="look", ok=False, error="no answer"), ts=2.5)
+    assert not job.wants_look  # a failed look reads no path: nothing asks again on it
+    est.observe(look("p3", 1.167 * 900e6), ts=3.0)
+    assert not job.wants_look  # p2 was tried since the move, p3 read: none left untried
+    est.observe(look("p1", 1.167 * 900e6), ts=3.5)
+    assert not job.wants_look
+
+
 def test_a_paths_reading_is_the_fastest_of_its_recent_looks_so_stalled_looks_between_agreeing_ones_set_nothing():
     # Three paths at 1 Gbit/s, looks a host stall read at 0.3x now and then: p3's,
     # kept as the slowest path's latest, made p1's agreeing look a slower one, and
