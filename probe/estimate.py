@@ -142,6 +142,25 @@ def _path_reading(job: LinkEstimate, path: PeerPath, since: float) -> float | No
     return min(betas) if betas else None
 
 
+def _quickened(job: LinkEstimate, path: PeerPath, ts: float) -> bool:
+    """Whether `path`'s latest look (at `ts`) reads it faster than every earlier
+    look of it within the span, since `job`'s figure last moved, by a move's
+    `level_shift` (and the overread a plain link allows): the path moved, and
+    the other paths, whose readings may be of the old network, are looked at
+    now (each path's reading is its fastest recent look, so a new one that
+    reads the move outweighs the old). A host stall never reads a path fast,
+    so only a quicker look says so. In the default lab a look at 1 Gbit/s
+    after 20 agreed with the figure through the other paths' looks of the slow
+    phase, and the next looks came only as the syncs grew blind, one a 2 s: the
+    figure moved 5 s into a 5 s phase."""
+    *before, (_, latest, size) = path.looks
+    since = max(ts - LOOK_SPAN_S, _since_move(job))
+    earlier = [_read(job, beta, n) for t, beta, n in before if t >= since]
+    config = job.config
+    shift = (1 + config.level_shift) * (config.look_overread if job.bucket.plain else 1.0)
+    return bool(earlier) and _read(job, latest, size) * shift <= min(earlier)
+
+
 def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
     return job.looked_beta(beta, size) if size else beta
 
@@ -196,7 +215,7 @@ class Estimator:
             self.jobs[job_id].note_moves(ts)  # a move the syncs made since the last reading
         if m.kind == LOOK and m.beta_s_per_byte:
             for job_id in affected:
-                self._looked_for(job_id, _looked(self.jobs[job_id], self.peer(m.peer)), ts)
+                self._looked_for(job_id, self.peer(m.peer), ts)
         for job_id in affected if bandwidth else ():
             beta = self._probed_beta(self.job_peers[job_id], since=self._fresh(job_id, ts))
             if beta is not None:
@@ -204,9 +223,15 @@ class Estimator:
                 job.observe_probe(beta, job.trained_s, shared=job_id in shared)
         for job_id in affected:
             self.jobs[job_id].note_moves(ts)  # this reading's move: it counts, those before do not
-            if m.kind == LOOK and self._untried_since_move(job_id):
+            if m.kind == LOOK and self._other_paths_wanted(job_id, self.peer(m.peer), ts):
                 self.jobs[job_id].wants_look = True
         return affected
+
+    def _other_paths_wanted(self, job_id: str, looked: PeerPath, ts: float) -> bool:
+        """Whether a look at `looked` calls for looks at the job's other paths now:
+        one of them was not looked at since the figure moved, or this look read
+        its path quickened (`_quickened`)."""
+        return self._untried_since_move(job_id) or _quickened(self.jobs[job_id], looked, ts)
 
     def _untried_since_move(self, job_id: str) -> bool:
         """Whether one of the job's paths has not been looked at since its figure
@@ -253,8 +278,8 @@ class Estimator:
                  if p is not None and p.beta_s_per_byte and p.measured is not None and p.measured >= since]
         return max(betas) if betas else None
 
-    def _looked_for(self, job_id: str, beta: float, ts: float) -> None:
-        """A look (read as `beta` for the job) at one of the job's peers, with the
+    def _looked_for(self, job_id: str, path: PeerPath, ts: float) -> None:
+        """A look at one of the job's peers (`path`: its latest), with the
         slowest of their readings within LOOK_SPAN_S and since the job's figure
         last moved (inf while one has none); while the job's estimate has a question out
         (`LinkEstimate.find_out`), the figure is taken from the slowest of those
@@ -263,7 +288,7 @@ class Estimator:
         1 Gbit/s after 20, an older look at another path held each recovery back
         until the job ended)."""
         job, peers = self.jobs[job_id], self.job_peers[job_id]
-        moved = _since_move(job)
+        beta, moved = _looked(job, path), _since_move(job)
         every = self._slowest_look(job, peers, since=max(ts - LOOK_SPAN_S, moved))
         if job.look_asked is None:
             job.answer_looks_since = None

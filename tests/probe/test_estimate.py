@@ -178,6 +178,37 @@ def test_after_a_move_each_path_not_looked_at_since_is_looked_at_and_then_no_mor
     assert not job.wants_look
 
 
+def test_a_look_that_reads_its_path_quickened_has_the_other_paths_looked_at_now():
+    # The default lab's MOO, 1 Gbit/s after 20: p3's look at 1 Gbit/s agreed with
+    # the figure through p1's and p2's looks of the slow phase, and the looks that
+    # came as the syncs grew blind moved the figure 5 s into the 5 s phase.
+    est, job = three_paths(20e6)
+    for ts, peer in ((2.0, "p1"), (3.0, "p2"), (4.0, "p3")):
+        est.observe(look(peer, 1.167 * 20e6), ts=ts)
+    job.wants_look = False
+    est.observe(look("p3", 1.167 * 950e6), ts=6.0)
+    assert job.bandwidth_bps == pytest.approx(20e6, rel=0.1) and job.wants_look  # the others: looked at now
+    job.wants_look = False
+    est.observe(look("p1", 1.167 * 950e6), ts=6.5)
+    assert job.bandwidth_bps == pytest.approx(20e6, rel=0.1) and job.wants_look  # p2 still read slow
+    est.observe(look("p2", 1.167 * 900e6), ts=7.0)  # each path's reading: its fastest recent look
+    assert job.bandwidth_bps == pytest.approx(0.972 * 900e6, rel=0.01) and job.evidence == "look"
+
+
+def test_a_path_that_reads_fast_as_before_leaves_a_slower_paths_reading_standing():
+    # Paths of different rates: the fast one's looks agree with its own, and the
+    # slow one (the bottleneck, the figure) is not looked at again for it.
+    est = Estimator(BUCKET)
+    est.add_job("j", ("p1", "p2"), ts=0.0)
+    est.observe(bandwidth("p1", 20e6), ts=1.0)
+    est.observe(look("p2", 1.167 * 20e6), ts=1.5)
+    est.observe(look("p1", 1.167 * 900e6), ts=2.0)
+    job = est.jobs["j"]
+    job.wants_look = job.wants_probe = False
+    est.observe(look("p1", 1.167 * 900e6), ts=3.0)
+    assert job.bandwidth_bps == pytest.approx(20e6, rel=0.1) and not job.wants_look and not job.wants_probe
+
+
 def test_a_paths_reading_is_the_fastest_of_its_recent_looks_so_stalled_looks_between_agreeing_ones_set_nothing():
     # Three paths at 1 Gbit/s, looks a host stall read at 0.3x now and then: p3's,
     # kept as the slowest path's latest, made p1's agreeing look a slower one, and
