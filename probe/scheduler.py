@@ -41,7 +41,8 @@ Rules:
 - A look (`request_look`) is a few packet trains to the peer's look server
   (probe/train.py, `sized_look`): whether a path moved, for a job whose syncs
   cannot show it (too small, or mostly the host's work), run while the ask is
-  fresh (LOOK_FRESH_S). Its first train is small; a train that crossed in under
+  fresh (LOOK_FRESH_S, counted from when the looks' pace allows one). Its
+  first train is small; a train that crossed in under
   LOOK_HELD_S is followed by one sized to twice that at its reading, up to
   LOOK_MAX_BYTES. Looks share the duty budget, charged the time their trains
   held the link (the receiver's stamps say), and after each the next waits
@@ -431,7 +432,8 @@ class ProbeScheduler:
 
     def request_look(self, peers: Iterable[str]) -> None:
         """Look at these peers (those probed) when the looks' share and the duty
-        budget allow, if still within LOOK_FRESH_S of this ask."""
+        budget allow, if still within LOOK_FRESH_S of this ask (or of when the
+        looks' pace first allows it)."""
         if not self.config.look_duty_cycle:
             return
         with self._lock:
@@ -443,7 +445,11 @@ class ProbeScheduler:
 
     def _looks_wanted(self) -> list[tuple[str, PeerSchedule]]:
         now = self.clock()
-        return [(p, s) for p, s in self._peers() if now - s.look_asked <= LOOK_FRESH_S]
+        # Fresh from when the looks' pace allows one: a look that held a link 6 ms
+        # holds the next off 1.2 s, and an ask made meanwhile (each path not looked
+        # at since the figure moved) lapsed before it could run.
+        return [(p, s) for p, s in self._peers()
+                if math.isfinite(s.look_asked) and now - max(s.look_asked, self.next_look) <= LOOK_FRESH_S]
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:

@@ -351,17 +351,21 @@ def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_on
     sched.request_look(["p"])
     sched.tick()
     clock.now += 0.1
-    sched.request_look(["q"])  # within the looks' share only in 2.3 s: no longer wanted by then
+    sched.request_look(["q"])  # within the looks' share only in 2.3 s: fresh from then
     wait = sched.tick()
     assert 2.2 < wait < 2.4
     clock.now += wait
     sched.tick()
-    assert len(looks) == answered + 1
+    assert len(looks) == answered + 2
+    sched.request_look(["p"])  # the pace allows the next in 2.4 s; asked, then not again
+    clock.now += 2.4 + 1.1
+    sched.tick()
+    assert len(looks) == answered + 2  # lapsed: a second past when it could have run
     quiet = make(["p"], clock, probes, look_duty_cycle=0.0)
     quiet.look_probe = look
     quiet.request_look(["p"])
     run_for(quiet, clock, 10)
-    assert len(looks) == answered + 1  # looks turned off
+    assert len(looks) == answered + 2  # looks turned off
 
 
 def test_a_test_waiting_for_the_budget_does_not_hold_a_look_off():
