@@ -1125,10 +1125,9 @@ def test_looks_faster_on_every_path_short_of_a_move_draw_the_figure_up():
     e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
     e.observe_probe(8 / 563e6, 0.0)
     e.observe_look(8 / 900e6, 1.0, slowest=8 / 782e6)
-    first = (563e6 * 782e6) ** 0.5
-    assert e.bandwidth_bps == pytest.approx(first) and e.moves == 1
-    e.observe_look(8 / 1000e6, 2.0, slowest=8 / 950e6)
-    assert e.bandwidth_bps == pytest.approx((first * 950e6) ** 0.5) and e.moves == 1  # refined, not moved
+    assert e.bandwidth_bps == pytest.approx(782e6) and e.moves == 1  # the slowest path: a refinement, not a move
+    e.observe_look(8 / 1000e6, 2.0, slowest=8 / 700e6)
+    assert e.bandwidth_bps == pytest.approx((782e6 * 700e6) ** 0.5) and e.moves == 1  # slower: drawn halfway
 
 
 def test_looks_at_some_paths_only_refine_nothing():
@@ -1139,7 +1138,7 @@ def test_looks_at_some_paths_only_refine_nothing():
     e.observe_look(8 / 33.3e6, 2.0, slowest=8 / 33.3e6, all_paths=math.inf)
     assert e.bandwidth_bps == pytest.approx(30e6) and e.looked == 2.0
     e.observe_look(8 / 33.3e6, 4.0, slowest=8 / 33.3e6, all_paths=8 / 33.3e6)
-    assert e.bandwidth_bps == pytest.approx((30 * 33.3) ** 0.5 * 1e6)
+    assert e.bandwidth_bps == pytest.approx(33.3e6)  # every path: the slowest, faster, is the figure
 
 
 def test_on_a_link_configured_plain_looks_that_agree_move_the_figure_only_down():
