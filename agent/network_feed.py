@@ -213,10 +213,11 @@ class NetworkFeed:
         return [*self._tests.get(peer, ()), *running]
 
     def restore(self, measurements: Iterable[Measurement]) -> None:
-        """What the probes knew before a restart, as of when they measured it."""
+        """What the probes knew before a restart, as of when they measured it
+        (`Estimator.restore`: the peers' paths; each resumed job's estimate took
+        them in before, and its saved state has them)."""
         for m in measurements:
-            if m.ok:
-                self.estimator.observe(m, m.ts or 0.0)
+            self.estimator.restore(m)
 
     def disturbed(self, job: Job, reports: Sequence[StepReport], received: float) -> list[StepReport]:
         """`reports` with the steps that overlapped a bandwidth test of the job's paths marked."""

@@ -152,10 +152,10 @@ class Persister:
         return await self._run(self.store.prune, retention_s)
 
     # -- reading --------------------------------------------------------------
-    async def latest_measurements(self) -> list[Measurement]:
-        """The newest measurement of each kind for every peer in the store."""
+    async def latest_measurements(self, per_kind: int = 1) -> list[Measurement]:
+        """The newest `per_kind` measurements of each kind for every peer in the store."""
         assert self.store is not None
-        return await self._run(self.store.latest_measurements)
+        return await self._run(self.store.latest_measurements, None, per_kind)
 
     async def history(self, job_id: str, peers: list[str], limit: int) -> tuple[list, dict[str, list]]:
         """The job's newest `limit` decisions (DecisionRecords, newest first) and each

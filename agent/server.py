@@ -47,7 +47,7 @@ from flexcomm.agent.probing import Probing
 from flexcomm.agent.service import AgentService
 from flexcomm.policy.jobspec import policy_for
 from flexcomm.policy.linkestimate import LinkEstimateConfig
-from flexcomm.probe.estimate import EstimateConfig, Estimator
+from flexcomm.probe.estimate import RESTORED_PER_KIND, EstimateConfig, Estimator
 from flexcomm.probe.serving import listen_address
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.proto import agent_pb2_grpc as pb_grpc
@@ -182,7 +182,8 @@ class Agent:
                 "compression": job.decision.compression.name, "collective": job.decision.collective}})
         self.metrics.jobs.set(len(self.jobs))
         peers = self._job_nodes()
-        self.network.restore(m for m in await self.persister.latest_measurements() if m.peer in peers)
+        self.network.restore(m for m in await self.persister.latest_measurements(RESTORED_PER_KIND)
+                             if m.peer in peers)
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

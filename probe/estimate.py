@@ -42,7 +42,9 @@ ALPHA_BURSTS = 5
 # Looks at a job's several peers within this long stand together for its path: the
 # scheduler looks at them in turn, one every 0.4-2 s at most (LOOK_DUTY_CYCLE).
 # An older look slower than the path holds a recovery back only until that peer is
-# looked at again; the slowest is taken, so none makes a path seem faster than it is.
+# looked at again; the slowest path is taken, so no path makes the job's seem faster
+# than it is (a path's own older, faster look stands for it only until the figure
+# moves: a fall is read off the looks themselves, LinkEstimate.observe_look).
 # While the job's estimate has a question out, only the peers looked at since count,
 # as a test's reading counts from the peers read since the move it answers.
 LOOK_SPAN_S = 30.0
@@ -56,6 +58,9 @@ LOOK_SPAN_S = 30.0
 # one look per path in a 10 s span the slowest path's was mostly a 0.83x one: its
 # figure sat at 0.85x for whole phases.
 LOOKS_KEPT = 5
+# What a restarted agent reads back of each peer's measurements of each kind: all
+# that a path keeps (its looks, its alpha's bursts).
+RESTORED_PER_KIND = max(LOOKS_KEPT, ALPHA_BURSTS)
 
 
 @dataclass(frozen=True)
@@ -154,16 +159,9 @@ def _quickened(job: LinkEstimate, path: PeerPath, ts: float) -> bool:
     phase, and the next looks came only as the syncs grew blind, one a 2 s: the
     figure moved 5 s into a 5 s phase."""
     *before, (_, latest, size) = path.looks
-    since = max(ts - LOOK_SPAN_S, _since_move(job))
+    since = _look_window(job, ts)
     earlier = [_read(job, beta, n) for t, beta, n in before if t >= since]
-    return bool(earlier) and _read(job, latest, size) * _move_ratio(job) <= min(earlier)
-
-
-def _move_ratio(job: LinkEstimate) -> float:
-    """How much faster than a reading a look must read to say the path moved
-    (`level_shift`, and the overread a plain link allows)."""
-    config = job.config
-    return (1 + config.level_shift) * (config.look_overread if job.bucket.plain else 1.0)
+    return bool(earlier) and _read(job, latest, size) * job.faster_look_shift <= min(earlier)
 
 
 def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
@@ -173,6 +171,11 @@ def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
 def _since_move(job: LinkEstimate) -> float:
     """Readings of `job`'s paths taken before this are of the network before its last move."""
     return -math.inf if job.paths_fresh_since is None else job.paths_fresh_since
+
+
+def _look_window(job: LinkEstimate, ts: float) -> float:
+    """The oldest look that stands for its path at `ts`: within LOOK_SPAN_S and since the figure moved."""
+    return max(ts - LOOK_SPAN_S, _since_move(job))
 
 
 class Estimator:
@@ -208,12 +211,19 @@ class Estimator:
         for table in (self.jobs, self.job_peers, self.fresh_since, self.reported_alpha):
             table.pop(job_id, None)
 
+    def restore(self, m: Measurement) -> None:
+        """A measurement taken before a restart, into its peer's path alone (at its
+        own time): the jobs' estimates resume from their saved state, which took it
+        in, and taken in again it would be counted twice."""
+        self.peer(m.peer).observe(m, m.ts or 0.0, self.config)
+
     def observe(self, m: Measurement, ts: float, shared: Container[str] = ()) -> list[str]:
         """One probe's measurement; the jobs whose paths it measured. `shared`: the
         jobs that synced over the path while the test ran (LinkEstimate.observe_probe).
         A look goes to those jobs' estimates alone (`LinkEstimate.observe_look`),
         with the slowest of its peers' readings within LOOK_SPAN_S (each the fastest
-        of its kept looks; inf while one has none)."""
+        of its kept looks; inf while one has none), and has the job want looks at
+        its other paths where it calls for them (`_other_paths_wanted`)."""
         bandwidth = self.peer(m.peer).observe(m, ts, self.config)
         affected = [j for j, peers in self.job_peers.items() if m.ok and m.peer in peers]
         for job_id in affected:
@@ -228,7 +238,7 @@ class Estimator:
                 job.observe_probe(beta, job.trained_s, shared=job_id in shared)
         for job_id in affected:
             self.jobs[job_id].note_moves(ts)  # this reading's move: it counts, those before do not
-            if m.kind == LOOK and self._other_paths_wanted(job_id, self.peer(m.peer), ts):
+            if m.kind == LOOK and m.beta_s_per_byte and self._other_paths_wanted(job_id, self.peer(m.peer), ts):
                 self.jobs[job_id].wants_look = True
         return affected
 
@@ -247,14 +257,13 @@ class Estimator:
         as the figure, stood as its path's reading while the others read 965 and
         1,289."""
         job = self.jobs[job_id]
-        since = max(ts - LOOK_SPAN_S, _since_move(job))
-        paths = [p for p in (self.peers.get(a) for a in self.job_peers[job_id]) if p is not None]
-        read = [(r, p) for p in paths if (r := _path_reading(job, p, since)) is not None]
+        since = _look_window(job, ts)
+        read = self._readings(job, self.job_peers[job_id], since)
         if not read:
             return False
         slowest, path = max(read, key=lambda item: item[0])
         alone = sum(t >= since for t, _, _ in path.looks) == 1
-        return alone and path is not looked and _looked(job, looked) * _move_ratio(job) <= slowest
+        return alone and path is not looked and _looked(job, looked) * job.faster_look_shift <= slowest
 
     def _untried_since_move(self, job_id: str) -> bool:
         """Whether one of the job's paths has not been looked at since its figure
@@ -263,7 +272,8 @@ class Estimator:
         the default lab's 1 Gbit/s phases, 4-5 s long, ended with a figure one
         stalled look had set."""
         moved = _since_move(self.jobs[job_id])
-        return any((self.peer(a).look_tried or -math.inf) < moved for a in self.job_peers[job_id])
+        tried = [None if p is None else p.look_tried for p in (self.peers.get(a) for a in self.job_peers[job_id])]
+        return any(t is None or t < moved for t in tried)
 
     def _fresh(self, job_id: str, ts: float) -> float:
         """The oldest test of the job's paths that is of its network now: not one
@@ -312,7 +322,7 @@ class Estimator:
         until the job ended)."""
         job, peers = self.jobs[job_id], self.job_peers[job_id]
         beta, moved = _looked(job, path), _since_move(job)
-        every = self._slowest_look(job, peers, since=max(ts - LOOK_SPAN_S, moved))
+        every = self._slowest_look(job, peers, since=_look_window(job, ts))
         if job.look_asked is None:
             job.answer_looks_since = None
             job.observe_look(beta, job.trained_s, every)
@@ -326,11 +336,15 @@ class Estimator:
         """The slowest of `peers`' readings since `since` (each path's the fastest of
         its kept looks), as `job` reads them; inf unless every one has one
         (`partial`: of those that have)."""
-        paths = [self.peers.get(a) for a in peers]
-        readings = [r for r in (_path_reading(job, p, since) for p in paths if p is not None) if r is not None]
-        if not readings or (len(readings) < len(paths) and not partial):
+        readings = self._readings(job, peers, since)
+        if not readings or (len(readings) < len(peers) and not partial):
             return math.inf
-        return max(readings)
+        return max(r for r, _ in readings)
+
+    def _readings(self, job: LinkEstimate, peers: Sequence[str], since: float) -> list[tuple[float, PeerPath]]:
+        """(reading, path) of each of `peers` with a look since `since` (`_path_reading`)."""
+        paths = [p for p in (self.peers.get(a) for a in peers) if p is not None]
+        return [(r, p) for p in paths if (r := _path_reading(job, p, since)) is not None]
 
     def _alpha(self, job_id: str) -> float | None:
         alphas = [p.alpha_s for p in (self.peers.get(a) for a in self.job_peers.get(job_id, ()))

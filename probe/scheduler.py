@@ -41,13 +41,14 @@ Rules:
 - A look (`request_look`) is a few packet trains to the peer's look server
   (probe/train.py, `sized_look`): whether a path moved, for a job whose syncs
   cannot show it (too small, or mostly the host's work), run while the ask is
-  fresh (LOOK_FRESH_S, counted from when the looks' pace allows one). Its
+  fresh (LOOK_FRESH_S, counted from when the looks' pace allows one, at most
+  LOOK_PACE_WAIT_MAX_S after the ask). Its
   first train is small; a train that crossed in under
   LOOK_HELD_S is followed by one sized to twice that at its reading, up to
   LOOK_MAX_BYTES. Looks share the duty budget, charged the time their trains
   held the link (the receiver's stamps say), and after each the next waits
   1 / `look_duty_cycle` times as long (a look held a lab link 2-5 ms at 20 Mbit/s
-  to 1 Gbit/s: with the default 0.5%, one every 0.4-1 s at most). A look that read nothing (no answer) is charged
+  to 1 Gbit/s: with the default 0.5%, one every 0.4-2 s at most). A look that read nothing (no answer) is charged
   LOOK_RECKONED_S.
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
@@ -126,11 +127,16 @@ LOOK_HELD_S = 0.002
 LOOK_TRAINS = 3
 LOOK_MAX_BYTES = 256 << 10
 LOOK_GROWTH = 4
-# A look asked for longer ago than this is no longer wanted: a job's estimate asks
-# at every report message while its syncs show nothing of the path (run later, a
-# dense job's look asked on an 820 Mbit/s link, where its syncs were mostly the
-# host's work, shared the link with its syncs on the 160 Mbit/s phase that followed).
+# A look asked for longer ago than this (counted from when the looks' pace first
+# allows one) is no longer wanted: a job's estimate asks at every report message
+# while its syncs show nothing of the path (run later, a dense job's look asked on
+# an 820 Mbit/s link, where its syncs were mostly the host's work, shared the link
+# with its syncs on the 160 Mbit/s phase that followed). Counted from the ask, one
+# made while a 6 ms look held the next off 1.2 s lapsed before it could run.
 LOOK_FRESH_S = 1.0
+# The pace extends an ask's freshness by at most this: a look that held a slow link
+# long holds the next off for seconds, and by then the path may be another's.
+LOOK_PACE_WAIT_MAX_S = 2.0
 DUTY_CYCLE = 0.01  # the share of wall time bandwidth tests may take
 # Of it, looks may take this much. With what the syncs ask put to a look first,
 # tests took 0-0.2% of the cnn lab's wall time; at 0.25% looks took 0.24% and came
@@ -433,7 +439,7 @@ class ProbeScheduler:
     def request_look(self, peers: Iterable[str]) -> None:
         """Look at these peers (those probed) when the looks' share and the duty
         budget allow, if still within LOOK_FRESH_S of this ask (or of when the
-        looks' pace first allows it)."""
+        looks' pace first allows one, at most LOOK_PACE_WAIT_MAX_S later)."""
         if not self.config.look_duty_cycle:
             return
         with self._lock:
@@ -445,11 +451,8 @@ class ProbeScheduler:
 
     def _looks_wanted(self) -> list[tuple[str, PeerSchedule]]:
         now = self.clock()
-        # Fresh from when the looks' pace allows one: a look that held a link 6 ms
-        # holds the next off 1.2 s, and an ask made meanwhile (each path not looked
-        # at since the figure moved) lapsed before it could run.
-        return [(p, s) for p, s in self._peers()
-                if math.isfinite(s.look_asked) and now - max(s.look_asked, self.next_look) <= LOOK_FRESH_S]
+        return [(p, s) for p, s in self._peers() if math.isfinite(s.look_asked) and now - max(
+            s.look_asked, min(self.next_look, s.look_asked + LOOK_PACE_WAIT_MAX_S)) <= LOOK_FRESH_S]
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:

@@ -211,13 +211,16 @@ class Store:
             row_id = db["measurements"].insert(_row(m)).last_pk
         return dataclasses.replace(m, id=row_id)
 
-    def latest_measurements(self, peer: str | None = None) -> list[Measurement]:
-        """The newest measurement of each kind for `peer` (every peer if None)."""
+    def latest_measurements(self, peer: str | None = None, per_kind: int = 1) -> list[Measurement]:
+        """The newest `per_kind` measurements of each kind for `peer` (every peer if
+        None), by peer and kind, each kind's oldest first."""
+        if not isinstance(per_kind, int) or per_kind < 1:
+            raise ValueError(f"per_kind: must be an integer >= 1, got {per_kind!r}")
         where, params = ("WHERE peer = ?", [peer]) if peer is not None else ("", [])
         rows = self._query(
             "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY peer, kind ORDER BY ts DESC, id DESC)"
-            f" AS newest FROM measurements {where}) WHERE newest = 1 ORDER BY peer, kind",
-            params,
+            f" AS newest FROM measurements {where}) WHERE newest <= ? ORDER BY peer, kind, ts, id",
+            [*params, per_kind],
         )
         for r in rows:
             del r["newest"]

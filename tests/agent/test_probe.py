@@ -14,6 +14,7 @@ import pytest
 
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
+from flexcomm.probe.estimate import RESTORED_PER_KIND, EstimateConfig, PeerPath
 from flexcomm.probe.iperf import IperfServer
 from flexcomm.proto import agent_pb2 as pb
 from flexcomm.store import Store
@@ -75,19 +76,20 @@ def test_probes_feed_the_network_and_never_target_this_host(tmp_path: Path, priv
             assert here.address not in body
             assert agent.health() == 1
             assert agent.terminate() == 0
-            # A restarted agent (probing off now) knows the figures from its store: the
-            # newest measurement of each kind, as it was measured.
+            # A restarted agent (probing off now) knows the path from its store: the
+            # newest measurements of each kind, taken in as they were measured.
             with Store(agent.db) as store:
-                kinds = {m.kind: m for m in store.latest_measurements(there.address)}
+                expected = PeerPath(there.address)
+                for m in store.latest_measurements(there.address, per_kind=RESTORED_PER_KIND):
+                    expected.observe(m, m.ts or 0.0, EstimateConfig())
             in_namespace(agent, here, probe=False)
             agent.start()
             restored = peers_of(agent, "probed")[there.address]
-            bandwidth, latency = kinds["bandwidth"], kinds["latency"]
             # the path keeps seconds per byte; its rate is 8 / that, equal to the stored
             # rate up to the reciprocal's last bit (192144757.08530298 against ...303)
-            assert restored.bandwidth_bps == pytest.approx(bandwidth.bandwidth_bps, rel=1e-12)
+            assert restored.bandwidth_bps == pytest.approx(expected.bandwidth_bps, rel=1e-12)
             assert (restored.rtt_s, restored.rtt_p99_s, restored.alpha_s) == (
-                latency.rtt_p50_s, latency.rtt_p99_s, latency.alpha_s)
+                expected.rtt_s, expected.rtt_p99_s, expected.alpha_s)
             assert agent.terminate() == 0
         finally:
             agent.stop()

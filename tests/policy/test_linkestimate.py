@@ -1125,9 +1125,12 @@ def test_looks_faster_on_every_path_short_of_a_move_draw_the_figure_up():
     e = LinkEstimate(LinkEstimateConfig(), LAB_BUCKET)
     e.observe_probe(8 / 563e6, 0.0)
     e.observe_look(8 / 900e6, 1.0, slowest=8 / 782e6)
-    assert e.bandwidth_bps == pytest.approx(782e6) and e.moves == 1  # the slowest path: a refinement, not a move
+    # the slowest path, taken whole: 39% from where the last move was counted, so a move the policy hears of
+    assert e.bandwidth_bps == pytest.approx(782e6) and e.moves == 2
     e.observe_look(8 / 1000e6, 2.0, slowest=8 / 700e6)
-    assert e.bandwidth_bps == pytest.approx((782e6 * 700e6) ** 0.5) and e.moves == 1  # slower: drawn halfway
+    assert e.bandwidth_bps == pytest.approx((782e6 * 700e6) ** 0.5) and e.moves == 2  # slower: drawn halfway
+    e.observe_look(8 / 1000e6, 3.0, slowest=8 / 840e6)
+    assert e.bandwidth_bps == pytest.approx(840e6) and e.moves == 2  # 7% from the last move: a drift
 
 
 def test_looks_at_some_paths_only_refine_nothing():

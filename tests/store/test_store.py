@@ -51,6 +51,10 @@ def test_measurement_round_trip_and_latest_per_kind(store):
     assert {m.peer for m in store.latest_measurements()} == {"p1", "p2"}
     tie = store.add_measurement(Measurement(peer="p1", kind="bandwidth", bandwidth_bps=6e7, ts=20.0))
     assert [m.id for m in store.latest_measurements("p1")] == [tie.id, lat.id]  # same ts: the later row
+    # the newest two of each kind, each kind's oldest first (as a restarted agent reads them back)
+    assert [m.id for m in store.latest_measurements("p1", per_kind=2)] == [newer.id, tie.id, lat.id]
+    with pytest.raises(ValueError, match="per_kind"):
+        store.latest_measurements(per_kind=0)
     failed = store.measurements(peer="p2")[0]
     assert failed.ok is False and failed.error == "timed out" and failed.bandwidth_bps is None
     oldest = store.measurements(peer="p1", kind="bandwidth")[-1]
