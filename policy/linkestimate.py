@@ -1069,8 +1069,8 @@ class LinkEstimate:
         # faster: taken whole, as a path's reading is its fastest recent look (a
         # stall reads slow, not fast)
         self.beta_s_per_byte = slowest
-        if self.moved_beta is not None and relative_change(self.moved_beta, slowest) >= self.config.change:
-            self._moved(ts)  # `change` from the last move: the policy hears of it
+        if self._past_last_move(slowest, self.config.change):
+            self._moved(ts)  # the policy hears of it
 
     def _look_at_bound(self, beta: float, every: float, pending: tuple[float, float] | None, ts: float) -> None:
         """A look while the figure only bounds the path from below: the slowest
@@ -1125,7 +1125,7 @@ class LinkEstimate:
     def _set(self, beta: float, evidence: str, ts: float, lower_bound: bool = False) -> None:
         # measured from where the last move was counted: a figure that bounds let
         # drift is still judged against the link last declared
-        moved = self.moved_beta is None or relative_change(self.moved_beta, beta) >= self.config.change / 2
+        moved = self._past_last_move(beta, self.config.change / 2)
         self.beta_s_per_byte, self.lower_bound, self.evidence = beta, lower_bound, evidence
         self.streak, self.probe_pending, self.syncs_agree, self.suspect_beta = None, None, False, None
         self.looking_since, self.look_pending, self.look_figure, self.look_drift = None, None, None, None
@@ -1134,6 +1134,11 @@ class LinkEstimate:
             self.confirmed, self.look_asked = ts, None
         if moved:
             self._moved(ts)
+
+    def _past_last_move(self, beta: float, share: float) -> bool:
+        """Whether `beta` is `share` or more from the figure the last move was
+        counted at (or no move was counted yet)."""
+        return self.moved_beta is None or relative_change(self.moved_beta, beta) >= share
 
     def _moved(self, ts: float) -> None:
         self.moved_at, self.moves, self.moved_beta = ts, self.moves + 1, self.beta_s_per_byte

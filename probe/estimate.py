@@ -158,10 +158,9 @@ def _quickened(job: LinkEstimate, path: PeerPath, ts: float) -> bool:
     after 20 agreed with the figure through the other paths' looks of the slow
     phase, and the next looks came only as the syncs grew blind, one a 2 s: the
     figure moved 5 s into a 5 s phase."""
-    *before, (_, latest, size) = path.looks
     since = _look_window(job, ts)
-    earlier = [_read(job, beta, n) for t, beta, n in before if t >= since]
-    return bool(earlier) and _read(job, latest, size) * job.faster_look_shift <= min(earlier)
+    earlier = [_read(job, beta, n) for t, beta, n in list(path.looks)[:-1] if t >= since]
+    return bool(earlier) and _looked(job, path) * job.faster_look_shift <= min(earlier)
 
 
 def _read(job: LinkEstimate, beta: float, size: int | None) -> float:

@@ -451,8 +451,14 @@ class ProbeScheduler:
 
     def _looks_wanted(self) -> list[tuple[str, PeerSchedule]]:
         now = self.clock()
-        return [(p, s) for p, s in self._peers() if math.isfinite(s.look_asked) and now - max(
-            s.look_asked, min(self.next_look, s.look_asked + LOOK_PACE_WAIT_MAX_S)) <= LOOK_FRESH_S]
+        return [(p, s) for p, s in self._peers() if self._fresh_ask(s.look_asked, now)]
+
+    def _fresh_ask(self, asked: float, now: float) -> bool:
+        """Whether a look asked at `asked` is still wanted at `now`: within
+        LOOK_FRESH_S of when the looks' pace first allows one (at most
+        LOOK_PACE_WAIT_MAX_S after the ask); -inf: none asked."""
+        runnable = max(asked, min(self.next_look, asked + LOOK_PACE_WAIT_MAX_S))
+        return math.isfinite(asked) and now - runnable <= LOOK_FRESH_S
 
     # -- the logic -----------------------------------------------------------
     def _jittered(self, interval: float) -> float:
