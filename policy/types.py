@@ -486,6 +486,12 @@ class LinkBucket:
     def plain(self) -> bool:
         return self.peak_over_rate == 1.0 or self.burst_s == 0.0
 
+    @property
+    def peak_s(self) -> float:
+        """How long a backlog sent at the peak takes to spend a full bucket
+        (infinite on a plain link, which has none to spend)."""
+        return math.inf if self.plain else self.burst_s / (self.peak_over_rate - 1.0)
+
     def seconds(self, at_rate_s: float) -> float:
         """Time to send what takes `at_rate_s` at the rate, starting with a full
         bucket: at the peak while credit lasts, at the rate after it."""

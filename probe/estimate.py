@@ -33,6 +33,7 @@ import math
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from flexcomm.policy.linkestimate import PROBE, LinkEstimate, LinkEstimateConfig, ewma, relative_change
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket, NetworkObservation, check_range
@@ -58,6 +59,7 @@ LOOK_SPAN_S = 30.0
 # one look per path in a 10 s span the slowest path's was mostly a 0.83x one: its
 # figure sat at 0.85x for whole phases.
 LOOKS_KEPT = 5
+LOOK_RTTS_KEPT = 20  # the looks whose quickest answer is the path's own round trip
 # What a restarted agent reads back of each peer's measurements of each kind: all
 # that a path keeps (its looks, its alpha's bursts).
 RESTORED_PER_KIND = max(LOOKS_KEPT, ALPHA_BURSTS)
@@ -79,6 +81,17 @@ class EstimateConfig:
             check_range(name, getattr(self, name), 0.0, math.inf, open_low=True)
 
 
+class Look(NamedTuple):
+    """A look that read: when, the train's figure before the bucket, its bytes,
+    and how long it waited behind traffic on the path (its round trip less the
+    quickest of the path's latest LOOK_RTTS_KEPT; None where not known)."""
+
+    ts: float
+    beta: float
+    bytes_sent: int | None
+    queued_s: float | None
+
+
 @dataclass
 class PeerPath:
     """One peer as active probes measured it; None until measured. Timestamps
@@ -93,10 +106,10 @@ class PeerPath:
     updated: float | None = None  # the last successful measurement
     measured: float | None = None  # the last bandwidth test
     look_tried: float | None = None  # the last look, answered or not
-    # the latest looks that read: (when, a train's figure before the bucket, its bytes)
-    looks: deque[tuple[float, float, int | None]] = field(
+    looks: deque[Look] = field(
         default_factory=lambda: deque(maxlen=LOOKS_KEPT), repr=False)
     failures: int = 0
+    _look_rtts: deque[float] = field(default_factory=lambda: deque(maxlen=LOOK_RTTS_KEPT), repr=False)
     _alphas: deque[float] = field(default_factory=lambda: deque(maxlen=ALPHA_BURSTS), repr=False)
 
     @property
@@ -124,7 +137,7 @@ class PeerPath:
                 setattr(self, "rtt_s" if name == "rtt_p50_s" else name, value)
         self.updated = ts
         if m.kind == LOOK:  # the job's estimate judges it: not the probed rate
-            self.looks.append((ts, m.beta_s_per_byte, m.bytes_sent))
+            self.looks.append(Look(ts, m.beta_s_per_byte, m.bytes_sent, self._queued(m.rtt_min_s)))
         if m.kind not in (BANDWIDTH, PASSIVE) or not m.beta_s_per_byte:
             return False
         old, new = self.beta_s_per_byte, m.beta_s_per_byte
@@ -134,16 +147,24 @@ class PeerPath:
         return True
 
 
+    def _queued(self, rtt_s: float | None) -> float | None:
+        """How long a train whose round trip (less its crossing) took `rtt_s`
+        waited behind traffic: the excess over the path's quickest recent look."""
+        if rtt_s is None:
+            return None
+        self._look_rtts.append(rtt_s)
+        return rtt_s - min(self._look_rtts)
+
+
 def _looked(job: LinkEstimate, path: PeerPath) -> float:
     """`path`'s latest look as `job`'s estimate reads it (through its bucket)."""
-    _, beta, size = path.looks[-1]
-    return _read(job, beta, size)
+    return _read(job, path.looks[-1])
 
 
 def _path_reading(job: LinkEstimate, path: PeerPath, since: float) -> float | None:
     """The fastest of `path`'s kept looks taken at or after `since`, as `job` reads
     them (LOOKS_KEPT); None where it has none."""
-    betas = [_read(job, beta, size) for ts, beta, size in path.looks if ts >= since]
+    betas = [_read(job, look) for look in path.looks if look.ts >= since]
     return min(betas) if betas else None
 
 
@@ -159,12 +180,12 @@ def _quickened(job: LinkEstimate, path: PeerPath, ts: float) -> bool:
     phase, and the next looks came only as the syncs grew blind, one a 2 s: the
     figure moved 5 s into a 5 s phase."""
     since = _look_window(job, ts)
-    earlier = [_read(job, beta, n) for t, beta, n in list(path.looks)[:-1] if t >= since]
+    earlier = [_read(job, look) for look in list(path.looks)[:-1] if look.ts >= since]
     return bool(earlier) and _looked(job, path) * job.faster_look_shift <= min(earlier)
 
 
-def _read(job: LinkEstimate, beta: float, size: int | None) -> float:
-    return job.looked_beta(beta, size) if size else beta
+def _read(job: LinkEstimate, look: Look) -> float:
+    return job.looked_beta(look.beta, look.bytes_sent, look.queued_s or 0.0) if look.bytes_sent else look.beta
 
 
 def _since_move(job: LinkEstimate) -> float:
@@ -261,7 +282,7 @@ class Estimator:
         if not read:
             return False
         slowest, path = max(read, key=lambda item: item[0])
-        alone = sum(t >= since for t, _, _ in path.looks) == 1
+        alone = sum(look.ts >= since for look in path.looks) == 1
         return alone and path is not looked and _looked(job, looked) * job.faster_look_shift <= slowest
 
     def _untried_since_move(self, job_id: str) -> bool:

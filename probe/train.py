@@ -135,7 +135,9 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
                netns: str | None = None) -> Measurement:
     """One look at the path to `peer`'s TrainServer: a train of about `train_bytes`.
     Its duration_s is how long the train held the link (first to last arrival),
-    its bytes_sent the train's payload; TrainLookError when it reads nothing."""
+    its bytes_sent the train's payload, its rtt_min_s the time from sending the
+    train to its answer less that hold (the path's round trip and whatever queue
+    the train waited behind); TrainLookError when it reads nothing."""
     count = min(max(math.ceil(train_bytes / DATAGRAM_BYTES), MIN_DATAGRAMS), MAX_DATAGRAMS)
     train_id = secrets.randbits(64)
     padding = bytes(DATAGRAM_BYTES - _HEADER.size)
@@ -145,14 +147,17 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUFFER_BYTES)
         sock.connect(address)
         try:
+            sent = time.monotonic()
             send_train(sock, datagrams)
             stamps = _await_stamps(sock, train_id, timeout_s)
+            answered = time.monotonic()
         except ConnectionRefusedError:
             raise TrainLookError(f"{peer} port {port}/udp refused the look: nothing serves looks there") from None
     rate = train_rate(stamps)
     held_ns = max(ns for _, ns in stamps) - min(ns for _, ns in stamps)
     return Measurement(peer=peer, kind=LOOK, bandwidth_bps=8 * rate, beta_s_per_byte=1 / rate,
-                       duration_s=held_ns / 1e9, bytes_sent=count * DATAGRAM_BYTES)
+                       duration_s=held_ns / 1e9, bytes_sent=count * DATAGRAM_BYTES,
+                       rtt_min_s=max(0.0, answered - sent - held_ns / 1e9))
 
 
 def _await_stamps(sock: socket.socket, train_id: int, timeout_s: float) -> list[tuple[int, int]]:

@@ -997,6 +997,13 @@ def test_a_first_figure_the_syncs_read_is_no_reason_to_probe_but_a_bound_is():
     assert bounded.estimate.lower_bound and bounded.estimate.wants_probe
 
 
+def test_a_first_figure_the_syncs_read_wants_looks_at_once():
+    read, unlooked = Path(looks=True), Path()
+    read.run(DENSE, 20e6, 1)
+    unlooked.run(DENSE, 20e6, 1)
+    assert read.estimate.wants_look and not unlooked.estimate.wants_look
+
+
 def test_burst_sized_syncs_of_a_noisy_host_ask_nothing():
     # Two CPU hogs beside a steady 100 Mbit/s link: 27 KB syncs took 2-12 ms a
     # message, scattered both ways; three in a row beyond 1.5x asked every second.

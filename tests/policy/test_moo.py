@@ -998,15 +998,20 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_run_and_the_faster_kept()
     assert policy.phase == EXPLOIT and policy.explorations == explorations + 1
 
 
-def bf16_left_on_few_slow_steps(samples: int) -> tuple[MooPolicy, Job]:
-    """A job settled on bf16 at 1 Gbit/s, put on PowerSGD rank 2 with bf16's
-    figure `samples` steps a host hiccup made 3x slow."""
+def bf16_settled_at_1_gbit() -> tuple[MooPolicy, Job]:
     small = GradientLayout(((500, 500),), 0, 4)
     policy = MooPolicy(small.grad_bytes, MooConfig(families=("bf16", "powersgd"), quality_reference="powersgd:4"),
                        small)
     job = Job(policy, small, t_compute=0.05)
     settle(policy, job, 50e-6, 1e9, steps=80)
     assert policy.decide().label == "bf16@dense_ring"
+    return policy, job
+
+
+def bf16_left_on_few_slow_steps(samples: int) -> tuple[MooPolicy, Job]:
+    """A job settled on bf16 at 1 Gbit/s, put on PowerSGD rank 2 with bf16's
+    figure `samples` steps a host hiccup made 3x slow."""
+    policy, job = bf16_settled_at_1_gbit()
     policy._s.sync["bf16@dense_ring"] = [3 * policy._s.sync["bf16@dense_ring"][-1]] * samples
     policy._set_current(policy._by_label["powersgd:2@dense_ring"], "left bf16 as the test puts it")
     job.run(RUNNING_SAMPLES, 50e-6, 1e9, observe=False)
@@ -1024,6 +1029,17 @@ def test_a_saver_timed_on_fewer_steps_than_the_running_option_is_timed_again_and
     assert re.search(r"bf16@dense_ring timed on [234] steps only", policy._s.why), policy._s.why
     assert "bf16@dense_ring" in job.decisions[seen:] and not any(job.exploring[seen:])
     assert policy.explorations == explorations + 1 and policy.decide().label == "bf16@dense_ring"
+
+
+def test_an_untimed_saver_the_model_puts_first_on_an_untrusted_fit_is_timed() -> None:
+    # As after a move: bf16 untimed, its fit too new to choose it on its word.
+    policy, _ = bf16_settled_at_1_gbit()
+    policy._s.sync.pop("bf16@dense_ring")
+    policy.calibration.forget(calibration_key(Compression("bf16"), "dense_ring"))
+    policy._set_current(policy._by_label["powersgd:2@dense_ring"], "left bf16 as the test puts it")
+    policy.watch.chose("powersgd:2@dense_ring", policy._s.sync["powersgd:2@dense_ring"][-1])
+    assert policy._measure_a_thinly_timed_saver(policy.evaluate())
+    assert policy._s.plan == [("bf16@dense_ring", False)] and "timed on 0 steps only" in policy._s.why
 
 
 def test_a_saver_timed_on_as_many_steps_as_the_running_option_is_not_timed_again() -> None:

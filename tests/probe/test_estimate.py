@@ -5,11 +5,13 @@ it has one, never a probe older than `max_probe_age_s`, the worst alpha."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from flexcomm.policy.linkestimate import AGE_STEP_S, LinkEstimate
+from flexcomm.policy.linkestimate import AGE_STEP_S, QUEUED_S, LinkEstimate
 from flexcomm.policy.types import LinkBucket, StepReport
-from flexcomm.probe.estimate import LOOK_SPAN_S, EstimateConfig, Estimator, PeerPath
+from flexcomm.probe.estimate import LOOK_SPAN_S, EstimateConfig, Estimator, PeerPath, _path_reading
 from flexcomm.store import Measurement
 
 NODES = 4
@@ -105,6 +107,29 @@ def slow_look_read(job: LinkEstimate) -> float:
     """What a look at 20 Mbit/s reads for `job`: a 256 KB train outlasts the
     bucket's credit, and through it reads 1.1x the rate."""
     return 8 / job.looked_beta(8 / (1.167 * 20e6), 256 << 10)
+
+
+@pytest.mark.parametrize(("sync_wire_s", "read_bps"), [(1.3, 30e6), (0.01, 30e6 / 1.2), (None, 30e6 / 1.2)])
+def test_a_look_that_waited_behind_syncs_longer_than_the_credit_is_read_at_the_rate(sync_wire_s, read_bps):
+    # The lab's bucket: 1.2x for 5 ms of the rate, spent by 25 ms of backlog at
+    # the peak. A train sent into a dense ring's 1.3 s syncs at 30 Mbit/s waited
+    # behind them and crossed at the rate; one behind a 10 ms sync had credit left.
+    est = Estimator(BUCKET)
+    job = est.add_job("j", ("p1",), ts=0.0)
+    job.sync_wire_s = sync_wire_s
+    train = dict(kind="look", bandwidth_bps=30e6, beta_s_per_byte=8 / 30e6, bytes_sent=16800)
+    path = est.peer("p1")
+    est.observe(Measurement(peer="p1", rtt_min_s=0.0006, **train), ts=1.0)
+    assert path.looks[-1].queued_s == 0.0
+    assert 8 / _path_reading(job, path, since=1.0) == pytest.approx(30e6 / 1.2)  # idle: inside the credit
+    est.observe(Measurement(peer="p1", rtt_min_s=0.0006 + 2 * QUEUED_S, **train), ts=2.0)
+    assert path.looks[-1].queued_s == pytest.approx(2 * QUEUED_S)
+    assert 8 / _path_reading(job, path, since=2.0) == pytest.approx(read_bps)
+
+
+def test_a_bucket_is_spent_by_a_backlog_at_its_peak_in_its_credit_over_the_peaks_excess():
+    assert BUCKET.peak_s == pytest.approx(0.005 / 0.2)
+    assert LinkBucket().peak_s == math.inf
 
 
 def three_paths(bps: float) -> tuple[Estimator, LinkEstimate]:

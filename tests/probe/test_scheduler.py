@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ import pytest
 
 from flexcomm.emulation.shaping import LinkState, Shaper
 from flexcomm.lab.netns import netns_pair
-from flexcomm.policy.linkestimate import LOOK_OVERREAD
+from flexcomm.policy.linkestimate import LOOK_OVERREAD, QUEUED_S
 from flexcomm.probe.addresses import local_addresses
 from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout, IperfUnconnected
 from flexcomm.probe.scheduler import (
@@ -36,7 +37,7 @@ from flexcomm.probe.scheduler import (
     sized_look,
     sized_probe,
 )
-from flexcomm.probe.train import TrainLookError, TrainServer
+from flexcomm.probe.train import TrainLookError, TrainServer, train_look
 from flexcomm.store import LOOK, Measurement, Store
 from support.link_rate import reads_the_link
 from support.names import run_prefix
@@ -725,6 +726,28 @@ def test_real_look_reads_the_shaped_path_and_is_charged_the_time_its_train_held_
     # answer was lost.
     assert last_train_s <= m.duration_s < 0.05, m
     assert sched.budget.used_s(sched.clock()) == pytest.approx(m.duration_s)
+
+
+@pytest.mark.privileged
+def test_real_look_behind_a_backlog_waits_for_its_answer_and_crosses_at_the_rate(privileged, iperf3_binary,
+                                                                                  served_pair):
+    # After idle the pair's link passes its 1.2x peak while 5 ms of the rate's
+    # credit lasts. A train sent while a TCP flow keeps it busy waits behind the
+    # flow's packets (QUEUED_S or more over an idle look's answer) and crosses at
+    # the rate, under the idle one's peak.
+    a, b, server = served_pair
+    idle = min((train_look(b.address, PORT, 64 << 10, netns=a.ns) for _ in range(3)), key=lambda m: m.rtt_min_s)
+    hog = a.popen([iperf3_binary, "-c", b.address, "-p", str(PORT), "-t", "60"],
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: established(server.pid, PORT), 15, "the hog connected")
+        time.sleep(1.0)  # its window grows to fill the link
+        busy = [train_look(b.address, PORT, 64 << 10, netns=a.ns) for _ in range(3)]
+    finally:
+        hog.kill()
+        hog.wait()
+    assert statistics.median(m.rtt_min_s for m in busy) >= idle.rtt_min_s + QUEUED_S, (idle, busy)
+    assert statistics.median(m.bandwidth_bps for m in busy) < 1.08 * SHAPED_BPS < idle.bandwidth_bps, (idle, busy)
 
 
 @pytest.mark.privileged

@@ -54,6 +54,7 @@ def test_a_look_at_a_real_server_reads_the_path_and_how_long_it_held_it(server: 
     assert m.bandwidth_bps > 100e6  # loopback: far faster than any link it stands for
     assert m.beta_s_per_byte == pytest.approx(8 / m.bandwidth_bps)
     assert 0 < m.duration_s < 0.5  # the train's own time, not the wait for the answer
+    assert 0 <= m.rtt_min_s < 0.5  # the answer's wait, less the train's own time
     assert server.answered == 1 and server.ignored == 0
 
 
