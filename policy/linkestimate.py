@@ -215,6 +215,12 @@ LOOK_OVERREAD = 1.25
 # waited 0.6 ms idle and 3.5-3.8 ms behind a TCP flow filling it (TCP's small
 # queues keep the backlog short, so a wait does not say how long it lasted).
 QUEUED_S = 0.001
+# A look that waited behind a sync crossed after the bucket's credit was spent
+# unless it came in the sync's first `LinkBucket.peak_s`: it is read at the rate
+# where that chance is at least this (syncs of peak_s / (1 - SPENT_SHARE) or
+# longer, 250 ms in the lab). A path's reading is the fastest of its looks, so
+# one read 1.2x fast would stand for it.
+SPENT_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -1127,12 +1133,13 @@ class LinkEstimate:
         """What a look's reading stands for: a train of `bytes_sent` that crossed
         at `beta`, read through the link's bucket (a train inside the credit
         crosses at the peak), unless it waited `queued_s` (QUEUED_S or more)
-        behind traffic while the job's syncs each hold the link longer than a
-        backlog at the peak takes to spend the credit (`LinkBucket.peak_s`):
-        then it crossed inside one of them, at the rate. Read through the
-        bucket, a dense lm job's looks of a 30 Mbit/s link, sent into its busy
-        ring, read 0.83x the rate for whole phases."""
-        if queued_s >= QUEUED_S and (self.sync_wire_s or 0.0) >= self.bucket.peak_s:
+        behind traffic while the job's syncs each hold the link so long that
+        a train inside one came after its credit was spent (SPENT_SHARE): then
+        it crossed at the rate. Read through the bucket, a dense lm job's looks
+        of a 30 Mbit/s link, sent into its busy ring, read 0.83x the rate for
+        whole phases."""
+        spent_after_s = self.bucket.peak_s / (1 - SPENT_SHARE)
+        if queued_s >= QUEUED_S and (self.sync_wire_s or 0.0) >= spent_after_s:
             return beta
         return self._beta(beta * bytes_sent, bytes_sent)
 
