@@ -1070,10 +1070,12 @@ class MooPolicy:
         """When an option that loses less than the running one was timed on this
         network on fewer steps than a running option's figure rests on
         (RUNNING_SAMPLES, none included), and the rule would choose it at the
-        model's figure, both beside the others as they stand and as the model
-        puts them all, run it (again): its few steps, not the model, keep it
-        out, and one step on this host is a coin toss (a sync's steps spread
-        +-30%, with outliers of 2-3x). The lm lab timed bf16 on its first
+        model's figure beside the others as they stand, run it (again): its few
+        steps, not the model, keep it out, and one step on this host is a coin
+        toss (a sync's steps spread +-30%, with outliers of 2-3x). Beside the
+        model's figure for the running option too, the lm lab kept PowerSGD
+        rank 4 (0.121 s a step measured, modelled faster than bf16) through a
+        1 Gbit/s phase with bf16, untimed there, put at 0.113 s. The lm lab timed bf16 on its first
         1 Gbit/s look at 69 and 52 ms a sync (31 ms steady) against PowerSGD
         rank 4's median of five, and ran rank 4 through the fast phases; the
         tight target, which bf16 reaches, slipped. Each run adds its steps, so
@@ -1082,14 +1084,12 @@ class MooPolicy:
         current = self._current_row(rows)
         if current is None or not current.measured or any(r.gain is None for r in rows):
             return False
-        modelled = self.evaluate(predicted=True)
-        by_label = {r.label: r for r in modelled}
+        by_label = {r.label: r for r in self.evaluate(predicted=True)}
         for row in sorted(rows, key=lambda r: (r.error, r.t_step_s, r.option)):
             model, runs = by_label.get(row.label), len(self._s.sync.get(row.label, ()))
             if row.error >= current.error or model is None or runs >= RUNNING_SAMPLES:
                 continue
-            beside = self.choose([model if r is row else r for r in rows])
-            if beside.label == row.label and self.choose(modelled).label == row.label:
+            if self.choose([model if r is row else r for r in rows]).label == row.label:
                 self._measure_both(row.label, current.label,
                                    f"{row.label} timed on {runs} step{'' if runs == 1 else 's'} only: "
                                    f"{row.t_step_s:.3g} s a step {'measured' if row.measured else 'modelled'}, "
