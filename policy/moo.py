@@ -1068,22 +1068,18 @@ class MooPolicy:
 
     def _measure_a_thinly_timed_saver(self, rows: list[Evaluation]) -> bool:
         """When an option that loses less than the running one was timed on this
-        network on fewer steps than a running option's figure rests on
-        (RUNNING_SAMPLES; an untimed one is `_measure_an_untimed_first_choice`'s,
-        with its margin: taken at the model's word, the decision churn bench's
-        steady link saw 3 looks per 1,000 steps, at AR-Topk and bf16), and the
-        rule would choose it at the
-        model's figure beside the others as they stand, run it (again): its few
-        steps, not the model, keep it out, and one step on this host is a coin
-        toss (a sync's steps spread +-30%, with outliers of 2-3x). Beside the
-        model's figure for the running option too, the lm lab kept PowerSGD
-        rank 4 (0.121 s a step measured, modelled faster than bf16) through a
-        1 Gbit/s phase with bf16, timed there on 4 slow steps, put at 0.113 s. The lm lab timed bf16 on its first
-        1 Gbit/s look at 69 and 52 ms a sync (31 ms steady) against PowerSGD
-        rank 4's median of five, and ran rank 4 through the fast phases; the
-        tight target, which bf16 reaches, slipped. Each run adds its steps, so
-        an option is run at most until its figure rests on RUNNING_SAMPLES.
-        True when it started."""
+        network on 1 to RUNNING_SAMPLES - 1 steps, and the rule would choose it
+        at the model's figure beside the others as they stand (the running one
+        as measured), run it again: its few steps, not the model, keep it out,
+        and one step on this host is a coin toss (a sync's steps spread +-30%,
+        with outliers of 2-3x). The lm lab timed bf16 on its first 1 Gbit/s
+        look at 69 and 52 ms a sync (31 ms steady) against PowerSGD rank 4's
+        median of five, and ran rank 4 through the fast phases; the tight
+        target, which bf16 reaches, slipped. Each run adds its steps, so an
+        option is run at most until its figure rests on RUNNING_SAMPLES. An
+        untimed one is `_measure_an_untimed_first_choice`'s, with its margin:
+        taken at the model's word, the decision churn bench's steady link saw
+        3 looks per 1,000 steps. True when it started."""
         current = self._current_row(rows)
         if current is None or not current.measured or any(r.gain is None for r in rows):
             return False
@@ -1095,7 +1091,7 @@ class MooPolicy:
             if self.choose([model if r is row else r for r in rows]).label == row.label:
                 self._measure_both(row.label, current.label,
                                    f"{row.label} timed on {runs} step{'' if runs == 1 else 's'} only: "
-                                   f"{row.t_step_s:.3g} s a step {'measured' if row.measured else 'modelled'}, "
+                                   f"{row.t_step_s:.3g} s a step measured, "
                                    f"{model.t_step_s:.3g} s modelled", shown=current.t_sync_s)
                 return True
         return False

@@ -146,7 +146,6 @@ class PeerPath:
         self.measured = ts
         return True
 
-
     def _queued(self, rtt_s: float | None) -> float | None:
         """How long a train whose round trip (less its crossing) took `rtt_s`
         waited behind traffic: the excess over the path's quickest recent look."""

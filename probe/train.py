@@ -154,10 +154,10 @@ def train_look(peer: str, port: int, train_bytes: int, *, timeout_s: float = 1.0
         except ConnectionRefusedError:
             raise TrainLookError(f"{peer} port {port}/udp refused the look: nothing serves looks there") from None
     rate = train_rate(stamps)
-    held_ns = max(ns for _, ns in stamps) - min(ns for _, ns in stamps)
+    held_s = (max(ns for _, ns in stamps) - min(ns for _, ns in stamps)) / 1e9
     return Measurement(peer=peer, kind=LOOK, bandwidth_bps=8 * rate, beta_s_per_byte=1 / rate,
-                       duration_s=held_ns / 1e9, bytes_sent=count * DATAGRAM_BYTES,
-                       rtt_min_s=max(0.0, answered - sent - held_ns / 1e9))
+                       duration_s=held_s, bytes_sent=count * DATAGRAM_BYTES,
+                       rtt_min_s=max(0.0, answered - sent - held_s))
 
 
 def _await_stamps(sock: socket.socket, train_id: int, timeout_s: float) -> list[tuple[int, int]]:

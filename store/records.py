@@ -38,7 +38,8 @@ class Measurement:
     """One probe of one peer. A failed probe has ok=False, an `error` saying why,
     and no figures but how long it ran (`duration_s`, a bandwidth test's hold on the
     link). Rates are bits/s, times seconds, loss a fraction in [0, 1]; `bytes_sent`
-    what the reading was taken over (a look's last train)."""
+    what the reading was taken over (a look's last train); a look's rtt_min_s
+    is its last train's answer time less its crossing (`probe.train`)."""
 
     peer: str
     kind: str
