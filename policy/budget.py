@@ -13,9 +13,10 @@ less what it overspent), spread over the next `payback_steps` steps and never
 more than the reference's error again: an allowance in [0, 2 e_ref]. The choice
 is the fastest option within the allowance. The reference itself is always
 within it while the run is not in debt, so the choice is never slower than the
-reference; where compression buys no time (a fast link) the fastest option is
-lossless, the run saves, and the savings buy more compression than the
-reference where bandwidth is dear.
+reference; where compression buys little (a fast link; the MOO prices error
+by what it buys where bandwidth is dearest, `MooPolicy.error_price`) the run
+runs lossless and saves, and the savings may buy more compression than the
+reference where that is worth its error.
 
 Pure and deterministic; its state is plain data.
 """

@@ -102,7 +102,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 11
+STATE_FORMAT = 12
 COMPUTE_SAMPLES = 9
 # A compression's time is the median of its latest steps: one step a loaded host
 # stalled (PowerSGD rank 4 compressed in 85 ms, then 2 and 2) held its smoothed
@@ -130,6 +130,9 @@ PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen
 # times slower, to repay it; and without the running option's wider band a
 # simulated noisy host switched 243 times in 3,000 steps.
 ERROR_BAND = 0.25
+# Error is spent where it buys at least this share of what it buys where bandwidth
+# is dearest (error_price): there the choice keeps twice the margin it needs.
+PRICE_SHARE = 0.5
 PROBE_UP_FACTOR = 4.0  # a lower-bound bandwidth is probed when this much more would change the choice
 PROBE_UP_AGE_S = 300.0  # a bandwidth confirmed longer ago than this counts as a lower bound too
 PROBE_UP_EVERY = 100  # steps between two probes up
@@ -330,6 +333,7 @@ class _State:
     explored_before: list[str] = field(default_factory=list)  # the last plan's explored options
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
+    dear: NetworkObservation | None = None  # the slowest network (not a lower bound) seen (error_price)
     compute: list[float] = field(default_factory=list)  # recent t_compute samples
     t_comp: dict[str, list[float]] = field(default_factory=dict)  # compression name -> latest s
     set_up: list[str] = field(default_factory=list)  # compressions whose first step (their set-up) was seen
@@ -350,7 +354,7 @@ class _State:
         d = plain_fields(self)
         d["current"] = self.current.to_dict() if self.current else None
         d["plan"] = [[label, exploring] for label, exploring in self.plan]
-        for key in ("net", "observed"):
+        for key in ("net", "observed", "dear"):
             d[key] = d[key].to_dict() if d[key] is not None else None
         return d
 
@@ -359,7 +363,7 @@ class _State:
         d = dict(d)
         d["current"] = Decision.from_dict(d["current"]) if d.get("current") else None
         d["plan"] = [(str(label), bool(exploring)) for label, exploring in d.get("plan") or ()]
-        for key in ("net", "observed"):
+        for key in ("net", "observed", "dear"):
             d[key] = NetworkObservation(**d[key]) if d.get(key) else None
         return cls(**d)
 
@@ -381,6 +385,7 @@ class MooPolicy:
         self.watch = Reconsideration()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
+        self._price: float | None = None  # error_price(), cached until an observation arrives
         self._reset_caches()
         self._set_current(self._warmup_option(), "warm-up: measuring the job on a known-good option")
         if self.config.warmup_steps == 0:
@@ -449,8 +454,10 @@ class MooPolicy:
             self.exploring.change_untimed()
 
     def _on_network(self, net: NetworkObservation) -> None:
-        self._decision = None
+        self._decision = self._price = None
         self._s.observed = self._s.net = net
+        if not net.lower_bound and (self._s.dear is None or net.beta_s_per_byte > self._s.dear.beta_s_per_byte):
+            self._s.dear = net  # a lower bound may be far below the link
         if self._s.phase == WARMUP and self._s.phase_steps == 0:  # warm up on what this network favours
             self._set_current(self._warmup_option(), self._s.current.reason)
         moved = self.watch.moved(net, self.config.change_threshold, self.config.alpha_floor_s)
@@ -516,7 +523,7 @@ class MooPolicy:
 
     def observe_step(self, report: StepReport) -> None:
         s = self._s
-        self._decision = None
+        self._decision = self._price = None
         if report.t_compute_s > 0:
             s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
         label = report.choice.label
@@ -740,7 +747,7 @@ class MooPolicy:
         if any(r.gain is None for r in rows) or (self.config.objective == "budget" and allowance is None):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            return _fastest_within(rows, allowance, self.config.hysteresis)
+            return _fastest_within(rows, allowance, self.config.hysteresis, self.error_price())
         points = [_objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
@@ -790,6 +797,36 @@ class MooPolicy:
     def _reference_choice(self) -> Choice | None:
         """The reference as a user runs it, where it is among the options."""
         return self._by_label.get(self._reference_label) if self._reference_label else None
+
+    def error_price(self) -> float:
+        """What a unit of error must buy to be spent: PRICE_SHARE of the share of a
+        step it buys where bandwidth is dearest in the run (the slowest network
+        observed, not a lower bound), from the fastest lossless option there to the fastest within
+        the reference's allowance, as the model puts them now; 0 before a network
+        is known or where compression buys nothing even there. A lossier option
+        is chosen over a less lossy one only where the share of the step it saves
+        is at least this per unit of error it adds (_fastest_within): on the lm
+        lab's 1 Gbit/s phases PowerSGD rank 4 saved 0-15% of bf16's step for the
+        reference's error, which bought 80% of it at 30 Mbit/s, and the phases
+        it ran lost the tight target (dense's loss + 0.05)."""
+        if self._price is None:
+            self._price = self._price_on(self._s.dear)
+        return self._price
+
+    def _price_on(self, dear: NetworkObservation | None) -> float:
+        ref = self._reference_error()
+        if dear is None or not ref:
+            return 0.0
+        rows = [r for r in self.evaluate(predicted=True, on=dear) if r.gain is not None]
+        lossless = [r.t_step_s for r in rows if r.option.lossless]
+        within = [r for r in rows if r.error <= ref * (1 + ERROR_BAND)]
+        if not lossless or not within:
+            return 0.0
+        fastest = min(lossless)
+        choice = min(within, key=lambda r: (r.t_step_s, r.error, r.option))
+        if choice.error <= 0 or choice.t_step_s >= fastest:
+            return 0.0
+        return PRICE_SHARE * (fastest - choice.t_step_s) / fastest / choice.error
 
     def _reference_error(self) -> float | None:
         """The error the reference delivers as a user would run it (over
@@ -843,7 +880,7 @@ class MooPolicy:
                        "_family_references"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
-        self._decision = None
+        self._decision = self._price = None
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
             self.budget = QualityBudget(self.config.budget_payback_steps)
@@ -1321,16 +1358,25 @@ class MooPolicy:
         """Whether measuring `row` could show it ahead of the model's `first`
         choice: predicted within `explore_prune` of its step and, where both
         figures come from calibrated fits, within what their errors allow (`row`'s
-        sync as much faster, `first`'s as much slower, as their fits are off). In
-        the cnn lab the fall to 20 Mbit/s explored Top-k 0.1 over an AR collective,
-        put at twice PowerSGD rank 4's 0.15 s, for 4-5 steps at 0.29-0.40 s."""
+        sync as much faster, `first`'s as much slower, as their fits are off), and
+        by the budget's rule, what its error is worth (`error_price`: a lossier
+        `row` must save that much more of the step, a less lossy one may be that
+        much slower). In the cnn lab the fall to 20 Mbit/s explored Top-k 0.1
+        over an AR collective, put at twice PowerSGD rank 4's 0.15 s, for 4-5
+        steps at 0.29-0.40 s."""
         if row.t_step_s > first.t_step_s * self.config.explore_prune:
             return False
         if not (self._fit_is_calibrated(row) and self._fit_is_calibrated(first)):
             return True
         row_err, first_err = self._fit_error(row), self._fit_error(first)
-        hopeful = row.t_step_s - row.t_sync_s * row_err / (1 + row_err)
-        return hopeful <= (first.t_step_s + first.t_sync_s * first_err) * (1 + self.config.hysteresis)
+        hopeful = replace(row, t_step_s=row.t_step_s - row.t_sync_s * row_err / (1 + row_err))
+        fearful = replace(first, t_step_s=first.t_step_s + first.t_sync_s * first_err)
+        if row.gain is None or first.gain is None or self.config.objective != "budget":
+            return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis)
+        if row.error <= first.error:  # as good where it is no slower than its saving is worth
+            return _worth_its_error(hopeful, fearful, self.config.hysteresis, self.error_price())
+        worth = max(0.0, 1.0 - self.error_price() * (row.error - first.error))  # must save what its error is worth
+        return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis) * worth
 
     def _blind_picks(self) -> list[Choice]:
         """What an exploration with no network known measures: each family's first
@@ -1553,7 +1599,7 @@ class MooPolicy:
         band, so between the two the running option stays (at the band's edge,
         bf16 at 4.7-5.0% over rank 4's step, the lm lab switched six times in 6 s),
         though choose() would run the saver there (a move then measures both)."""
-        quicker = best.t_step_s <= current.t_step_s * (1 + self.config.hysteresis / 2)
+        quicker = _worth_its_error(best, current, self.config.hysteresis / 2, self.error_price() / 2)
         return quicker and best.error < current.error - ERROR_BAND * reference_error
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -1623,7 +1669,10 @@ class MooPolicy:
         spent = (f"{self.budget.spent / self.budget.allowed:.0%} of the reference's error spent over "
                  f"{self.budget.steps} steps" if self.budget.allowed > 0 else "nothing spent yet")
         within = f"{allowance:.2f}" if allowance is not None else "unknown"
-        return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}); "
+        price, dear = self.error_price(), self._s.dear
+        worth = (f"; a reference's error spent where it saves {price * ref_error:.0%} of a step (half what it "
+                 f"saves at {dear.bandwidth_bps / 1e6:.4g} Mbit/s)" if price and ref_error and dear else "")
+        return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}){worth}; "
                 f"{ref}, {spent}")
 
 
@@ -1638,16 +1687,25 @@ def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:
     return (0, r.t_step_s, r.error) if r.error <= allowance else (1, r.error, r.t_step_s)
 
 
-def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float) -> Evaluation:
+def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float, price: float = 0.0) -> Evaluation:
     """The fastest row whose error is within `allowance`, the one losing least among
-    those within `hysteresis` of that time (so where compression buys no time the
-    run saves its budget); with none within, the one losing least."""
+    those it does not beat by more than `hysteresis` and what their error is worth
+    (`price`, MooPolicy.error_price: the share of a step a unit of error must
+    save), so where compression buys little the run saves its budget; with none
+    within, the one losing least."""
     within = [r for r in rows if r.error <= allowance]
     if not within:
         return min(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
-    fastest = min(r.t_step_s for r in within)
-    near = [r for r in within if r.t_step_s <= fastest * (1 + hysteresis)]
+    fastest = min(within, key=lambda r: (r.t_step_s, r.error, r.option))
+    near = [r for r in within if _worth_its_error(r, fastest, hysteresis, price)]
     return min(near, key=lambda r: (r.error, r.t_step_s, r.option))
+
+
+def _worth_its_error(saver: Evaluation, faster: Evaluation, hysteresis: float, price: float) -> bool:
+    """Whether `saver` is as good as `faster`: `faster` saves no more of its step
+    than `hysteresis` and `price` per unit of the error it adds."""
+    worth = max(0.0, 1.0 - price * (faster.error - saver.error))
+    return saver.t_step_s * worth <= faster.t_step_s * (1 + hysteresis)
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from flexcomm.policy.budget import QualityBudget
-from flexcomm.policy.moo import MooConfig, MooPolicy
+from flexcomm.policy.moo import MIN_KEPT, MooConfig, MooPolicy
 from flexcomm.policy.types import Choice, Compression, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
 
@@ -82,6 +82,7 @@ def test_the_switch_makes_the_saving_the_rule_makes() -> None:
     # tie band, or a lossy option as quick losing as much, is not worth a switch.
     policy = moo()
     Job(policy).run(200, *FAST)
+    policy.error_price = lambda: 0.0  # the band alone: what the error is worth widens it (below)
     rows = policy.evaluate(predicted=True)
     running = next(r for r in rows if r.label == "topk:0.011@ag_topk")
     assert 1 - running.gain > 0.05
@@ -105,6 +106,7 @@ def test_a_saving_at_the_edge_of_the_tie_band_is_no_switch_either_way() -> None:
     # leaving the saver for speed, beyond it; between, the running option stays.
     policy = moo()
     Job(policy).run(200, *FAST)
+    policy.error_price = lambda: 0.0  # the band alone: what the error is worth widens it (below)
     rows = policy.evaluate(predicted=True)
     running = next(r for r in rows if r.label == "topk:0.011@ag_topk")
     bf16 = next(r for r in rows if r.label == "bf16@dense_ring")
@@ -127,14 +129,17 @@ def test_the_budget_holds_through_a_link_that_alternates_fast_and_slow(slow_firs
     for _ in range(6):
         for link in links:
             job.run(150, *link)
-    assert 0.9 * policy.budget.allowed <= policy.budget.spent <= 1.02 * policy.budget.allowed, policy.budget
+    # The fast phases save (compression buys 26% of a step there, 98% on the slow
+    # link: error_price), and the slow ones spend the savings on more compression
+    # than the reference where that is worth its error: 74-82% of the budget,
+    # never more, each step keeping at least half what the reference keeps.
+    assert 0.7 * policy.budget.allowed <= policy.budget.spent <= 1.02 * policy.budget.allowed, policy.budget
     reference = gain_of(Compression.parse("topk:0.011"))
-    # What the fast phases saved buys more compression at the start of each slow
-    # one (the budget's design); once that is spent and paid back, the choice the
-    # last slow phase settles on is within the band.
     last_slow = job.decisions[-300:-150] if slow_first else job.decisions[-150:]
-    settled = [Choice.parse(label).compression for label in last_slow[-10:]]
-    assert all(gain_of(c) >= reference - 0.1 for c in settled), last_slow[-60:]
+    last_fast = job.decisions[-150:] if slow_first else job.decisions[-300:-150]
+    slow = {Choice.parse(label).compression for label in last_slow[-100:]}
+    assert min(gain_of(c) for c in slow) >= MIN_KEPT * reference and any(gain_of(c) < reference for c in slow), slow
+    assert {Choice.parse(label).compression.lossy for label in last_fast[-10:]} == {False}, last_fast[-20:]
 
 
 def test_a_choice_is_judged_on_the_gain_its_own_steps_delivered() -> None:
@@ -255,3 +260,30 @@ def test_a_familys_options_are_priced_by_their_probes_against_its_reference_and_
     spent = policy.budget.spent
     run(range(40, 41), 2, 0.9)  # charged its price, not the 0.1 its step delivered
     assert policy.budget.spent - spent == pytest.approx(1 - 0.997 * 0.4 / 0.5)
+
+
+def _rank4_or_bf16(link_first: tuple[float, float] | None) -> tuple[MooPolicy, Job]:
+    """A job whose PowerSGD rank 4 (the reference) saves 16% of bf16's step at 1
+    Gbit/s and 83% at 30 Mbit/s; run 150 steps on `link_first`, then 150 at 1 Gbit/s."""
+    policy = MooPolicy(LAYOUT.grad_bytes, MooConfig(families=("bf16", "powersgd"), quality_reference="powersgd:4"),
+                       LAYOUT)
+    job = Job(policy, t_compute=0.5, t_comp=lambda c: 0.002)
+    if link_first is not None:
+        job.run(150, *link_first)
+    job.run(150, 50e-6, 1e9)
+    return policy, job
+
+
+def test_error_is_spent_where_it_buys_at_least_half_what_it_buys_where_bandwidth_is_dearest() -> None:
+    # The lm lab's 1 Gbit/s phases: rank 4 saved 0-15% of bf16's step for the
+    # reference's error, which bought 80% of it at 30 Mbit/s; the phases it ran
+    # there lost the tight target.
+    policy, job = _rank4_or_bf16((50e-6, 30e6))
+    assert job.decisions[149].startswith("powersgd:4"), job.decisions[140:150]
+    assert policy.decide().label == "bf16@dense_ring", policy.decide().reason
+    assert "half what it saves at 30 Mbit/s" in policy.decide().reason
+    assert policy.error_price() * policy._reference_error() == pytest.approx(0.5 * 0.83, abs=0.05)
+    # Where nothing dearer was seen, the same 16% is what compression buys at its
+    # dearest, and rank 4 runs.
+    alone, _ = _rank4_or_bf16(None)
+    assert alone.decide().label == "powersgd:4@dense_ring", alone.decide().reason

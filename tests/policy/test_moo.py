@@ -255,6 +255,7 @@ def test_with_the_budget_spent_a_move_runs_only_the_models_first_choice() -> Non
     # another option ahead by more than the margin; bf16, within explore_prune,
     # ran on free beside it, 4-5 steps at 3x PowerSGD's step.
     policy = moo(explore_share=0.001)
+    policy.error_price = lambda: 0.0  # the exploring budget alone
     job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.001}.get(c.family, 0.2))
     settle(policy, job, 50e-6, 5e9)
     assert policy.decide().label == "bf16@dense_ring" and not policy._budget_covers_an_item()
@@ -1121,6 +1122,7 @@ def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measure
     # are off by far less: measuring it again would only cost its steps (the cnn
     # lab's fall so re-ran bf16 and Top-k 0.1, put at 2-3x PowerSGD rank 4).
     policy = moo()
+    policy.error_price = lambda: 0.0  # priced, back at 10 Gbit/s dense is the first choice
     job = Job(policy)
     settle(policy, job, *FAST)
     settle(policy, job, *SLOW)
