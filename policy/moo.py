@@ -801,14 +801,15 @@ class MooPolicy:
     def error_price(self) -> float:
         """What a unit of error must buy to be spent: PRICE_SHARE of the share of a
         step it buys where bandwidth is dearest in the run (the slowest network
-        observed, not a lower bound), from the fastest lossless option there to the fastest within
-        the reference's allowance, as the model puts them now; 0 before a network
-        is known or where compression buys nothing even there. A lossier option
-        is chosen over a less lossy one only where the share of the step it saves
-        is at least this per unit of error it adds (_fastest_within): on the lm
-        lab's 1 Gbit/s phases PowerSGD rank 4 saved 0-15% of bf16's step for the
-        reference's error, which bought 80% of it at 30 Mbit/s, and the phases
-        it ran lost the tight target (dense's loss + 0.05)."""
+        observed, not a lower bound), from the fastest lossless option there to
+        the fastest within the reference's allowance, as the model puts them
+        now; 0 before a network is known or where compression buys nothing even
+        there. A lossier option is chosen over a less lossy one only where the
+        share of the step it saves is at least this per unit of error it adds
+        (_fastest_within): on the lm lab's 1 Gbit/s phases PowerSGD rank 4 saved
+        0-15% of bf16's step for the reference's error, which bought 80% of it at
+        30 Mbit/s, and the phases it ran lost the tight target (dense's loss +
+        0.05)."""
         if self._price is None:
             self._price = self._price_on(self._s.dear)
         return self._price
@@ -1670,8 +1671,8 @@ class MooPolicy:
                  f"{self.budget.steps} steps" if self.budget.allowed > 0 else "nothing spent yet")
         within = f"{allowance:.2f}" if allowance is not None else "unknown"
         price, dear = self.error_price(), self._s.dear
-        worth = (f"; a reference's error spent where it saves {price * ref_error:.0%} of a step (half what it "
-                 f"saves at {dear.bandwidth_bps / 1e6:.4g} Mbit/s)" if price and ref_error and dear else "")
+        worth = (f"; a reference's error spent where it saves {price * ref_error:.0%} of a step ({PRICE_SHARE:.0%} "
+                 f"of what it saves at {dear.bandwidth_bps / 1e6:.4g} Mbit/s)" if price and ref_error and dear else "")
         return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}){worth}; "
                 f"{ref}, {spent}")
 
@@ -1687,7 +1688,7 @@ def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:
     return (0, r.t_step_s, r.error) if r.error <= allowance else (1, r.error, r.t_step_s)
 
 
-def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float, price: float = 0.0) -> Evaluation:
+def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float, price: float) -> Evaluation:
     """The fastest row whose error is within `allowance`, the one losing least among
     those it does not beat by more than `hysteresis` and what their error is worth
     (`price`, MooPolicy.error_price: the share of a step a unit of error must

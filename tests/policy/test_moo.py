@@ -548,9 +548,11 @@ def test_state_round_trips_through_json_and_resumes_identically() -> None:
     b = policy_from_state(json.loads(json.dumps(a.state_dict())))
     assert b.decide() == a.decide() and b.layout == LAYOUT
     job_a, job_b = Job(a), Job(b)
+    job_a.run(40, *FAST)  # priced by the 80 Mbit/s the state saw: dense, where Top-k 0.011 ran unpriced
+    job_b.run(40, *FAST)
     job_a.run(40, *SLOW)
     job_b.run(40, *SLOW)
-    assert job_a.decisions == job_b.decisions
+    assert job_a.decisions == job_b.decisions and job_a.decisions[39] == "dense@dense_ring"
 
 
 def test_a_state_of_an_older_format_keeps_the_settings_and_measures_afresh() -> None:
