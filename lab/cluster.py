@@ -36,6 +36,7 @@ from flexcomm.emulation.revert import Revert
 from flexcomm.emulation.shaping import BURST_SECONDS, CEIL_OVER_RATE, LinkState, Shaper, burst_bytes
 from flexcomm.lab import cleanup, netns
 from flexcomm.policy.types import PLAIN_LINK, LinkBucket
+from flexcomm.probe.process_group import end_group
 
 STOP_GRACE_S = 3.0
 
@@ -186,26 +187,17 @@ class LabCluster:
         return proc
 
     def stop(self, proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM the process's group, SIGKILL it after `grace_s`."""
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        _signal_group(proc, signal.SIGKILL)  # stragglers left in the group
+        """SIGTERM the process's group, SIGKILL it after `grace_s` (never once the
+        process was reaped: its group's id may be another's by then)."""
+        end_group(proc, grace_s, signal.SIGTERM)
         if proc in self._procs:
             self._procs.remove(proc)
 
     def stop_all(self) -> None:
         for proc in list(self._procs):
             self.stop(proc)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+        # What the group of a process reaped before (a rank that ended) left carries the mark.
+        cleanup.kill_all(cleanup.marked_pids(self.prefix), lambda: cleanup.marked_pids(self.prefix))
 
 
 def _link_shapers(nodes: Sequence[netns.Node], ceil_over_rate: float) -> list[Shaper]:

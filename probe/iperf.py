@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from flexcomm.probe.process_group import end_group, signal_group
 from flexcomm.store.records import BANDWIDTH, Measurement
 
 DEFAULT_PORT = 5201
@@ -223,10 +224,8 @@ def spawn(argv: Sequence[str], **popen: Any) -> subprocess.Popen:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group `proc` leads, and reap `proc`."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    """SIGKILL the process group `proc` leads (unless `proc` was reaped), and reap `proc`."""
+    end_group(proc, 0.0, signal.SIGKILL)
 
 
 def run_test(peer: str, *, port: int = DEFAULT_PORT, duration_s: float = 2.0, bytes_: int | None = None,
@@ -276,8 +275,7 @@ def _ended(proc: subprocess.Popen, message: str) -> IperfTimeout | IperfUnconnec
     """Interrupt an overrunning test (iperf3 then reports what it sent so far), kill
     its group if it has not ended within INTERRUPT_GRACE_S, and say what it sent
     (IperfUnconnected where it was still connecting)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGINT)
+    signal_group(proc, signal.SIGINT)
     try:
         out, _ = proc.communicate(timeout=INTERRUPT_GRACE_S)
     except subprocess.TimeoutExpired:

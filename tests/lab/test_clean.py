@@ -91,3 +91,18 @@ def test_lab_clean_removes_a_killed_calibrations_namespaces(privileged: None, tm
         if proc.poll() is None:
             proc.kill()
         flexcomm(["lab", "clean", "--prefix", "flexcal"])
+
+
+def test_a_cluster_ends_what_a_reaped_processs_group_left(tmp_path: Path) -> None:
+    # A rank that ended and was reaped (the runner polls them) left a child: its
+    # group's id is no longer safe to signal, but the child carries the mark.
+    with LabCluster.open(prefix=PREFIX, n=2, subnet="10.203.9.0/24", run_dir=tmp_path, namespaces=False) as lab:
+        pid_file = tmp_path / "child.pid"
+        proc = lab.spawn(0, ["sh", "-c", f"sleep 300 & echo $! > {pid_file}"], log=tmp_path / "sh.log")
+        proc.wait()
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, "the child's pid")
+        child = int(pid_file.read_text())
+        pid_file.unlink()
+        assert alive(child)
+    wait_for(lambda: not alive(child), 10, "the left child to die")
+    assert marked_pids(PREFIX) == []
