@@ -20,6 +20,7 @@ from flexcomm.lab.netns import list_namespaces
 from support.agent_process import wait_for
 from support.cli import flexcomm
 from support.names import run_prefix
+from support.processes import alive
 from support.waiting import scaled
 
 PREFIX = run_prefix("fclclean")  # the calibration test uses calibrate's default, its subject
@@ -46,14 +47,6 @@ def killed_lab(tmp_path: Path) -> list[int]:
     left = marked_pids(PREFIX)
     assert len(left) == 1
     return left
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_lab_clean_stops_the_processes_a_killed_loopback_run_left(tmp_path: Path) -> None:

@@ -9,20 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from flexcomm.probe import process_group
 from flexcomm.probe.process_group import end_group, exited, signal_group
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+from support.processes import alive
 
 
 def test_a_reaped_childs_group_is_never_signalled(monkeypatch: pytest.MonkeyPatch) -> None:

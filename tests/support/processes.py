@@ -27,6 +27,15 @@ def children(parent: int | None = None) -> set[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (exists and is no zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def describe(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
