@@ -6,8 +6,9 @@ new process, which (started in its own session, as the lab's and the agent's
 children are) leads a group with that same id. Signalled then, the group would be
 someone else's. So a group is signalled only while its leader is not reaped: an
 exited leader left unreaped (a zombie) still holds the number. On the suite's
-host (pid_max 32768) a lab cluster's stop, signalling the groups of children
-that had ended long before, once killed another test's process.
+host (pid_max 32768, wrapped within a run) a lab cluster's stop signalled the
+groups of children it had reaped long before, the likely way one test's process
+was once killed by another's.
 """
 
 from __future__ import annotations
