@@ -1376,7 +1376,8 @@ class MooPolicy:
             return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis)
         if row.error <= first.error:  # as good where it is no slower than its saving is worth
             return _worth_its_error(hopeful, fearful, self.config.hysteresis, self.error_price())
-        worth = max(0.0, 1.0 - self.error_price() * (row.error - first.error))  # must save what its error is worth
+        # a lossier row must save what the error it adds is worth
+        worth = _share_left(self.error_price(), row.error - first.error)
         return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis) * worth
 
     def _blind_picks(self) -> list[Choice]:
@@ -1705,8 +1706,13 @@ def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float,
 def _worth_its_error(saver: Evaluation, faster: Evaluation, hysteresis: float, price: float) -> bool:
     """Whether `saver` is as good as `faster`: `faster` saves no more of its step
     than `hysteresis` and `price` per unit of the error it adds."""
-    worth = max(0.0, 1.0 - price * (faster.error - saver.error))
-    return saver.t_step_s * worth <= faster.t_step_s * (1 + hysteresis)
+    return saver.t_step_s * _share_left(price, faster.error - saver.error) <= faster.t_step_s * (1 + hysteresis)
+
+
+def _share_left(price: float, added_error: float) -> float:
+    """The share of a step left once `added_error` is paid for at `price` (the
+    share of a step a unit of error must save), never below 0."""
+    return max(0.0, 1.0 - price * added_error)
 
 
 def _objectives(r: Evaluation) -> tuple[float, float]:

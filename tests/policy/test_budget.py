@@ -83,7 +83,6 @@ def test_the_switch_makes_the_saving_the_rule_makes() -> None:
     # tie band, or a lossy option as quick losing as much, is not worth a switch.
     policy = moo()
     Job(policy).run(200, *FAST)
-    policy.error_price = lambda: 0.0  # the band alone: what the error is worth widens it (below)
     rows = policy.evaluate(predicted=True)
     running = next(r for r in rows if r.label == "topk:0.011@ag_topk")
     assert 1 - running.gain > 0.05
@@ -107,7 +106,7 @@ def test_a_saving_at_the_edge_of_the_tie_band_is_no_switch_either_way() -> None:
     # leaving the saver for speed, beyond it; between, the running option stays.
     policy = moo()
     Job(policy).run(200, *FAST)
-    policy.error_price = lambda: 0.0  # the band alone: what the error is worth widens it (below)
+    policy.error_price = lambda: 0.0  # the band alone: the error's price would widen it
     rows = policy.evaluate(predicted=True)
     running = next(r for r in rows if r.label == "topk:0.011@ag_topk")
     bf16 = next(r for r in rows if r.label == "bf16@dense_ring")
