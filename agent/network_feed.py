@@ -61,7 +61,7 @@ HELD_SHARE = 0.05
 
 # peers -> seconds until the duty budget has room for the first
 RequestProbes = Callable[[Sequence[str]], float]
-RequestLooks = Callable[[Sequence[str]], None]
+RequestLooks = Callable[[Sequence[str], bool], None]
 
 
 def job_layout(job: Job) -> GradientLayout:
@@ -270,12 +270,12 @@ class NetworkFeed:
             self._probe(job_id, estimate)
 
     def _look(self, job_id: str, estimate: LinkEstimate) -> None:
-        estimate.wants_look = False
+        follows, estimate.wants_look, estimate.look_follows = estimate.look_follows, False, False
         peers = self.estimator.job_peers[job_id]
         if self.request_looks is not None and peers:
             # by the last look asked, answered or not: a peer that cannot answer one
             # (no look server there) must not take every look from the others
-            self.request_looks([min(peers, key=lambda a: self.estimator.peer(a).look_tried or 0.0)])
+            self.request_looks([min(peers, key=lambda a: self.estimator.peer(a).look_tried or 0.0)], follows)
 
     def _probe(self, job_id: str, estimate: LinkEstimate) -> None:
         peers = self.estimator.job_peers[job_id]

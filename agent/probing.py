@@ -91,10 +91,11 @@ class Probing:
             return math.inf
         return self.scheduler.request_bandwidth(peers)
 
-    def request_looks(self, peers: Sequence[str]) -> None:
-        """Looks at `peers` when their share of the time allows (none before probing starts)."""
+    def request_looks(self, peers: Sequence[str], follow_up: bool = False) -> None:
+        """Looks at `peers` when their share of the time allows, or up to the
+        scheduler's LOOK_AHEAD_S sooner for a `follow_up` (none before probing starts)."""
         if self.scheduler is not None:
-            self.scheduler.request_look(peers)
+            self.scheduler.request_look(peers, follow_up)
 
     def _from_probe_thread(self, callback: Callable[..., None]) -> Callable[..., None]:
         """`callback`, called from the probe thread, run on the event loop (in order)."""

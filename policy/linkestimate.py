@@ -386,6 +386,9 @@ class LinkEstimate:
     sync_wire_s: float | None = None  # the latest sync's time on the wire at the figure
     look_figure: float | None = None  # when a look last set or refined the figure (syncs then only agree)
     wants_look: bool = False  # cleared by the owner once it has asked
+    # the look wanted follows up a reading (a look's, or the syncs' question): the
+    # owner may run it ahead of the looks' pace; cleared with `wants_look`
+    look_follows: bool = False
     look_pending: tuple[float, float] | None = None  # (when, what) a look read slower, to be read again
     look_drift: tuple[float, float] | None = None  # (when, what) a look read slower short of a move
     looking_since: float | None = None  # a look read faster on one path: the others' looks wanted since
@@ -666,9 +669,14 @@ class LinkEstimate:
         if not (self.config.probes and self.config.looks):
             self.ask(reason)
             return
-        self.wants_look = True
+        self.follow_up()
         if self.look_asked is None and not self.wants_probe:
             self.look_asked, self.look_reason = ts, reason
+
+    def follow_up(self) -> None:
+        """Want a look that follows up a reading: the rest of a round of the
+        job's paths, which may run ahead of the looks' pace."""
+        self.wants_look = self.look_follows = True
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:
         """The beta a sync's move from `old_s` to `new_s` would mean were it all the
@@ -1034,7 +1042,8 @@ class LinkEstimate:
             # A look that itself agrees reads no path slower a second time: the
             # slowest path's earlier look stays the one to be read again.
             again = pending is not None and not this_slower
-            self.look_pending, self.wants_look = (pending if again else (ts, reading)), True
+            self.look_pending = pending if again else (ts, reading)
+            self.follow_up()
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
             if not self._drift_down(figure, beta, drift, ts) and math.isfinite(paths):
@@ -1110,13 +1119,15 @@ class LinkEstimate:
         elif pending is not None:  # twice in a row, as a slower look at a confirmed figure
             self.ask(self.look_reason if self.look_asked is not None else "looks read under the bound")
         else:
-            self.look_pending, self.wants_look = (ts, beta), True
+            self.look_pending = (ts, beta)
+            self.follow_up()
 
     def _look_elsewhere(self, beta: float, ts: float) -> None:
         if self.looking_since is None:
             self.looking_since = ts
         if ts - self.looking_since < self.config.probe_wait_s:
-            self.suspect_beta, self.wants_look = beta, True
+            self.suspect_beta = beta
+            self.follow_up()
         else:  # the other paths' looks did not come
             self.suspect_beta, self.looking_since = beta, None
             self.ask("a look read faster")
@@ -1196,6 +1207,7 @@ class LinkEstimate:
             fields["look_figure"] = None if state.get("look_figure") is None else float(state["look_figure"])
             fields["looking_since"] = None if state.get("looking_since") is None else float(state["looking_since"])
             fields["wants_look"] = bool(state.get("wants_look", False))
+            fields["look_follows"] = bool(state.get("look_follows", False))
             fields["sync_wire_s"] = None if state.get("sync_wire_s") is None else float(state["sync_wire_s"])
             pending = state.get("look_pending")  # a bool before what it read was kept: read again
             fields["look_pending"] = (float(pending[0]), float(pending[1])) \

@@ -258,7 +258,7 @@ class Estimator:
         for job_id in affected:
             self.jobs[job_id].note_moves(ts)  # this reading's move: it counts, those before do not
             if m.kind == LOOK and m.beta_s_per_byte and self._other_paths_wanted(job_id, self.peer(m.peer), ts):
-                self.jobs[job_id].wants_look = True
+                self.jobs[job_id].follow_up()
         return affected
 
     def _other_paths_wanted(self, job_id: str, looked: PeerPath, ts: float) -> bool:

@@ -12,7 +12,8 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import pytest
 
@@ -237,18 +238,23 @@ THREE_NODES = ("10.99.0.1", "10.99.0.2", "10.99.0.3")
 TOPK_SYNC = dict(family="topk", param=0.01, collective="ag_topk", t_comp_s=0.0, gain=0.5)
 
 
-def recording_feed() -> tuple[NetworkFeed, list[object], list[object]]:
+class AskedLook(NamedTuple):
+    peers: Sequence[str]
+    follow_up: bool
+
+
+def recording_feed() -> tuple[NetworkFeed, list[object], list[AskedLook]]:
     """A feed whose prober only records the probes and looks asked of it (the
     budget always has room)."""
     probes: list[object] = []
-    looks: list[object] = []
+    looks: list[AskedLook] = []
 
     def request_probes(peers: object) -> float:
         probes.append(peers)
         return 0.0
 
     feed = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None, request_probes=request_probes,
-                       request_looks=looks.append)
+                       request_looks=lambda peers, follow_up: looks.append(AskedLook(peers, follow_up)))
     return feed, probes, looks
 
 
@@ -352,12 +358,14 @@ def test_syncs_blind_to_the_path_ask_for_a_look_and_a_look_that_read_a_move_asks
         for i in range(30):  # 0.12 s steps: 3.6 s of the job's time, each at the same pace
             feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
         assert looks and not probes
-        peer = looks[-1][0]
+        assert not any(ask.follow_up for ask in looks)  # blind syncs: looks at the pace
+        peer = looks[-1].peers[0]
         feed.bandwidth_started(peer, time.time())
         feed.measured(Measurement(peer=peer, kind=LOOK, ok=True, beta_s_per_byte=8 / 600e6,
                                   duration_s=0.01, ts=time.time()))
         assert feed.estimator.peer(peer).bandwidth_bps != pytest.approx(600e6)  # not the probed rate
-        assert not probes and looks[-1] != [peer]  # the next look goes to a peer not looked at yet
+        assert not probes and looks[-1].peers != [peer]  # the next look goes to a peer not looked at yet
+        assert looks[-1].follow_up  # the rest of the round may run ahead of the pace
         for i in range(30, 80):  # 6 s of steps, and the other paths' looks never come
             feed.reported(job, [StepReport(step=i, t_sync_s=0.02, t_compute_s=0.1, **TOPK_SYNC)], None)
         feed.measured(Measurement(peer=peer, kind=LOOK, ok=True, beta_s_per_byte=8 / 600e6,

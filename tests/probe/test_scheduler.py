@@ -23,6 +23,7 @@ from flexcomm.policy.linkestimate import LOOK_OVERREAD, QUEUED_S
 from flexcomm.probe.addresses import local_addresses
 from flexcomm.probe.iperf import IperfBusy, IperfError, IperfServer, IperfTimeout, IperfUnconnected
 from flexcomm.probe.scheduler import (
+    LOOK_AHEAD_S,
     LOOK_GROWTH,
     LOOK_HELD_S,
     LOOK_MAX_BYTES,
@@ -367,6 +368,47 @@ def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_on
     quiet.request_look(["p"])
     run_for(quiet, clock, 10)
     assert len(looks) == answered + 2  # looks turned off
+
+
+def test_a_follow_up_look_runs_ahead_of_the_pace_at_another_peer_and_the_looks_after_it_wait_the_longer():
+    # The cnn lab: paced alone, a move one look read took the other two paths'
+    # looks 1.2-2.4 s, most of a 2.7 s phase.
+    clock = FakeClock()
+    looks: list[tuple[str, float]] = []
+
+    def look(peer: str) -> Measurement:  # held the link 5 ms: at 0.5%, one a second
+        looks.append((peer, clock.now))
+        return Measurement(peer=peer, kind=LOOK, bandwidth_bps=1e9, beta_s_per_byte=8e-9, duration_s=0.005)
+
+    sched = make(["p", "q", "r"], clock, FakeProbes(clock), latency_interval_s=1000.0, bandwidth_interval_s=1e6,
+                 look_duty_cycle=0.005)
+    sched.look_probe = look
+    run_for(sched, clock, 1)  # the latency probes are done
+    sched.request_look(["p"])
+    sched.tick()
+    start = clock.now
+    sched.request_look(["q"], follow_up=True)  # p read a move: the rest of the round at once
+    sched.tick()
+    sched.request_look(["r"], follow_up=True)
+    sched.tick()
+    assert looks == [("p", start), ("q", start), ("r", start)]
+    sched.request_look(["r"], follow_up=True)  # the peer looked at last: at the pace
+    assert sched.tick() == pytest.approx(3.0)
+    sched.request_look(["p"], follow_up=True)  # ahead of the pace by LOOK_AHEAD_S at most
+    assert sched.tick() == pytest.approx(3.0 - LOOK_AHEAD_S)
+    clock.now = start + 1.0
+    sched.tick()
+    assert looks[-1] == ("p", start + 1.0)
+    assert sched.tick() == pytest.approx(1.0)  # r's, no longer the peer looked at last
+    clock.now = start + 2.0
+    sched.tick()
+    assert looks[-1] == ("r", start + 2.0)
+    sched.request_look(["q"])  # an ask that follows nothing waits the pace the round used up
+    assert sched.tick() == pytest.approx(3.0)
+    while clock.now < start + 60:  # asks of both kinds at every message: the share still holds
+        sched.request_look(["p", "q", "r"], follow_up=clock.now < start + 30)
+        clock.now += min(sched.tick(), 0.2)
+    assert len(looks) <= 60 + LOOK_AHEAD_S + 1
 
 
 def test_a_test_waiting_for_the_budget_does_not_hold_a_look_off():
