@@ -1240,6 +1240,20 @@ def test_one_slower_look_at_one_path_is_not_read_twice_by_a_look_at_another():
     assert e.bandwidth_bps == pytest.approx(11.5e6) and e.evidence == "look"
 
 
+def test_a_look_that_agrees_leaves_another_paths_slower_look_to_be_read_again():
+    # The digits lab's recovery to 1 Gbit/s: one path's looks read 4.6 Gbit/s (an
+    # overread figure), another's 975 Mbit/s; the next look at the first agreed and
+    # dropped the slower one, and the figure stood through the phase.
+    e = LinkEstimate(LinkEstimateConfig())
+    e.observe_probe(8 / 3857e6, 0.0)
+    e.observe_look(8 / 975e6, 1.0, slowest=8 / 975e6)
+    assert e.look_pending == (1.0, 8 / 975e6)
+    e.observe_look(8 / 3936e6, 1.5, slowest=math.inf)  # the overread path, with no word of the others
+    assert e.bandwidth_bps == pytest.approx(3857e6) and e.look_pending == (1.0, 8 / 975e6)
+    e.observe_look(8 / 931e6, 2.0, slowest=math.inf)  # slower again: the two are the figure
+    assert e.bandwidth_bps == pytest.approx(975e6) and e.evidence == "look"
+
+
 def test_a_second_slower_look_far_under_the_first_is_read_again():
     # A short lab: a look on the fast link read under an overread figure, the
     # next one after the link fell 100x; taken as the faster of the two, the
