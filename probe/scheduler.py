@@ -50,10 +50,12 @@ Rules:
   1 / `look_duty_cycle` times as long (a look held a lab link 2-5 ms at 20 Mbit/s
   to 1 Gbit/s: with the default 0.5%, one every 0.4-2 s at most). A look that read nothing (no answer) is charged
   LOOK_RECKONED_S. A look that follows up a reading (`follow_up`: another
-  path's look read a move, or the job's syncs asked) may run up to
-  LOOK_AHEAD_S ahead of that pace, at a peer other than the one looked at
-  last; the looks after it wait the longer (the pace as a token bucket, so
-  the share holds over any minute).
+  path's look read a move, or the job's syncs asked), at a peer other than
+  the one looked at last, may run before that pace allows, on a second share
+  of its own: follow-ups of LOOK_AHEAD_S of the pace at once, refilled at
+  `look_duty_cycle`. They do not hold the paced looks off: borrowed from
+  them, a round after one move left none for the next (the cnn lab's looks
+  came 2.6 s apart after one).
 - This host's own addresses are never probed (`set_peers` leaves them out).
 - Every interval is jittered by +-`jitter` (a fraction) so nodes do not probe in
   lockstep.
@@ -147,10 +149,10 @@ DUTY_CYCLE = 0.01  # the share of wall time bandwidth tests may take
 # once per 2.7 s, so three paths were each looked at once per 4-6 s phase; at 0.5%
 # the estimate followed 15 of 24 phases against 10 of 24 (3 repeats each).
 LOOK_DUTY_CYCLE = 0.005
-# How far ahead of the looks' pace a follow-up look may run: the rest of a round of
-# a job's paths once one read a move. Paced alone, the cnn lab's three paths were
-# looked at over 1.2-2.4 s after a move, and the MOO's figure came 2.4 s into a
-# 2.7 s phase (160 Mbit/s) and never within 10% in two of eight phases.
+# The follow-ups' own share at once, in seconds of the looks' pace: the rest of a
+# round of a job's paths once one read a move. Paced alone, the cnn lab's three
+# paths were looked at over 1.2-2.4 s after a move, and the MOO's figure came 2.4 s
+# into a 2.7 s phase (160 Mbit/s) and never within 10% in two of eight phases.
 LOOK_AHEAD_S = 2.0
 
 
@@ -401,7 +403,8 @@ class ProbeScheduler:
         self.rng = rng or random.Random()
         self.locks = locks
         self.budget = DutyBudget(self.config.budget_s, self.config.budget_window_s)
-        self.next_look = -math.inf  # when the looks so far have had their share of the time
+        self.next_look = -math.inf  # when the paced looks so far have had their share of the time
+        self.next_follow_up = -math.inf  # as much, for the follow-ups' own share (LOOK_AHEAD_S ahead)
         self.last_looked: str | None = None  # the peer of the latest look
         self.busy_count = 0
         self._lock = threading.Lock()  # guards schedule, budget and rng
@@ -468,9 +471,10 @@ class ProbeScheduler:
         return [(p, s) for p, s in self._peers() if self._fresh_ask(p, s, now)]
 
     def _look_paced(self, peer: str, sched: PeerSchedule) -> float:
-        """When the looks' pace allows a look at `peer` for its ask."""
-        ahead = sched.look_follow_up and peer != self.last_looked
-        return self.next_look - LOOK_AHEAD_S if ahead else self.next_look
+        """When the looks' pace, or for a follow-up its own share, allows a look at `peer`."""
+        if sched.look_follow_up and peer != self.last_looked:
+            return min(self.next_look, self.next_follow_up - LOOK_AHEAD_S)
+        return self.next_look
 
     def _fresh_ask(self, peer: str, sched: PeerSchedule, now: float) -> bool:
         """Whether the look asked of `peer` is still wanted at `now`: within
@@ -536,7 +540,11 @@ class ProbeScheduler:
         except IperfBusy as exc:  # another test holds the peer: nothing ran
             log.info("%s; the look waits for the next ask", exc)
             return
-        self.next_look = max(self.next_look, first) + (m.duration_s or 0.0) / self.config.look_duty_cycle
+        pace = (m.duration_s or 0.0) / self.config.look_duty_cycle
+        if self.next_look <= first:
+            self.next_look = first + pace
+        else:  # before the pace allowed: a follow-up, on its own share
+            self.next_follow_up = max(self.next_follow_up, first) + pace
         self.last_looked = peer
         self._record(m)
 

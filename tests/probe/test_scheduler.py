@@ -370,9 +370,10 @@ def test_looks_take_their_share_of_the_time_are_charged_to_the_budget_and_run_on
     assert len(looks) == answered + 2  # looks turned off
 
 
-def test_a_follow_up_look_runs_ahead_of_the_pace_at_another_peer_and_the_looks_after_it_wait_the_longer():
+def test_follow_up_looks_run_on_a_share_of_their_own_at_another_peer_and_hold_no_paced_look_off():
     # The cnn lab: paced alone, a move one look read took the other two paths'
-    # looks 1.2-2.4 s, most of a 2.7 s phase.
+    # looks 1.2-2.4 s, most of a 2.7 s phase; borrowed from the pace, a round
+    # left no look for 2.6 s, and the next move went unseen that long.
     clock = FakeClock()
     looks: list[tuple[str, float]] = []
 
@@ -393,22 +394,19 @@ def test_a_follow_up_look_runs_ahead_of_the_pace_at_another_peer_and_the_looks_a
     sched.tick()
     assert looks == [("p", start), ("q", start), ("r", start)]
     sched.request_look(["r"], follow_up=True)  # the peer looked at last: at the pace
-    assert sched.tick() == pytest.approx(3.0)
-    sched.request_look(["p"], follow_up=True)  # ahead of the pace by LOOK_AHEAD_S at most
-    assert sched.tick() == pytest.approx(3.0 - LOOK_AHEAD_S)
+    assert sched.tick() == pytest.approx(1.0)
+    sched.request_look(["p"], follow_up=True)  # the share's third look (LOOK_AHEAD_S of the pace, and one)
+    sched.tick()
+    assert looks[-1] == ("p", start)
+    sched.request_look(["q"], follow_up=True)  # the share spent: the pace's next
+    assert sched.tick() == pytest.approx(1.0)
     clock.now = start + 1.0
     sched.tick()
-    assert looks[-1] == ("p", start + 1.0)
-    assert sched.tick() == pytest.approx(1.0)  # r's, no longer the peer looked at last
-    clock.now = start + 2.0
-    sched.tick()
-    assert looks[-1] == ("r", start + 2.0)
-    sched.request_look(["q"])  # an ask that follows nothing waits the pace the round used up
-    assert sched.tick() == pytest.approx(3.0)
-    while clock.now < start + 60:  # asks of both kinds at every message: the share still holds
+    assert looks[-1] == ("q", start + 1.0)  # on the pace, held off by none of the follow-ups
+    while clock.now < start + 60:  # asks of both kinds at every message: each share holds
         sched.request_look(["p", "q", "r"], follow_up=clock.now < start + 30)
         clock.now += min(sched.tick(), 0.2)
-    assert len(looks) <= 60 + LOOK_AHEAD_S + 1
+    assert len(looks) <= 60 + 30 + LOOK_AHEAD_S + 2
 
 
 def test_a_test_waiting_for_the_budget_does_not_hold_a_look_off():
