@@ -92,8 +92,8 @@ class Probing:
         return self.scheduler.request_bandwidth(peers)
 
     def request_looks(self, peers: Sequence[str], follow_up: bool = False) -> None:
-        """Looks at `peers` when their share of the time allows, or up to the
-        scheduler's LOOK_AHEAD_S sooner for a `follow_up` (none before probing starts)."""
+        """Looks at `peers` when their share of the time allows, or for a
+        `follow_up` on the follow-ups' own share (none before probing starts)."""
         if self.scheduler is not None:
             self.scheduler.request_look(peers, follow_up)
 

@@ -393,7 +393,7 @@ class LinkEstimate:
     look_figure: float | None = None  # when a look last set or refined the figure (syncs then only agree)
     wants_look: bool = False  # cleared by the owner once it has asked
     # the look wanted follows up a reading (a look's, or the syncs' question): the
-    # owner may run it ahead of the looks' pace; cleared with `wants_look`
+    # owner may run it before the looks' pace allows; cleared with `wants_look`
     look_follows: bool = False
     look_pending: tuple[float, float] | None = None  # (when, what) a look read slower, to be read again
     look_drift: tuple[float, float] | None = None  # (when, what) a look read slower short of a move
@@ -568,11 +568,10 @@ class LinkEstimate:
         job's syncs surely carried within the last `window` (`bound_window_s`
         unless given): a test or look that read what they left of the link,
         not the path (Linux's rate estimator takes such a sample as a lower
-        bound on the path). In the cnn
-        lab two tests read 136-149 Mbit/s of an 820 Mbit/s link while the
-        job's syncs carried 512, and were taken as a fall. While syncs read
-        slower, only what crossed since they began counts: before, the path
-        may have been another."""
+        bound on the path). In the cnn lab two tests read 136-149 Mbit/s of an
+        820 Mbit/s link while the job's syncs carried 512, and were taken as a
+        fall. While syncs read slower, only what crossed since they began
+        counts: before, the path may have been another."""
         since = ts - (self.config.bound_window_s if window is None else window)
         if self.streak is not None and self.streak.direction > 0:
             since = max(since, self.streak.began - 1e-9)
@@ -682,7 +681,7 @@ class LinkEstimate:
 
     def follow_up(self) -> None:
         """Want a look that follows up a reading: the rest of a round of the
-        job's paths, which may run ahead of the looks' pace."""
+        job's paths, which may run before the looks' pace allows."""
         self.wants_look = self.look_follows = True
 
     def _shifted_beta(self, beta_bytes: float, old_s: float, new_s: float) -> float | None:

@@ -367,7 +367,7 @@ class PeerSchedule:
     failed_tries: int = 0  # busy or failed bandwidth tries in a row
     last_bandwidth: float = -math.inf  # when its last test (or busy attempt) started
     look_asked: float = -math.inf  # when a look was last asked for
-    look_follow_up: bool = False  # that ask follows up a reading: it may run ahead of the pace
+    look_follow_up: bool = False  # that ask follows up a reading: it may run on the follow-ups' share
 
 
 class ProbeScheduler:
@@ -454,8 +454,9 @@ class ProbeScheduler:
         """Look at these peers (those probed) when the looks' share and the duty
         budget allow, if still within LOOK_FRESH_S of this ask (or of when the
         looks' pace first allows one, at most LOOK_PACE_WAIT_MAX_S later).
-        `follow_up`: the ask follows up a reading, and may run LOOK_AHEAD_S
-        ahead of the pace (a peer other than the one looked at last)."""
+        `follow_up`: the ask follows up a reading, and a peer other than the one
+        looked at last may be looked at before the pace allows, on the
+        follow-ups' own share."""
         if not self.config.look_duty_cycle:
             return
         with self._lock:
