@@ -1057,12 +1057,13 @@ class LinkEstimate:
             self.follow_up()
         else:  # the slowest path looked at agrees, or reads faster where another does not
             self.looked, self.suspect_beta, self.looking_since, self.look_asked = ts, None, None, None
-            if not (math.isfinite(paths) and paths < figure * shift):
+            every_path_agrees = paths < figure * shift  # inf (a path unlooked) agrees with nothing
+            if not every_path_agrees:
                 self.look_pending = pending  # it read this path: another's slower look stays to be read again
             if not self._drift_down(figure, beta, drift, ts) and math.isfinite(paths):
                 self._refine_by_look(figure, max(beta, paths), ts)
-            if self.streak is not None and self.streak.direction > 0 and paths < figure * shift:
-                self.streak = None  # every path agrees: the syncs' slowing was the host's
+            if self.streak is not None and self.streak.direction > 0 and every_path_agrees:
+                self.streak = None  # the syncs' slowing was the host's
 
     def _drift_down(self, figure: float, beta: float, drift: tuple[float, float] | None, ts: float) -> bool:
         """Two looks in a row that themselves read slower than the figure by
