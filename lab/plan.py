@@ -40,7 +40,9 @@ DEFAULT_POLICIES = ("dense", "topk-0.1", "topk-0.01", "moo", "gravac", "powersgd
 ALL_POLICIES = ("dense", "bf16", "powersgd-1", "powersgd", "powersgd-4", "localsgd", "topk-0.1",
                 "topk-0.01", "moo", "gravac")
 CONTROL_INTERVAL = 2
-FIXED_KINDS = ("dense", "static", "allreduce")
+# A choice made once for the whole run: flexcomm's fixed ones and PyTorch's own, what
+# a user would pick instead of an adaptive policy (the envelope and the hindsight).
+FIXED_KINDS = ("dense", "static", *TORCH_METHODS)
 FAILED = "failed.txt"  # in a policy's directory: why its run failed
 AGENTS = "agents"  # in a policy's directory: its agents' stores and logs
 

@@ -148,6 +148,8 @@ class LabSummary:
     estimate_tracking: dict[str, Any]
     verdicts: tuple[str, ...]
     failed: dict[str, str] = field(default_factory=dict)
+    hindsight_reaching_s: float | None = None
+    moo_over_hindsight_reaching: float | None = None
 
 
 def to_json(summary: LabSummary) -> str:
