@@ -26,7 +26,8 @@ Where each figure comes from:
 
 Its parts, each with its own state: the quality budget (policy.budget), the
 exploring budget (policy.exploring), the reconsideration rule
-(policy.reconsider) and the calibration (policy.costmodel).
+(policy.reconsider) and the calibration (policy.costmodel); a candidate as it
+is judged and the rules that compare candidates are policy.evaluation.
 
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
@@ -65,7 +66,20 @@ from flexcomm.policy.costmodel import (
     option_sync_time,
     option_terms,
     powersgd_split,
-    sync_form,
+)
+from flexcomm.policy.evaluation import (
+    Evaluation,
+    budget_rank,
+    error_cap,
+    fastest_within,
+    objectives,
+    outdone,
+    share_left,
+    uncalibrated,
+    with_best_lossless,
+    with_second,
+    within,
+    worth_its_error,
 )
 from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
@@ -116,10 +130,6 @@ LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed o
 # better: fits in the lab were off by up to 0.80, and a margin of the fits' own error
 # (0 for a fit never observed) measured option after option on a steady network.
 UNTIMED_MARGIN = 1.0
-# A step keeps at least this share of what the reference keeps, whatever the run
-# saved: on savings (the allowance up to twice the reference's error) a digits lab
-# ran Top-k 0.001 over the AR tree, which delivered a gain of 0.00.
-MIN_KEPT = 0.5
 # The collective a fixed choice of a lossy family runs over: what users pick, as the lab's rivals.
 REFERENCE_COLLECTIVE = {TOPK: AG_TOPK, POWERSGD: DENSE_RING}
 PREDICTION_TRUSTED = 3  # pairs a fit needs before its predictions may be chosen unmeasured
@@ -294,34 +304,6 @@ class MooConfig:
         for key in ("families", "collectives", "dense_collectives", "ranks"):
             d[key] = list(getattr(self, key))
         return d
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One candidate as the policy sees it now."""
-
-    option: Choice
-    t_sync_s: float
-    t_comp_s: float
-    t_step_s: float
-    gain: float | None
-    measured: bool  # t_sync measured (True) or predicted by the calibrated model
-    raw_sync_s: float | None = None  # the uncalibrated model's figure, when a network is known
-
-    @property
-    def label(self) -> str:
-        return self.option.label
-
-    @property
-    def error(self) -> float:
-        """1 - gain: what it does not send (an unknown gain counts as sending nothing)."""
-        return 1.0 - (self.gain or 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"option": self.label, "family": self.option.compression.family,
-                "param": self.option.compression.param, "collective": self.option.collective,
-                "t_sync_s": self.t_sync_s, "t_comp_s": self.t_comp_s, "t_step_s": self.t_step_s,
-                "gain": self.gain, "measured": self.measured, "raw_sync_s": self.raw_sync_s}
 
 
 @dataclass
@@ -747,8 +729,8 @@ class MooPolicy:
         if any(r.gain is None for r in rows) or (self.config.objective == "budget" and allowance is None):
             return min(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            return _fastest_within(rows, allowance, self.config.hysteresis, self.error_price())
-        points = [_objectives(r) for r in rows]
+            return fastest_within(rows, allowance, self.config.hysteresis, self.error_price())
+        points = [objectives(r) for r in rows]
         front = pareto.pareto_front(points)
         if self.config.objective == "progress":
             return max((rows[i] for i in front), key=lambda r: (r.gain / r.t_step_s, r.gain))
@@ -774,10 +756,10 @@ class MooPolicy:
         if any(r.gain is None for r in rows) or (self.config.objective == "budget" and allowance is None):
             return sorted(rows, key=lambda r: (r.t_step_s, r.option))
         if self.config.objective == "budget":
-            return sorted(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
+            return sorted(rows, key=lambda r: (*budget_rank(r, allowance), r.option))
         if self.config.objective == "progress":
             return sorted(rows, key=lambda r: (-r.gain / r.t_step_s, r.option))
-        scores = self._asf([_objectives(r) for r in rows])
+        scores = self._asf([objectives(r) for r in rows])
         return [rows[i] for i in sorted(range(len(rows)), key=lambda i: (scores[i], rows[i].option))]
 
     def _allowance(self) -> float | None:
@@ -785,7 +767,7 @@ class MooPolicy:
         (policy.budget) and ERROR_BAND of the reference's error more; None while
         the reference's error is not known yet."""
         ref = self._reference_error()
-        return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, _error_cap(ref))
+        return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, error_cap(ref))
 
     @cached_property
     def _reference_label(self) -> str | None:
@@ -820,11 +802,11 @@ class MooPolicy:
             return 0.0
         rows = [r for r in self.evaluate(predicted=True, on=dear) if r.gain is not None]
         lossless = [r.t_step_s for r in rows if r.option.lossless]
-        within = [r for r in rows if r.error <= ref * (1 + ERROR_BAND)]
-        if not lossless or not within:
+        allowed = [r for r in rows if r.error <= ref * (1 + ERROR_BAND)]
+        if not lossless or not allowed:
             return 0.0
         fastest = min(lossless)
-        choice = min(within, key=lambda r: (r.t_step_s, r.error, r.option))
+        choice = min(allowed, key=lambda r: (r.t_step_s, r.error, r.option))
         if choice.error <= 0 or choice.t_step_s >= fastest:
             return 0.0
         return PRICE_SHARE * (fastest - choice.t_step_s) / fastest / choice.error
@@ -1046,7 +1028,7 @@ class MooPolicy:
         """`row` as the model alone puts it: its raw sync and compression time."""
         c = row.option.compression
         t_comp = 0.0 if c.family == DENSE else self._modelled_comp(c.name)[1]
-        row = _uncalibrated(row)
+        row = uncalibrated(row)
         return replace(row, t_comp_s=t_comp, t_step_s=row.t_step_s - row.t_comp_s + t_comp)
 
     def _advance(self) -> None:
@@ -1144,7 +1126,7 @@ class MooPolicy:
         run, put at 3.2 ms; it was looked at, then over the tree: 2 looks per
         1,000 steps. Raw beside raw, rank 4 is at 4.0 ms."""
         key = calibration_key(untimed.option.compression, untimed.option.collective)
-        return running if self.calibration.observations(key) else _uncalibrated(running)
+        return running if self.calibration.observations(key) else uncalibrated(running)
 
     def _measure_both(self, first: str, running: str, why: str, *, shown: float | None = None) -> None:
         """Run `first`, then `running`, and choose between them as measured. No
@@ -1337,7 +1319,7 @@ class MooPolicy:
         PowerSGD took 0.15, with the exploring budget spent."""
         rows = [r for r in ranked if r is ranked[0] or self._may_beat(r, ranked[0])]
         if with_lossless:
-            rows = _with_best_lossless(rows, ranked)
+            rows = with_best_lossless(rows, ranked)
         free = {rows[0].label} | ({self._current_label()} if running_free else set())
         if self._reference_label not in self._s.delivered:
             # Run for its delivered error, which the budget needs once (a moved
@@ -1348,12 +1330,12 @@ class MooPolicy:
             if self._reference_far_behind():
                 rows = [r for r in rows if r.label != self._reference_label]
             else:
-                rows = _with_second(rows, next((r for r in ranked if r.label == self._reference_label), None))
+                rows = with_second(rows, next((r for r in ranked if r.label == self._reference_label), None))
                 free.add(self._reference_label)
         # An option another one outdoes on its own collective could not be chosen:
         # the default lab's first exploration ran dense beside bf16 on the ring at
         # 20 Mbit/s, 500 ms a step for 4 steps (2 s of a 14 s run to the target).
-        return [r for r in rows if r.label in free or not _outdone(r, rows)], free
+        return [r for r in rows if r.label in free or not outdone(r, rows)], free
 
     def _may_beat(self, row: Evaluation, first: Evaluation) -> bool:
         """Whether measuring `row` could show it ahead of the model's `first`
@@ -1375,9 +1357,9 @@ class MooPolicy:
         if row.gain is None or first.gain is None or self.config.objective != "budget":
             return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis)
         if row.error <= first.error:  # as good where it is no slower than its saving is worth
-            return _worth_its_error(hopeful, fearful, self.config.hysteresis, self.error_price())
+            return worth_its_error(hopeful, fearful, self.config.hysteresis, self.error_price())
         # a lossier row must save what the error it adds is worth
-        worth = _share_left(self.error_price(), row.error - first.error)
+        worth = share_left(self.error_price(), row.error - first.error)
         return hopeful.t_step_s <= fearful.t_step_s * (1 + self.config.hysteresis) * worth
 
     def _blind_picks(self) -> list[Choice]:
@@ -1574,7 +1556,7 @@ class MooPolicy:
         if self.config.objective != "asf" or any(r.gain is None for r in rows):
             return False
         # Over every row, the ideal point is the front's, so these are choose()'s scores.
-        scores = self._asf([_objectives(r) for r in rows])
+        scores = self._asf([objectives(r) for r in rows])
         return scores[rows.index(current)] <= scores[rows.index(best)] + margin
 
     def _close(self, current: Evaluation, best: Evaluation, rows: list[Evaluation], margin: float) -> bool:
@@ -1584,11 +1566,11 @@ class MooPolicy:
         if self.config.objective == "budget" and allowance is not None and all(r.gain is not None for r in rows):
             # Within the allowance and the running option's band, or losing no more than the best.
             ref = self._reference_error()
-            limit = max(min(allowance + ERROR_BAND * ref, _error_cap(ref)), best.error)
-            within = current.error <= limit * (1 + margin)
-            return (within and current.t_step_s <= best.t_step_s * (1 + margin)
+            limit = max(min(allowance + ERROR_BAND * ref, error_cap(ref)), best.error)
+            in_band = current.error <= limit * (1 + margin)
+            return (in_band and current.t_step_s <= best.t_step_s * (1 + margin)
                     and not self._saves(best, current, ref))
-        return _within(current, best, margin)
+        return within(current, best, margin)
 
     def _saves(self, best: Evaluation, current: Evaluation, reference_error: float) -> bool:
         """Whether `best` is as quick as `current` (within half the hysteresis,
@@ -1601,7 +1583,7 @@ class MooPolicy:
         band, so between the two the running option stays (at the band's edge,
         bf16 at 4.7-5.0% over rank 4's step, the lm lab switched six times in 6 s),
         though choose() would run the saver there (a move then measures both)."""
-        quicker = _worth_its_error(best, current, self.config.hysteresis / 2, self.error_price() / 2)
+        quicker = worth_its_error(best, current, self.config.hysteresis / 2, self.error_price() / 2)
         return quicker and best.error < current.error - ERROR_BAND * reference_error
 
     def _current_row(self, rows: list[Evaluation]) -> Evaluation | None:
@@ -1670,100 +1652,12 @@ class MooPolicy:
         ref = f"reference {self.reference.name}" + (f" (error {ref_error:.2f})" if ref_error is not None else "")
         spent = (f"{self.budget.spent / self.budget.allowed:.0%} of the reference's error spent over "
                  f"{self.budget.steps} steps" if self.budget.allowed > 0 else "nothing spent yet")
-        within = f"{allowance:.2f}" if allowance is not None else "unknown"
+        allowed = f"{allowance:.2f}" if allowance is not None else "unknown"
         price, dear = self.error_price(), self._s.dear
         worth = (f"; a reference's error spent where it saves {price * ref_error:.0%} of a step ({PRICE_SHARE:.0%} "
                  f"of what it saves at {dear.bandwidth_bps / 1e6:.4g} Mbit/s)" if price and ref_error and dear else "")
-        return (f"fastest within the error allowance {within} (error {1 - (best.gain or 0):.2f}){worth}; "
+        return (f"fastest within the error allowance {allowed} (error {1 - (best.gain or 0):.2f}){worth}; "
                 f"{ref}, {spent}")
-
-
-def _error_cap(reference_error: float) -> float:
-    """The most error any step may deliver, whatever the run saved: a step keeps at
-    least MIN_KEPT of what the reference keeps."""
-    return 1.0 - MIN_KEPT * (1.0 - reference_error)
-
-
-def _budget_rank(r: Evaluation, allowance: float) -> tuple[int, float, float]:
-    """Within the allowance first, fastest first; then the rest, least error first."""
-    return (0, r.t_step_s, r.error) if r.error <= allowance else (1, r.error, r.t_step_s)
-
-
-def _fastest_within(rows: list[Evaluation], allowance: float, hysteresis: float, price: float) -> Evaluation:
-    """The fastest row whose error is within `allowance`, the one losing least among
-    those it does not beat by more than `hysteresis` and what their error is worth
-    (`price`, MooPolicy.error_price: the share of a step a unit of error must
-    save), so where compression buys little the run saves its budget; with none
-    within, the one losing least."""
-    within = [r for r in rows if r.error <= allowance]
-    if not within:
-        return min(rows, key=lambda r: (*_budget_rank(r, allowance), r.option))
-    fastest = min(within, key=lambda r: (r.t_step_s, r.error, r.option))
-    near = [r for r in within if _worth_its_error(r, fastest, hysteresis, price)]
-    return min(near, key=lambda r: (r.error, r.t_step_s, r.option))
-
-
-def _worth_its_error(saver: Evaluation, faster: Evaluation, hysteresis: float, price: float) -> bool:
-    """Whether `saver` is as good as `faster`: `faster` saves no more of its step
-    than `hysteresis` and `price` per unit of the error it adds."""
-    return saver.t_step_s * _share_left(price, faster.error - saver.error) <= faster.t_step_s * (1 + hysteresis)
-
-
-def _share_left(price: float, added_error: float) -> float:
-    """The share of a step left once `added_error` is paid for at `price` (the
-    share of a step a unit of error must save), never below 0."""
-    return max(0.0, 1.0 - price * added_error)
-
-
-def _objectives(r: Evaluation) -> tuple[float, float]:
-    """The two minimised objectives of a candidate with a known gain: (t_step, 1/gain)."""
-    assert r.gain is not None
-    return max(r.t_step_s, 1e-12), 1.0 / max(r.gain, 1e-9)
-
-
-def _within(current: Evaluation, best: Evaluation, margin: float) -> bool:
-    """True when `current` is no worse than `best` by more than `margin` on both
-    objectives: then switching is not worth it."""
-    time_ok = current.t_step_s <= best.t_step_s * (1 + margin)
-    if current.gain is None or best.gain is None:
-        return time_ok
-    return time_ok and _objectives(current)[1] <= _objectives(best)[1] * (1 + margin)
-
-
-def _outdone(row: Evaluation, rows: list[Evaluation]) -> bool:
-    """Whether another of `rows` over the same sync form is predicted no slower and
-    delivers no less, and one of the two strictly (bf16 against dense on one ring):
-    the model orders options on one form by their bytes alone, where across forms
-    it may be wrong enough that only a measurement says."""
-    if row.gain is None:
-        return False
-    form = sync_form(row.option.compression, row.option.collective)
-    return any(q is not row and q.gain is not None
-               and sync_form(q.option.compression, q.option.collective) == form
-               and q.t_step_s <= row.t_step_s and q.gain >= row.gain
-               and (q.t_step_s < row.t_step_s or q.gain > row.gain) for q in rows)
-
-
-def _with_best_lossless(rows: list[Evaluation], ranked: list[Evaluation]) -> list[Evaluation]:
-    """`rows` with the best-ranked lossless option second (after the model's first
-    choice), unless one is there already."""
-    if any(r.option.lossless for r in rows):
-        return rows
-    return _with_second(rows, next((r for r in ranked if r.option.lossless), None))
-
-
-def _uncalibrated(row: Evaluation) -> Evaluation:
-    """`row` with the uncalibrated model's sync, where it has one."""
-    if row.raw_sync_s is None:
-        return row
-    return replace(row, t_sync_s=row.raw_sync_s, t_step_s=row.t_step_s - row.t_sync_s + row.raw_sync_s)
-
-
-def _with_second(rows: list[Evaluation], row: Evaluation | None) -> list[Evaluation]:
-    """`rows` with `row` second (after the model's first choice), unless it is there."""
-    if row is None or any(r.label == row.label for r in rows):
-        return rows
-    return [rows[0], row, *rows[1:]]
 
 
 __all__ = ["EXPLOIT", "EXPLORE", "WARMUP", "Evaluation", "MooConfig", "MooPolicy", "candidate_crs"]

@@ -21,7 +21,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from flexcomm.policy.costmodel import AG_FORMS, TREE_FORMS
-from flexcomm.policy.moo import Evaluation, MooConfig, MooPolicy
+from flexcomm.policy.evaluation import Evaluation
+from flexcomm.policy.moo import MooConfig, MooPolicy
 from flexcomm.policy.types import (
     DENSE,
     DENSE_RING,

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from flexcomm.policy.budget import QualityBudget
-from flexcomm.policy.moo import MIN_KEPT, MooConfig, MooPolicy
+from flexcomm.policy.evaluation import MIN_KEPT
+from flexcomm.policy.moo import MooConfig, MooPolicy
 from flexcomm.policy.types import Choice, Compression, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from flexcomm.policy import make_policy, policy_from_state
 from flexcomm.policy.costmodel import calibration_key, crossover_ratio, option_sync_time
+from flexcomm.policy.evaluation import Evaluation, outdone, within
 from flexcomm.policy.moo import (
     CALIBRATION_RESET,
     EXPLOIT,
@@ -23,10 +24,8 @@ from flexcomm.policy.moo import (
     PREDICTION_TRUSTED,
     UNTIMED_MARGIN,
     WARMUP,
-    Evaluation,
     MooConfig,
     MooPolicy,
-    _outdone,
     candidate_crs,
 )
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
@@ -421,7 +420,7 @@ def test_a_blind_plan_goes_on_as_the_model_plans_once_the_network_is_known() -> 
     # Measured bf16 and predicted dense on one ring: dense is outdone, and not explored again.
     rows = policy.ranking(policy.evaluate(predicted=True))
     dense = next(r for r in rows if r.label == "dense@dense_ring")
-    assert _outdone(dense, rows)
+    assert outdone(dense, rows)
 
 
 def test_a_reference_that_loses_nothing_is_measured_blind_like_any_family() -> None:
@@ -491,11 +490,9 @@ def _row(label: str, t_step: float, gain: float) -> Evaluation:
 
 
 def test_hysteresis_keeps_an_option_within_the_margin_on_both_objectives() -> None:
-    from flexcomm.policy.moo import _within
-
     cur, best = _row("topk:0.01@ag_topk", 0.104, 0.50), _row("topk:0.033@art_ring", 0.100, 0.50)
-    assert _within(cur, best, 0.05) and not _within(cur, best, 0.03)
-    assert not _within(_row("topk:0.004@ag_topk", 0.100, 0.40), best, 0.05)
+    assert within(cur, best, 0.05) and not within(cur, best, 0.03)
+    assert not within(_row("topk:0.004@ag_topk", 0.100, 0.40), best, 0.05)
 
 
 def test_hysteresis_holds_between_options_the_asf_scores_alike() -> None:
