@@ -10,17 +10,26 @@ SIGKILL), deletes the namespaces (their veths and qdiscs go with them) and the
 socket directories. Lab commands never shape an interface outside their own
 namespaces, so nothing else needs restoring. A new cluster runs `clean` for its
 own prefix before it starts, so a crashed run's leftovers never meet it.
+
+A live lab command holds its prefix (`held`: an flock on a file in /tmp, which
+the kernel drops when the process ends, however it ends; the file goes with a
+command that ends normally): `clean` leaves a live command's prefix alone, and
+a second command with the same prefix is refused, where either once tore down
+the other's namespaces mid-run (the test suite's own `flexcomm lab clean` ended
+a lab running beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import os
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from flexcomm.lab import netns
@@ -89,11 +98,106 @@ def kill_namespace_processes(ns: str, grace_s: float = 2.0) -> list[int]:
     return kill_all(namespace_pids(ns), lambda: namespace_pids(ns), grace_s)
 
 
-def clean(prefix: str) -> dict[str, list]:
+class LabBusy(ValueError):
+    """A live lab command holds the prefix asked for."""
+
+
+# Where claims live: one place per machine, whatever TMPDIR says, as the namespaces
+# and processes a prefix names are the machine's (the suite gives its children a
+# TMPDIR of their own).
+CLAIMS_DIR = Path("/tmp")
+
+
+def _claim_path(prefix: str) -> Path:
+    return CLAIMS_DIR / f"flexcomm-lab-{prefix}.claim"
+
+
+@contextlib.contextmanager
+def held(prefix: str) -> Iterator[None]:
+    """Hold `prefix` for this lab command while the block runs; LabBusy where a
+    live one holds it already. The claim's file goes when the block ends."""
+    path = _claim_path(prefix)
+    fd = _claim(path, prefix)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # while still held: a command that opened it meanwhile sees it gone
+        os.close(fd)  # the flock goes with it
+
+
+def _claim(path: Path, prefix: str) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise ValueError(f"prefix: {path} is another user's (a lab run as root was killed and "
+                             "left it): remove it, or give another --prefix") from None
+        if not _lock(fd):
+            pid = _holder(fd)
+            os.close(fd)
+            raise LabBusy(f"prefix: a lab command with prefix {prefix!r} is running (pid {pid}); "
+                          "wait for it, or give another --prefix") from None
+        if _still_at(fd, path):
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)  # its last holder removed it as we opened it: claim the new one
+
+
+def _lock(fd: int, tries: int = 3) -> bool:
+    """The claim, taken; False where a live command holds it. A few tries: a
+    `clean` looking at the claim holds it for an instant."""
+    for left in range(tries - 1, -1, -1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if left:
+                time.sleep(0.05)
+    return False
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def live(prefix: str, *, own: bool = False) -> dict[str, str]:
+    """Live lab commands whose prefix starts with `prefix` (what `clean(prefix)`
+    would match), prefix -> pid; `own`: this process holds `prefix` itself."""
+    found = {}
+    for path in CLAIMS_DIR.glob(f"flexcomm-lab-{glob.escape(prefix)}*.claim"):
+        name = path.name[len("flexcomm-lab-"):-len(".claim")]
+        if own and name == prefix:
+            continue
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                found[name] = _holder(fd)
+            finally:
+                os.close(fd)
+    return found
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+
+
+def clean(prefix: str, *, own: bool = False) -> dict[str, list]:
     """Kill the processes of, then delete the namespaces and socket directories
-    of, every lab command with `prefix`."""
+    of, every lab command with `prefix`; LabBusy, touching nothing, where a live
+    one has such a prefix (`own`: besides this process, which holds `prefix`)."""
     if not prefix:
         raise ValueError("prefix: must not be empty (it would match every namespace)")
+    running = live(prefix, own=own)
+    if running:
+        raise LabBusy("; ".join(f"a lab command with prefix {name!r} is running (pid {pid})"
+                                for name, pid in sorted(running.items())))
     killed = kill_all(marked_pids(prefix), lambda: marked_pids(prefix))
     namespaces: list[str] = []
     if shutil.which("ip") is not None:

@@ -160,8 +160,9 @@ class LabCluster:
             namespaces = usable
         elif namespaces and not usable:
             raise ValueError(f"namespaces: cannot create network namespaces ({why})")
-        cleanup.clean(prefix)  # what a killed run with this prefix left
         with ExitStack() as stack:
+            stack.enter_context(cleanup.held(prefix))
+            cleanup.clean(prefix, own=True)  # what a killed run with this prefix left
             if namespaces:
                 found = stack.enter_context(netns.cluster(prefix, n, subnet))
                 nodes = [LabNode(i, nd.address, nd.ifname, nd.ns) for i, nd in enumerate(found)]

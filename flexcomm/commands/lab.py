@@ -107,7 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "processes, socket directories")
     clean.add_argument("--prefix", action="append",
                        help="a lab command's prefix; repeatable (default: flexlab and flexcal, "
-                            "the defaults of run and calibrate)")
+                            "the defaults of run and calibrate); a prefix a live command holds "
+                            "is left alone, and said so")
     clean.set_defaults(func=cmd_clean)
 
     add_calibrate_parser(sub)
@@ -192,10 +193,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from flexcomm.lab.cleanup import DEFAULT_PREFIXES, clean
+    from flexcomm.lab.cleanup import DEFAULT_PREFIXES, LabBusy, clean
 
     for prefix in args.prefix or DEFAULT_PREFIXES:
-        gone = clean(prefix)
+        try:
+            gone = clean(prefix)
+        except LabBusy as busy:
+            print(f"{prefix}: left alone: {busy}")
+            continue
         print(f"{prefix}: removed {len(gone['namespaces'])} namespace(s) {' '.join(gone['namespaces'])}; "
               f"stopped {len(gone['processes'])} process(es); removed {len(gone['directories'])} "
               "socket directory(ies)")

@@ -1,7 +1,8 @@
 """What a killed lab command leaves is found and removed: by `flexcomm lab clean`
 (both commands' default prefixes) and by the next cluster with the same prefix,
 before it starts. Processes are found by the prefix mark in their environment,
-wherever they run (a namespace, or this one on loopback)."""
+wherever they run (a namespace, or this one on loopback). A live command's
+prefix is left alone, and no second command takes it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flexcomm.lab.cleanup import marked_pids, namespace_pids
+from flexcomm.lab.cleanup import LabBusy, marked_pids, namespace_pids
 from flexcomm.lab.cluster import LabCluster
 from flexcomm.lab.netns import list_namespaces
 from support.agent_process import wait_for
@@ -37,11 +38,17 @@ LEAVE_A_PROCESS = textwrap.dedent("""
 """)
 
 
-def killed_lab(tmp_path: Path) -> list[int]:
-    """A lab process killed with SIGKILL after starting a node's process: that process's pid."""
+def live_lab(tmp_path: Path) -> subprocess.Popen:
+    """A lab process that started a node's process and runs on."""
     proc = subprocess.Popen([sys.executable, "-c", LEAVE_A_PROCESS, PREFIX, str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def killed_lab(tmp_path: Path) -> list[int]:
+    """A lab process killed with SIGKILL after starting a node's process: that process's pid."""
+    proc = live_lab(tmp_path)
     proc.send_signal(signal.SIGKILL)
     proc.wait(scaled(10))
     left = marked_pids(PREFIX)
@@ -55,6 +62,25 @@ def test_lab_clean_stops_the_processes_a_killed_loopback_run_left(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert f"{PREFIX}: removed 0 namespace(s) ; stopped 1 process(es)" in done.stdout
     wait_for(lambda: not alive(pid), 10, "the left process to die")
+
+
+def test_a_live_labs_prefix_is_left_alone_and_not_taken_twice(tmp_path: Path) -> None:
+    # The suite's own `flexcomm lab clean` once tore down a lab running beside it.
+    proc = live_lab(tmp_path)
+    try:
+        done = flexcomm(["lab", "clean", "--prefix", PREFIX])
+        assert done.returncode == 0, done.stderr
+        assert (f"{PREFIX}: left alone: a lab command with prefix {PREFIX!r} is running "
+                f"(pid {proc.pid})") in done.stdout
+        with pytest.raises(LabBusy, match=rf"prefix {PREFIX!r} is running \(pid {proc.pid}\)"), \
+                LabCluster.open(prefix=PREFIX, n=2, subnet="10.203.9.0/24", run_dir=tmp_path, namespaces=False):
+            pass
+        assert proc.poll() is None and len(marked_pids(PREFIX)) == 1  # its node's process runs on
+    finally:
+        proc.kill()
+        proc.wait(scaled(10))
+        flexcomm(["lab", "clean", "--prefix", PREFIX])
+    assert marked_pids(PREFIX) == []
 
 
 def test_a_new_cluster_removes_its_prefixs_leftovers_first(tmp_path: Path) -> None:
