@@ -184,6 +184,22 @@ def live(prefix: str, *, own: bool = False) -> dict[str, str]:
     return found
 
 
+def _remove_dead_claims(prefix: str) -> None:
+    """The claims a killed command left (no live holder): each taken, then removed
+    while held, so a command that opened it meanwhile claims a new one."""
+    for path in CLAIMS_DIR.glob(f"flexcomm-lab-{glob.escape(prefix)}*.claim"):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _still_at(fd, path):
+                    path.unlink()
+            except BlockingIOError:
+                pass  # a command took it since: its own
+            finally:
+                os.close(fd)
+
+
 def _holder(fd: int) -> str:
     return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
 
@@ -198,6 +214,7 @@ def clean(prefix: str, *, own: bool = False) -> dict[str, list]:
     if running:
         raise LabBusy("; ".join(f"a lab command with prefix {name!r} is running (pid {pid})"
                                 for name, pid in sorted(running.items())))
+    _remove_dead_claims(prefix)
     killed = kill_all(marked_pids(prefix), lambda: marked_pids(prefix))
     namespaces: list[str] = []
     if shutil.which("ip") is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flexcomm.lab.cleanup import LabBusy, marked_pids, namespace_pids
+from flexcomm.lab.cleanup import CLAIMS_DIR, LabBusy, marked_pids, namespace_pids
 from flexcomm.lab.cluster import LabCluster
 from flexcomm.lab.netns import list_namespaces
 from support.agent_process import wait_for
@@ -58,10 +58,13 @@ def killed_lab(tmp_path: Path) -> list[int]:
 
 def test_lab_clean_stops_the_processes_a_killed_loopback_run_left(tmp_path: Path) -> None:
     (pid,) = killed_lab(tmp_path)
+    claim = CLAIMS_DIR / f"flexcomm-lab-{PREFIX}.claim"
+    assert claim.exists()  # a killed command's claim stays, held by nobody
     done = flexcomm(["lab", "clean", "--prefix", PREFIX])
     assert done.returncode == 0, done.stderr
     assert f"{PREFIX}: removed 0 namespace(s) ; stopped 1 process(es)" in done.stdout
     wait_for(lambda: not alive(pid), 10, "the left process to die")
+    assert not claim.exists()
 
 
 def test_a_live_labs_prefix_is_left_alone_and_not_taken_twice(tmp_path: Path) -> None:
