@@ -137,7 +137,7 @@ def _claim(path: Path, prefix: str) -> int:
             pid = _holder(fd)
             os.close(fd)
             raise LabBusy(f"prefix: a lab command with prefix {prefix!r} is running (pid {pid}); "
-                          "wait for it, or give another --prefix") from None
+                          "wait for it, or give another --prefix")
         if _still_at(fd, path):
             os.ftruncate(fd, 0)
             os.write(fd, str(os.getpid()).encode())
@@ -148,13 +148,12 @@ def _claim(path: Path, prefix: str) -> int:
 def _lock(fd: int, tries: int = 3) -> bool:
     """The claim, taken; False where a live command holds it. A few tries: a
     `clean` looking at the claim holds it for an instant."""
-    for left in range(tries - 1, -1, -1):
-        try:
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(0.05)
+        with contextlib.suppress(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
-        except BlockingIOError:
-            if left:
-                time.sleep(0.05)
     return False
 
 
@@ -165,10 +164,12 @@ def _still_at(fd: int, path: Path) -> bool:
         return False
 
 
-def live(prefix: str, *, own: bool = False) -> dict[str, str]:
+def _sweep_claims(prefix: str, *, own: bool = False) -> dict[str, str]:
     """Live lab commands whose prefix starts with `prefix` (what `clean(prefix)`
-    would match), prefix -> pid; `own`: this process holds `prefix` itself."""
-    found = {}
+    would match), prefix -> pid; `own`: this process holds `prefix` itself. The
+    claims killed commands left (held by nobody) are removed, each taken first,
+    so that a command that opened one meanwhile claims a new one."""
+    live = {}
     for path in CLAIMS_DIR.glob(f"flexcomm-lab-{glob.escape(prefix)}*.claim"):
         name = path.name[len("flexcomm-lab-"):-len(".claim")]
         if own and name == prefix:
@@ -176,28 +177,14 @@ def live(prefix: str, *, own: bool = False) -> dict[str, str]:
         with contextlib.suppress(OSError):
             fd = os.open(path, os.O_RDONLY)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                found[name] = _holder(fd)
-            finally:
-                os.close(fd)
-    return found
-
-
-def _remove_dead_claims(prefix: str) -> None:
-    """The claims a killed command left (no live holder): each taken, then removed
-    while held, so a command that opened it meanwhile claims a new one."""
-    for path in CLAIMS_DIR.glob(f"flexcomm-lab-{glob.escape(prefix)}*.claim"):
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if _still_at(fd, path):
                     path.unlink()
             except BlockingIOError:
-                pass  # a command took it since: its own
+                live[name] = _holder(fd)
             finally:
                 os.close(fd)
+    return live
 
 
 def _holder(fd: int) -> str:
@@ -206,15 +193,14 @@ def _holder(fd: int) -> str:
 
 def clean(prefix: str, *, own: bool = False) -> dict[str, list]:
     """Kill the processes of, then delete the namespaces and socket directories
-    of, every lab command with `prefix`; LabBusy, touching nothing, where a live
-    one has such a prefix (`own`: besides this process, which holds `prefix`)."""
+    of, every lab command with `prefix`; LabBusy, touching none of them, where a
+    live one has such a prefix (`own`: besides this process, which holds `prefix`)."""
     if not prefix:
         raise ValueError("prefix: must not be empty (it would match every namespace)")
-    running = live(prefix, own=own)
+    running = _sweep_claims(prefix, own=own)
     if running:
         raise LabBusy("; ".join(f"a lab command with prefix {name!r} is running (pid {pid})"
                                 for name, pid in sorted(running.items())))
-    _remove_dead_claims(prefix)
     killed = kill_all(marked_pids(prefix), lambda: marked_pids(prefix))
     namespaces: list[str] = []
     if shutil.which("ip") is not None:

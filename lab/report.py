@@ -431,10 +431,11 @@ def build_summary(out: Path) -> LabSummary:
     schedule = parse_schedule(config["schedule_text"], config["schedule_name"])
     for repeat in range(repeats):
         these = [(run, s) for run, s in zip(runs, per_run, strict=True) if run.repeat == repeat]
-        total, chosen = hindsight([r for r, _ in these], {r.label: s for r, s in these})
+        by_label = {r.label: s for r, s in these}
+        total, chosen = hindsight([r for r, _ in these], by_label)
         totals.append(total)
         reached = [r for r, s in these if all(t is not None for t in s.time_to_targets_s.values())]
-        reaching_totals.append(hindsight(reached, {r.label: s for r, s in these})[0])
+        reaching_totals.append(hindsight(reached, by_label)[0])
         choices = choices or chosen
         fixed = {r.label: s for r, s in these if r.fixed and not r.failed}
         rooms.append({t: envelope.headroom(schedule, _progress_rates(fixed, t)) for t in targets})
