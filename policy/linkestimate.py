@@ -207,8 +207,8 @@ def relative_change(old: float, new: float) -> float:
 BURST_BYTES = 65536.0
 # A look reads up to this times the path's rate where the path has a token bucket
 # the estimate was not told of (a plain link configured): the lab's trains read
-# its 1.2x peak (1.167 of UDP payload), and a 42-datagram train's receive stamps
-# beside CPU hogs read 1.206x, thirds of 1.2 ms timed 3% short.
+# its 1.2x peak (1.167 of UDP payload), and 45-datagram trains beside the test
+# suite read up to 1.24x (sevenths of 0.5 ms timed short).
 LOOK_OVERREAD = 1.25
 # A look that waited this much longer for its answer than the path's quickest
 # looks did sat behind traffic: through the tests' 100 Mbit/s HTB link trains

@@ -241,9 +241,10 @@ def packet_train_look(config: ProbeConfig) -> Probe:
 
 
 def sized_look(train: Callable[[str, int], Measurement], peer: str) -> Measurement:
-    """Trains to `peer` until one held the link LOOK_HELD_S (see LOOK_HELD_S): the
-    last one read, with duration_s the time all of them held the link (the first
-    train's TrainLookError where it read nothing)."""
+    """Trains to `peer` until one held the link LOOK_HELD_S at its reading (see
+    LOOK_HELD_S; a gap a stalled host left in it does not count): the last one
+    read, with duration_s the time all of them held the link (the first train's
+    TrainLookError where it read nothing)."""
     size, held = MIN_DATAGRAMS * DATAGRAM_BYTES, 0.0
     m = None
     for _ in range(LOOK_TRAINS):
@@ -254,7 +255,7 @@ def sized_look(train: Callable[[str, int], Measurement], peer: str) -> Measureme
                 raise
             break  # a later train lost: the last one read stands
         held += m.duration_s or 0.0
-        if (m.duration_s or 0.0) >= LOOK_HELD_S or size >= LOOK_MAX_BYTES or not m.bandwidth_bps:
+        if not m.bandwidth_bps or size >= LOOK_MAX_BYTES or 8 * m.bytes_sent / m.bandwidth_bps >= LOOK_HELD_S:
             break
         size = min(LOOK_MAX_BYTES, LOOK_GROWTH * size, int(m.bandwidth_bps / 8 * 2 * LOOK_HELD_S))
     return dataclasses.replace(m, duration_s=held)

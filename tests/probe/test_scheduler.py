@@ -6,6 +6,7 @@ the shaped rate."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -454,6 +455,13 @@ def test_a_look_reads_again_with_a_larger_train_until_one_held_the_link_long_eno
     middling, sizes = path(160e6, 160e6, 0)
     sized_look(middling, "p")
     assert len(sizes) == 2 and sizes[1] == min(LOOK_GROWTH * sizes[0], int(160e6 / 8 * 2 * LOOK_HELD_S))
+
+    def held_by_a_stall(peer: str, size: int) -> Measurement:  # the shaper's timer 3.3 ms late, as beside the suite
+        return dataclasses.replace(middling(peer, size), duration_s=size * 8 / 160e6 + 0.0033)
+
+    sizes.clear()
+    m = sized_look(held_by_a_stall, "p")  # its hold says nothing of how long it read the path
+    assert len(sizes) == 2 and m.bytes_sent == sizes[1] and m.duration_s > 0.0066
 
     def lost_after_the_first(peer: str, size: int) -> Measurement:
         if size > 20_000:
