@@ -1425,10 +1425,31 @@ def test_a_slower_streak_asks_a_look_and_one_that_agrees_ends_it():
     e.wants_look = False  # the owner asked
     path.run(TOPK_AG, 200e6, 1)  # it goes on: a look again
     assert e.wants_look and e.look_reason == "slower streak"
-    e.observe_look(8 / 200e6, path.now)
-    path.run(TOPK_AG, 200e6, 1)
-    e.observe_look(8 / 190e6, path.now)  # twice slower: the path fell
+    e.observe_look(8 / 200e6, path.now)  # slower beside the syncs' slower streak: the path fell
     assert path.mbps == pytest.approx(200) and e.evidence == "look" and not e.wants_probe
+    assert not e.lower_bound and e.streak is None
+
+
+def test_a_look_under_what_slower_syncs_carried_makes_their_bound_the_figure():
+    # The look queued behind the job's syncs and read what they left of the link
+    # (alone it says nothing); beside their slower streak it says the path fell,
+    # and the syncs' bytes over their time are the fastest it surely still is.
+    path = slower_top_k_streak()
+    e = path.estimate
+    carried = 8 / min(e.streak.betas) / 1e6
+    e.observe_look(8 / 40e6, path.now)
+    assert e.lower_bound and e.evidence == SYNC_BOUND and path.mbps == pytest.approx(carried)
+    assert 40 < path.mbps <= 200 and not e.wants_probe and e.streak is None
+
+
+def test_a_slower_look_without_slower_syncs_waits_for_a_second():
+    path = Path(looks=True)
+    path.probe(1e9)
+    e = path.estimate
+    e.observe_look(8 / 200e6, path.now)
+    assert path.mbps == pytest.approx(1000) and e.look_pending is not None and e.wants_look
+    e.observe_look(8 / 190e6, path.now + 0.3)  # twice slower: the path fell
+    assert path.mbps == pytest.approx(200) and e.evidence == "look"
 
 
 def test_a_look_that_agrees_ends_a_slower_streak_only_where_every_path_agrees():
