@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -443,7 +444,13 @@ def check_powersgd_in_one_rebuilt_bucket(rank: int, world: int) -> dict:
 
 def check_cadence(rank: int, world: int) -> dict:
     """Where each agreement was launched, as rank 0 timed its steps: 6 slow steps
-    (0.3 s against a 0.2 s period), then 16 quick ones."""
+    (0.3 s against a 0.2 s period), then 16 quick ones; and, on a second job, 12
+    quick steps, then 6 slow ones."""
+    return {"launched": agreements_launched(lambda step: step < 6, 22),
+            "slowed": agreements_launched(lambda step: step >= 12, 18)}
+
+
+def agreements_launched(slow: Callable[[int], bool], steps: int) -> list[int]:
     import time
 
     from flexcomm.client.controller import Controller
@@ -459,12 +466,12 @@ def check_cadence(rank: int, world: int) -> dict:
         return start(proposal, stats, step, step_s)
 
     controller.agreement.start = recording
-    for step in range(22):
+    for step in range(steps):
         controller.begin_step()
-        if step < 6:
+        if slow(step):
             time.sleep(0.3)
         controller.end_step()
-    return {"launched": launched}
+    return launched
 
 
 class AnsweringSource:
@@ -657,6 +664,18 @@ def test_agreements_come_every_step_while_steps_are_slow_on_every_rank(results):
     assert launched[:9] == list(range(9)), launched
     gaps = [b - a for a, b in itertools.pairwise([s for s in launched if s >= 9])]
     assert len(gaps) >= 2 and all(2 <= g <= 4 for g in gaps), launched
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_the_first_agreement_after_a_step_slowed_comes_at_the_next_step(results):
+    # Step 12 is the first slow one, timed as step 13 begins: the first agreement
+    # launched from step 13 on sets the next one a step later, though the median of
+    # the latest 5 steps is still a quick one (it would set 2 to 4).
+    _, per_rank = results
+    slowed = per_rank[0]["cadence"]["slowed"]
+    assert all(r["cadence"]["slowed"] == slowed for r in per_rank), per_rank
+    first = next(s for s in slowed if s >= 13)
+    assert first + 1 in slowed, slowed
 
 
 @pytest.mark.slow  # real gloo ranks
