@@ -1088,13 +1088,12 @@ class LinkEstimate:
         streak = self.streak
         assert streak is not None
         carried = min(streak.betas)
-        self.streak, self.look_pending = None, None
+        self.streak, self.look_pending, self.looked = None, None, ts
         if reading <= carried:
             self._set(reading, LOOK, ts)
-            self.looked = self.look_figure = ts
+            self.look_figure = ts
         else:
             self._set(carried, SYNC_BOUND, ts, lower_bound=True)
-            self.looked = ts
 
     def _drift_down(self, figure: float, beta: float, drift: tuple[float, float] | None, ts: float) -> bool:
         """Two looks in a row that themselves read slower than the figure by

@@ -451,8 +451,6 @@ def check_cadence(rank: int, world: int) -> dict:
 
 
 def agreements_launched(slow: Callable[[int], bool], steps: int) -> list[int]:
-    import time
-
     from flexcomm.client.controller import Controller
     from flexcomm.client.decisions import PolicySource
 
