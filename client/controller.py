@@ -302,7 +302,12 @@ class Controller:
             log.exception("reporting step %d to the decision source failed", stats.step)
 
     def close(self) -> None:
-        """Report what is left (waiting for the device) and release the source."""
+        """Adopt an agreement in flight, report what is left (waiting for the
+        device) and release the source. Every rank launched that agreement, so
+        waiting for it is safe; left in flight, gloo's worker thread would free
+        its tensor during interpreter finalisation and abort the process."""
+        if self._pending is not None:
+            self._adopt()
         self._fold_finished(wait=True)
         self.source.close()
 

@@ -162,9 +162,12 @@ class Runner:
         self.controller.epoch = int(epoch)
 
     def close(self) -> None:
+        """Release the decision source, once no collective of flexcomm's is in
+        flight (call it on every rank, before destroy_process_group)."""
         if self._controller is None:
             self._decided_by.close()
         else:
+            self.gradient_step.settle()
             self.controller.close()
 
     def state_dict(self) -> dict[str, Any]:

@@ -83,6 +83,11 @@ class GradientStep:
             stats.add_probe(probe_gains(g_e, bucket.shapes, probes, norm, self.probe_select,
                                         self.probe_generators.on(g_e.device), self.probe_factors, bucket.key))
 
+    def settle(self) -> None:
+        """Wait for the collectives the compressors launched ahead of a step."""
+        for compressor in self.compressors.values():
+            compressor.settle()
+
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict(),
                 "compressors": {family: c.state_dict() for family, c in self.compressors.items()},

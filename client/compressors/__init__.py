@@ -67,6 +67,11 @@ class Compressor(Protocol):
         """Launch the collective; the future resolves to the bucket's gradient,
         now the group's average, once it arrived and was decompressed."""
 
+    def settle(self) -> None:
+        """Wait for any collective launched for a later step (VAR-Topk's root).
+        Called at close: a collective still in flight when the interpreter
+        finalises aborts the process from gloo's worker thread."""
+
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain data to checkpoint."""
 

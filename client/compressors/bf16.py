@@ -40,6 +40,9 @@ class Bf16:
 
         return transport.allreduce_mean(payload.data, decompress)
 
+    def settle(self) -> None:
+        pass  # nothing is launched ahead
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

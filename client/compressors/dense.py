@@ -28,6 +28,9 @@ class Dense:
     def communicate(self, payload: Payload, transport: Ring, stats: StepStats) -> Future:
         return transport.allreduce_mean(payload.data, sync_timer(stats, payload.data))
 
+    def settle(self) -> None:
+        pass  # nothing is launched ahead
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

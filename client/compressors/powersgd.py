@@ -145,6 +145,9 @@ class PowerSgd:
         if qs:
             self.warm.keep((key, rank), torch.cat([q.reshape(-1) for q in qs]))
 
+    def settle(self) -> None:
+        pass  # nothing is launched ahead
+
     def state_dict(self) -> dict[str, Any]:
         return self.warm.state_dict()
 

@@ -129,6 +129,10 @@ class TopK:
 
         return transport.allgather(packed, scatter)
 
+    def settle(self) -> None:
+        for agreement in self.agreed.values():
+            agreement.result()
+
     def state_dict(self) -> dict[str, Any]:
         return {"variance": {key: v.clone() for key, v in self.variance.items()}}
 

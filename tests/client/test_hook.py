@@ -516,6 +516,51 @@ def check_answer_during_a_step(rank: int, world: int) -> dict:
     return {"ran": ran}
 
 
+def after_a_pause(fn: Callable, seconds: float) -> Callable:
+    def paused(*args, **kwargs):
+        time.sleep(seconds)
+        return fn(*args, **kwargs)
+    return paused
+
+
+def check_close(rank: int, world: int) -> dict:
+    """How many of flexcomm's collectives are in flight as the last backward
+    returns and after close(). The steps run VAR-Topk (each launches its root for
+    the next step) and the last step's agreement is due; ranks other than 0
+    launch it 1 s late, as a descheduled rank would, so rank 0's backward returns
+    with it in flight."""
+    import torch.distributed as dist
+
+    from flexcomm.client.decisions import PolicySource
+    from flexcomm.client.hook import register
+
+    launched = []
+    all_reduce = dist.all_reduce
+
+    def recording(*args, **kwargs):
+        work = all_reduce(*args, **kwargs)
+        if kwargs.get("async_op"):
+            launched.append(work)
+        return work
+
+    dist.all_reduce = recording
+    try:
+        model = ddp(mlp(5))
+        policy = ScheduledPolicy({0: Decision("topk", 0.1, "art_ring", root="var", version=1)})
+        state = register(model, source=PolicySource(policy), control_interval=2, control_period_s=0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(5):  # agreements are due at steps 2 and 4
+            if step == 4 and rank != 0:
+                state.controller.agreement.start = after_a_pause(state.controller.agreement.start, 1.0)
+            train_step(model, opt, rank, step)
+            opt.step()
+        before = sum(not w.is_completed() for w in launched)
+        state.close()
+        return {"in_flight_before": before, "in_flight_after": sum(not w.is_completed() for w in launched)}
+    finally:
+        dist.all_reduce = all_reduce
+
+
 def battery(rank: int, world: int) -> dict:
     return {
         "powersgd_one_bucket": check_powersgd_in_one_rebuilt_bucket(rank, world),
@@ -529,6 +574,7 @@ def battery(rank: int, world: int) -> dict:
         "step_times": check_step_times(rank, world),
         "probe_share": check_probe_share(rank, world),
         "checkpoint": check_checkpoint_with_powersgd_and_policy(rank, world),
+        "close": check_close(rank, world),
     }
 
 
@@ -694,6 +740,16 @@ def test_the_agreement_is_launched_as_the_last_buckets_collective_completes(resu
     due = [step > 0 and step % CONTROL_INTERVAL == 0 for step in range(SWITCH_STEPS)]
     for res in per_rank:
         assert res["switching"]["in_flight_after_backward"] == due
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_close_leaves_none_of_flexcomms_collectives_in_flight(results):
+    # Left in flight, gloo's worker thread finishes one while the interpreter
+    # finalises and aborts the process after the job is done.
+    _, per_rank = results
+    assert per_rank[0]["close"]["in_flight_before"] >= 1, per_rank[0]["close"]
+    for res in per_rank:
+        assert res["close"]["in_flight_after"] == 0, res["close"]
 
 
 def test_cadence_fits_whole_steps_in_the_period():
