@@ -301,13 +301,14 @@ class Controller:
         except Exception:
             log.exception("reporting step %d to the decision source failed", stats.step)
 
-    def close(self) -> None:
-        """Adopt an agreement in flight, report what is left (waiting for the
-        device) and release the source. Every rank launched that agreement, so
-        waiting for it is safe; left in flight, gloo's worker thread would free
-        its tensor during interpreter finalisation and abort the process."""
+    def settle(self) -> None:
+        """Adopt an agreement in flight: every rank launched it, so waiting for it
+        is safe (a rank that has gone makes it raise)."""
         if self._pending is not None:
             self._adopt()
+
+    def close(self) -> None:
+        """Report what is left (waiting for the device) and release the source."""
         self._fold_finished(wait=True)
         self.source.close()
 

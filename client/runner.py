@@ -14,6 +14,7 @@ rank) at its first step instead.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -29,6 +30,8 @@ from flexcomm.client.stats import StepStats
 from flexcomm.client.step import GradientStep
 from flexcomm.client.summary import JobSummary, Scalars, ScalarWriter, show_decisions
 from flexcomm.policy.types import ROOT_STAR, Decision, Policy, check_range
+
+log = logging.getLogger("flexcomm.client")
 
 
 class Runner:
@@ -162,13 +165,21 @@ class Runner:
         self.controller.epoch = int(epoch)
 
     def close(self) -> None:
-        """Release the decision source, once no collective of flexcomm's is in
-        flight (call it on every rank, before destroy_process_group)."""
+        """Wait for the collectives flexcomm launched ahead of a next step, then
+        release the decision source. Call it on every rank, before
+        destroy_process_group: a collective left in flight is finished by gloo's
+        worker thread during interpreter finalisation, which aborts the process.
+        A rank already gone fails that wait; close says so and still releases
+        the source (it ends the job at the agent)."""
         if self._controller is None:
             self._decided_by.close()
-        else:
+            return
+        try:
+            self.controller.settle()
             self.gradient_step.settle()
-            self.controller.close()
+        except RuntimeError as e:
+            log.warning("flexcomm: a collective in flight at close failed: %s", str(e).splitlines()[0])
+        self.controller.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Step counter, adopted decision, residuals and compressor state such as

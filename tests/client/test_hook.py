@@ -561,6 +561,41 @@ def check_close(rank: int, world: int) -> dict:
         dist.all_reduce = all_reduce
 
 
+def close_after_a_peer_left(rank: int, world: int) -> dict:
+    """Ranks other than 0 never launch the last step's agreement and leave (the
+    harness exits them, closing their connections); rank 0's close() waits for
+    its own half of it."""
+    import logging
+
+    from flexcomm.client.decisions import PolicySource
+    from flexcomm.client.hook import register
+
+    class Source(PolicySource):
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    model = ddp(mlp(6))
+    source = Source(ScheduledPolicy({0: Decision("topk", 0.1, "ag_topk", version=1)}))
+    state = register(model, source=source, control_interval=2, control_period_s=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(5):  # agreements are due at steps 2 and 4
+        if step == 4 and rank != 0:
+            state.controller.agreement.start = lambda *args, **kwargs: None
+        train_step(model, opt, rank, step)
+        opt.step()
+    if rank != 0:
+        return {}
+    in_flight = state.controller._pending is not None
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("flexcomm.client").addHandler(handler)
+    state.close()
+    return {"in_flight": in_flight, "source_closed": source.closed, "warnings": warnings}
+
+
 def battery(rank: int, world: int) -> dict:
     return {
         "powersgd_one_bucket": check_powersgd_in_one_rebuilt_bucket(rank, world),
@@ -750,6 +785,15 @@ def test_close_leaves_none_of_flexcomms_collectives_in_flight(results):
     assert per_rank[0]["close"]["in_flight_before"] >= 1, per_rank[0]["close"]
     for res in per_rank:
         assert res["close"]["in_flight_after"] == 0, res["close"]
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_close_after_a_rank_left_says_so_and_still_releases_the_source():
+    result = run_ranks(2, "client/test_hook.py:close_after_a_peer_left", timeout=120)[0]
+    assert result["in_flight"] and result["source_closed"], result
+    # gloo's words for the lost connection vary; the line names the failure once
+    assert [w.split(":")[0] for w in result["warnings"]] == ["flexcomm"], result
+    assert "a collective in flight at close failed" in result["warnings"][0], result
 
 
 def test_cadence_fits_whole_steps_in_the_period():
