@@ -32,7 +32,10 @@ collective completes.
 from __future__ import annotations
 
 import os
+import time
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +45,32 @@ from flexcomm.client.device import Later
 Future = torch.futures.Future
 # torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+_unreleased: weakref.WeakSet = weakref.WeakSet()  # callbacks given to futures, until let go of
+
+
+def chain(fut: Future, fn: Callable[[Future], Any]) -> Future:
+    """`fut.then(fn)`, with `fn` remembered until the thread that ran it has let go
+    of it (`callbacks_released`)."""
+    _unreleased.add(fn)
+    return fut.then(fn)
+
+
+def callbacks_released(timeout_s: float = 1.0) -> bool:
+    """Wait, the GIL released, until every callback given to `chain` that has run
+    has been let go of (at most `timeout_s`; False if some has not). gloo's worker
+    thread lets go of a Python callback right after running it, and that takes
+    the GIL: if the interpreter is finalising by then, the thread exits mid-unwind
+    and the process aborts (SIGABRT, "terminate called without an active
+    exception") after the job is done. A core of that abort shows the thread in
+    `Future::markCompleted`, releasing the callback's `PythonFunctionGuard`."""
+    deadline = time.monotonic() + timeout_s
+    while len(_unreleased):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def new_future(like: torch.Tensor) -> Future:
@@ -69,7 +98,7 @@ class Ring:
         then(t), run once the sum arrived."""
         t.div_(self.size)
         work = dist.all_reduce(t, group=self.group, async_op=True)
-        return work.get_future().then(lambda _fut: then(t))
+        return chain(work.get_future(), lambda _fut: then(t))
 
     def broadcast(self, t: torch.Tensor, root: int) -> None:
         dist.broadcast(t, group=self.group, group_src=root)
@@ -80,7 +109,7 @@ class Ring:
         gathered = t.new_empty(self.size * t.numel())
         work = _all_gather_flat(gathered, t, group=self.group, async_op=True)
         # Read the tensor we passed in: the work's own future value is not it.
-        return work.get_future().then(lambda _fut: then(gathered))
+        return chain(work.get_future(), lambda _fut: then(gathered))
 
 
 class Tree(Ring):
@@ -206,7 +235,7 @@ class ArgmaxAgreement:
         def fetch(_fut: Future) -> None:
             self._winner = Later([torch.argmax(slots)])
 
-        self._arrived = work.get_future().then(fetch)
+        self._arrived = chain(work.get_future(), fetch)
 
     def result(self) -> int:
         self._arrived.wait()

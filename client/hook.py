@@ -73,7 +73,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flexcomm.client.collectives import Future, new_future
+from flexcomm.client.collectives import Future, chain, new_future
 from flexcomm.client.compressors import Bucket
 from flexcomm.client.runner import Runner
 from flexcomm.client.stats import StepStats
@@ -169,7 +169,7 @@ class FlexcommState(Runner):
         if last:
             self._in_step = False
             if not self.global_topk:  # the global step waited for its syncs and launched it
-                fut = fut.then(self._after_syncs)
+                fut = chain(fut, self._after_syncs)
         return fut
 
     def _after_syncs(self, fut: Future) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from flexcomm.client.agreement import CONTROL_PERIOD_S, MAX_PERIOD_S
+from flexcomm.client.collectives import callbacks_released
 from flexcomm.client.controller import DENSE, PROBE_SHARE, Controller, check_group, resolve_source
 from flexcomm.client.decisions import DecisionSource
 from flexcomm.client.nodes import share_nodes
@@ -165,12 +166,13 @@ class Runner:
         self.controller.epoch = int(epoch)
 
     def close(self) -> None:
-        """Wait for the collectives flexcomm launched ahead of a next step, then
-        release the decision source. Call it on every rank, before
-        destroy_process_group: a collective left in flight is finished by gloo's
-        worker thread during interpreter finalisation, which aborts the process.
-        A rank already gone fails that wait; close says so and still releases
-        the source (it ends the job at the agent)."""
+        """Wait for the collectives flexcomm launched ahead of a next step and for
+        the threads that ran the steps' callbacks to let go of them, then release
+        the decision source. Call it on every rank, before destroy_process_group:
+        gloo's worker thread, finishing either during interpreter finalisation,
+        aborts the process (`collectives.callbacks_released`). A rank already
+        gone fails the wait; close says so and still releases the source (it
+        ends the job at the agent)."""
         if self._controller is None:
             self._decided_by.close()
             return
@@ -179,6 +181,7 @@ class Runner:
             self.gradient_step.settle()
         except RuntimeError as e:
             log.warning("flexcomm: a collective in flight at close failed: %s", str(e).splitlines()[0])
+        callbacks_released()
         self.controller.close()
 
     def state_dict(self) -> dict[str, Any]:

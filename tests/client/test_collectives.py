@@ -332,3 +332,17 @@ def test_values_go_at_the_buckets_width_and_indices_at_four_bytes(results):
                     assert (fp32, got) == (k * (4 + 4 * sends_indices), k * (2 + 4 * sends_indices))
                 else:
                     assert got * 2 == fp32, (half, family, collective)
+
+
+def test_callbacks_count_as_released_once_the_thread_that_ran_them_let_go():
+    # Here the main thread completes the future, so it runs and lets go of the
+    # callback at once; on gloo its worker thread does, later (test_hook's close).
+    from flexcomm.client.collectives import callbacks_released, chain
+
+    fut = torch.futures.Future()
+    ran = []
+    chained = chain(fut, lambda f: ran.append(f.value()))
+    assert not callbacks_released(timeout_s=0.05)  # held by a future not yet complete
+    fut.set_result(3)
+    chained.wait()
+    assert ran == [3] and callbacks_released(timeout_s=0.05)
