@@ -516,19 +516,21 @@ def check_answer_during_a_step(rank: int, world: int) -> dict:
     return {"ran": ran}
 
 
-def after_a_pause(fn: Callable, seconds: float) -> Callable:
-    def paused(*args, **kwargs):
-        time.sleep(seconds)
+def once_told(fn: Callable, store, key: str) -> Callable:
+    """`fn`, called only once `key` is set in the group's store."""
+    def waiting(*args, **kwargs):
+        store.wait([key])
         return fn(*args, **kwargs)
-    return paused
+    return waiting
 
 
 def check_close(rank: int, world: int) -> dict:
     """How many of flexcomm's collectives are in flight as the last backward
-    returns and after close(), and how many callbacks remain held. The steps run VAR-Topk (each launches its root for
-    the next step) and the last step's agreement is due; ranks other than 0
-    launch it 1 s late, as a descheduled rank would, so rank 0's backward returns
-    with it in flight."""
+    returns and after close(), and how many callbacks remain held. The steps run
+    VAR-Topk (each launches its root for the next step) and the last step's
+    agreement is due; ranks other than 0 launch it late, as a descheduled rank
+    would (once rank 0 has counted), so rank 0's backward returns with it in
+    flight."""
     import torch.distributed as dist
 
     from flexcomm.client import collectives
@@ -545,6 +547,7 @@ def check_close(rank: int, world: int) -> dict:
         return work
 
     dist.all_reduce = recording
+    store = dist.distributed_c10d._get_default_store()
     try:
         model = ddp(mlp(5))
         policy = ScheduledPolicy({0: Decision("topk", 0.1, "art_ring", root="var", version=1)})
@@ -552,10 +555,12 @@ def check_close(rank: int, world: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         for step in range(5):  # agreements are due at steps 2 and 4
             if step == 4 and rank != 0:
-                state.controller.agreement.start = after_a_pause(state.controller.agreement.start, 1.0)
+                state.controller.agreement.start = once_told(state.controller.agreement.start, store, "counted")
             train_step(model, opt, rank, step)
             opt.step()
         before = sum(not w.is_completed() for w in launched)
+        if rank == 0:
+            store.set("counted", "1")
         state.close()
         return {"in_flight_before": before, "in_flight_after": sum(not w.is_completed() for w in launched),
                 "callbacks_held": len(collectives._unreleased)}
