@@ -10,6 +10,9 @@
   changes nothing; reports carry the probes' gains and the step's compute time;
 - state_dict/load_state_dict restores the residuals, PowerSGD's factors and an
   in-process policy.
+- close() leaves no collective of flexcomm's in flight and no callback held by
+  gloo's thread, and where a rank has gone it says so and still releases the
+  source.
 Bad input fails at construction (in this process, and a group of one rank).
 """
 
