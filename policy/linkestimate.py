@@ -1088,7 +1088,7 @@ class LinkEstimate:
         streak = self.streak
         assert streak is not None
         carried = min(streak.betas)
-        self.streak, self.look_pending, self.looked = None, None, ts
+        self.looked = ts  # `_set` ends the streak and the pending look
         if reading <= carried:
             self._set(reading, LOOK, ts)
             self.look_figure = ts
