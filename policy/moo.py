@@ -26,8 +26,10 @@ Where each figure comes from:
 
 Its parts, each with its own state: the quality budget (policy.budget), the
 exploring budget (policy.exploring), the reconsideration rule
-(policy.reconsider) and the calibration (policy.costmodel); a candidate as it
-is judged and the rules that compare candidates are policy.evaluation.
+(policy.reconsider), the gain figures (policy.gains), the compute and
+compression times (policy.steptimes) and the calibration (policy.costmodel);
+a candidate as it is judged and the rules that compare candidates are
+policy.evaluation.
 
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
@@ -82,9 +84,10 @@ from flexcomm.policy.evaluation import (
     worth_its_error,
 )
 from flexcomm.policy.exploring import ExploreBudget
+from flexcomm.policy.gains import GainFigures
 from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
-from flexcomm.policy.linkestimate import ewma as _ewma
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
+from flexcomm.policy.steptimes import StepTimes
 from flexcomm.policy.types import (
     AG_TOPK,
     ART_RING,
@@ -116,13 +119,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 12
-COMPUTE_SAMPLES = 9
-# A compression's time is the median of its latest steps: one step a loaded host
-# stalled (PowerSGD rank 4 compressed in 85 ms, then 2 and 2) held its smoothed
-# figure at 42 ms through a short lab's slow phase, where it would have been the
-# fastest option within the budget.
-COMP_SAMPLES = 5
+STATE_FORMAT = 13
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
 LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed option the model puts first
@@ -316,12 +313,6 @@ class _State:
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
     dear: NetworkObservation | None = None  # the slowest network (not a lower bound) seen (error_price)
-    compute: list[float] = field(default_factory=list)  # recent t_compute samples
-    t_comp: dict[str, list[float]] = field(default_factory=dict)  # compression name -> latest s
-    set_up: list[str] = field(default_factory=list)  # compressions whose first step (their set-up) was seen
-    gains: dict[str, float] = field(default_factory=dict)  # compression name -> gain its probes read
-    delivered: dict[str, float] = field(default_factory=dict)  # choice label -> gain its steps applied
-    gain_steps: dict[str, int] = field(default_factory=dict)  # gains' and delivered's key -> step last seen
     sync: dict[str, list[float]] = field(default_factory=dict)  # option label -> latest syncs, since the last change
     current: Decision | None = None
     version: int = 0
@@ -365,6 +356,8 @@ class MooPolicy:
         self.budget = QualityBudget(self.config.budget_payback_steps)
         self.exploring = ExploreBudget()
         self.watch = Reconsideration()
+        self.gains = GainFigures(self.config.gain_smoothing)
+        self.times = StepTimes()
         self._s = _State()
         self._decision: Decision | None = None  # cached until an observation arrives
         self._price: float | None = None  # error_price(), cached until an observation arrives
@@ -507,7 +500,7 @@ class MooPolicy:
         s = self._s
         self._decision = self._price = None
         if report.t_compute_s > 0:
-            s.compute = [*s.compute, report.t_compute_s][-COMPUTE_SAMPLES:]
+            self.times.observe_compute(report.t_compute_s)
         label = report.choice.label
         exploring = self._spent_exploring(label)
         self._observe_gains(report, exploring)
@@ -515,7 +508,7 @@ class MooPolicy:
         # no candidate reads would grow the state without bound.
         candidate = label in self._labels
         if candidate and report.family != DENSE:
-            self._time_compression(report.compression.name, report.t_comp_s)
+            self.times.observe_compression(report.compression.name, report.t_comp_s)
         # A step that overlapped a bandwidth test says nothing of its option's sync.
         timed = report.t_sync_s > 0 and not report.disturbed
         if timed and candidate:
@@ -530,18 +523,6 @@ class MooPolicy:
             if timed:
                 self.watch.ran(report.t_sync_s, report.t_sync_s / (report.t_compute_s or self.t_compute or 1.0))
             self._advance()
-
-    def _time_compression(self, name: str, t_comp_s: float) -> None:
-        """A compression's first step in the job carries its one-time set-up (buffers
-        allocated, kernels first run) and is left out of its figure: in the default
-        lab PowerSGD rank 4's first step compressed in 42 ms and its next ones in
-        1 ms (Top-k 0.01 14 ms against 1-2); averaged in, rank 4's figure was still
-        10x its steady one when the first exploration was planned."""
-        s = self._s
-        if name not in s.set_up:
-            s.set_up = [*s.set_up, name]
-            return
-        s.t_comp[name] = [*s.t_comp.get(name, ()), t_comp_s][-COMP_SAMPLES:]
 
     def _calibrate(self, report: StepReport) -> None:
         """Fit the model's error on this pair, unless the time is so far off the
@@ -566,20 +547,15 @@ class MooPolicy:
         self.calibration.observe(key, raw, report.t_sync_s)
 
     def _observe_gains(self, report: StepReport, exploring: bool) -> None:
-        """Two figures per gain: what a compression's probes read off a gradient
-        (keyed by compression), and what the steps of a choice applied (keyed by
-        choice: AR-Topk over a tree does not deliver what Top-k over AllGather does).
-        A gain is an expectation (E||g_c||^2 / E||g_e||^2); one step's swings 5x at
-        one CR on a small model, so it is smoothed far more than times are, with a
-        weight per step elapsed (gain_smoothing per step, compounded), so a figure
-        read every tenth step settles as fast, in steps, as one read every step."""
-        s = self._s
+        """The probes' readings of the candidates' compressions and what a
+        candidate's step delivered (policy.gains), then what the step spent of
+        the quality budget."""
         for name, g in sorted(report.gains.items()):
             if name in self.probes:
-                self._smooth_gain(s.gains, name, float(g), report.step)
+                self.gains.probe(name, float(g), report.step)
         label = report.choice.label
         if report.compression.lossy and label in self._labels:
-            self._smooth_gain(s.delivered, label, report.gain, report.step)
+            self.gains.deliver(label, report.gain, report.step)
         reference = self._reference_error()
         # Exploring steps are bounded by their own share, not charged to the quality
         # budget: the short lab's first exploration (Top-k over the AR collectives,
@@ -616,13 +592,6 @@ class MooPolicy:
         return choice.label == self._reference_label or \
             self._family_references.get(choice.compression.family) == choice
 
-    def _smooth_gain(self, figures: dict[str, float], key: str, gain: float, step: int) -> None:
-        last = self._s.gain_steps.get(key)
-        elapsed = 1 if last is None else min(max(1, step - last), 1000)
-        weight = 1.0 - (1.0 - self.config.gain_smoothing) ** elapsed
-        figures[key] = _ewma(figures.get(key), gain, weight)
-        self._s.gain_steps[key] = step
-
     # --- decisions -----------------------------------------------------------
 
     def decide(self) -> Decision:
@@ -645,7 +614,7 @@ class MooPolicy:
         running = self._current_label()
         t_compute = self.t_compute
         scales = {family: self._comp_scale(family) for family in FAMILIES}
-        delivery = self._delivery_ratios()
+        delivery = self.gains.delivery_ratios(self._by_label)
         reference_error = self._reference_error()
         for option in self.options:
             raw = self._link_time(option, net) if net else None
@@ -664,34 +633,10 @@ class MooPolicy:
             t_comp = self._t_comp(option.compression, scales[option.compression.family])
             gain = 1.0 if not option.compression.lossy else self._family_priced(option, reference_error)
             if gain is None:
-                gain = self._expected_gain(option, delivery)
+                gain = self.gains.expected(option, delivery)
             t_step = t_compute + t_comp + t_sync
             rows.append(Evaluation(option, t_sync, t_comp, t_step, gain, measured, raw))
         return rows
-
-    def _delivery_ratios(self) -> dict[tuple[str, str], float]:
-        """Per (family, collective), what the options that ran delivered over what
-        their probes read (the median, at most 1): PowerSGD's probes (the best
-        rank-r approximation of rank 0's gradient) read 0.5 where its steps
-        delivered 0.2, and the Top-k AR collectives' non-root ranks send little."""
-        s, ratios = self._s, {}
-        for label, delivered in s.delivered.items():
-            choice = self._by_label.get(label)  # a stored state's may name what is no candidate now
-            probed = s.gains.get(choice.compression.name) if choice else None
-            if probed:
-                ratios.setdefault((choice.compression.family, choice.collective), []).append(delivered / probed)
-        return {k: min(1.0, statistics.median(v)) for k, v in ratios.items()}
-
-    def _expected_gain(self, option: Choice, delivery: Mapping[tuple[str, str], float]) -> float | None:
-        """What a lossy option's steps deliver: measured once it ran, else its probes'
-        reading scaled as its family's options over its collective delivered (an
-        untimed PowerSGD rank, rated by its probes, was tried and rejected again
-        and again while the job ran bf16 at 10 Mbit/s)."""
-        s = self._s
-        if option.label in s.delivered:
-            return s.delivered[option.label]
-        probed = s.gains.get(option.compression.name)
-        return None if probed is None else probed * delivery.get((option.compression.family, option.collective), 1.0)
 
     def _family_priced(self, option: Choice, reference_error: float | None) -> float | None:
         """The gain of an option of a family with a reference of its own, in the
@@ -702,23 +647,15 @@ class MooPolicy:
 
         A step's gain orders one family's options but not the families against
         each other (bench/quality_measures.py, cnn: PowerSGD rank 2 kept 11% of the
-        compensated norm a step and lost less than Top-k 0.1, which kept 61%).
-        Read off the probes, not the delivered gains: PowerSGD's delivered gain
-        falls from ~0.9 to ~0.15 as its residual fills, so ranks delivered at
-        different times compared wrongly (on lm rank 2, its figure from the first
-        exploration, looked better than rank 4, was chosen, and then charged
-        0.25 a step against the reference's 0.003)."""
+        compensated norm a step and lost less than Top-k 0.1, which kept 61%)."""
         reference = self._family_references.get(option.compression.family)
         if reference is None or reference_error is None:
             return None
-        if reference == option:
-            return 1.0 - reference_error
-        own, mine = self._s.gains.get(reference.compression.name), self._s.gains.get(option.compression.name)
-        return None if not own or mine is None else min(1.0, (1.0 - reference_error) * mine / own)
+        return self.gains.share_of(option, reference, 1.0 - reference_error)
 
     @property
     def t_compute(self) -> float:
-        return statistics.median(self._s.compute) if self._s.compute else 0.0
+        return self.times.t_compute
 
     def choose(self, rows: list[Evaluation]) -> Evaluation:
         """The choice among `rows` (no hysteresis): Pareto front, then ASF or
@@ -824,7 +761,7 @@ class MooPolicy:
         ref = self.reference
         if not ref.lossy:
             return 0.0
-        gain = self._s.delivered.get(self._reference_label, self._s.gains.get(ref.name))
+        gain = self.gains.delivered.get(self._reference_label, self.gains.probed.get(ref.name))
         return None if gain is None else 1.0 - gain
 
     def _asf(self, points: list[tuple[float, float]]) -> list[float]:
@@ -847,6 +784,8 @@ class MooPolicy:
             "budget": self.budget.state_dict(),
             "exploring": self.exploring.state_dict(),
             "reconsideration": self.watch.state_dict(),
+            "gains": self.gains.state_dict(),
+            "times": self.times.state_dict(),
             "state": self._s.to_dict(),
         }
 
@@ -869,6 +808,8 @@ class MooPolicy:
             self.budget = QualityBudget(self.config.budget_payback_steps)
             self.exploring = ExploreBudget()
             self.watch = Reconsideration()
+            self.gains = GainFigures(self.config.gain_smoothing)
+            self.times = StepTimes()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
@@ -876,6 +817,8 @@ class MooPolicy:
         self.budget = QualityBudget.from_state(state["budget"], self.config.budget_payback_steps)
         self.exploring = ExploreBudget.from_state(state["exploring"])
         self.watch = Reconsideration.from_state(state["reconsideration"])
+        self.gains = GainFigures.from_state(state["gains"], self.config.gain_smoothing)
+        self.times = StepTimes.from_state(state["times"])
         self._s = _State.from_dict(state["state"])
 
     @property
@@ -908,10 +851,10 @@ class MooPolicy:
     def _comp_scale(self, family: str) -> float:
         """Measured over modelled t_comp, averaged over the family's compressions that ran."""
         ratios = []
-        for name in sorted(self._s.t_comp):
+        for name in self.times.timed():
             c, model = self._modelled_comp(name)
             if c.family == family and model > 0:
-                ratios.append(self._measured_comp(name) / model)
+                ratios.append(self.times.t_comp(name) / model)
         return sum(ratios) / len(ratios) if ratios else 1.0
 
     def _modelled_comp(self, name: str) -> tuple[Compression, float]:
@@ -947,15 +890,10 @@ class MooPolicy:
         """Measured, or the model's figure times what the family measured (`scale`)."""
         if compression.family == DENSE:
             return 0.0
-        measured = self._measured_comp(compression.name)
+        measured = self.times.t_comp(compression.name)
         if measured is not None:
             return measured
         return scale * self._modelled_comp(compression.name)[1]
-
-    def _measured_comp(self, name: str) -> float | None:
-        """A compression's measured t_comp: the median of its latest COMP_SAMPLES steps."""
-        samples = self._s.t_comp.get(name)
-        return statistics.median(samples) if samples else None
 
     def _spent_exploring(self, label: str) -> bool:
         """A step run only to measure its option: the running exploring option, or
@@ -1051,7 +989,7 @@ class MooPolicy:
         first exploration is planned on it (on the model's figure in its place, a
         simulated job whose bf16 compressed in 1 ms, the model's 16, never ran it)."""
         c = self._s.current.compression if self._s.current else None
-        return c is None or c.family == DENSE or c.name in self._s.t_comp
+        return c is None or c.family == DENSE or self.times.t_comp(c.name) is not None
 
     def _measure_an_untimed_first_choice(self, rows: list[Evaluation]) -> bool:
         """When the rule, on the model's figures, puts an option nobody timed on
@@ -1321,7 +1259,7 @@ class MooPolicy:
         if with_lossless:
             rows = with_best_lossless(rows, ranked)
         free = {rows[0].label} | ({self._current_label()} if running_free else set())
-        if self._reference_label not in self._s.delivered:
+        if self._reference_label not in self.gains.delivered:
             # Run for its delivered error, which the budget needs once (a moved
             # network does not change it: the cnn's MOO re-ran Top-k 0.1 over
             # AllGather at 20 Mbit/s after each move, 190 ms a sync where PowerSGD
@@ -1516,7 +1454,7 @@ class MooPolicy:
         bf16 at 0.31 s a step after the link fell, with Top-k 0.1 over AllGather,
         which had delivered its figure on the fast link, predicted faster by a
         calibrated fit and never re-run."""
-        return (option.lossless or option.label in self._s.delivered
+        return (option.lossless or option.label in self.gains.delivered
                 or self._family_priced(option, reference_error) is not None)
 
     def _fit_is_calibrated(self, row: Evaluation) -> bool:

@@ -163,7 +163,7 @@ def test_a_gain_read_every_tenth_step_settles_as_fast_in_steps_as_one_read_every
             gain = 0.9 if step < 20 else 0.3
             policy.observe_step(StepReport(step=step, family="dense", param=0, collective="dense_ring", t_comp_s=0.0,
                                            t_sync_s=0.05, gain=1.0, gains={"topk:0.1": gain}))
-    assert tenth._s.gains["topk:0.1"] == pytest.approx(every._s.gains["topk:0.1"], abs=0.05)
+    assert tenth.gains.probed["topk:0.1"] == pytest.approx(every.gains.probed["topk:0.1"], abs=0.05)
 
 
 def test_an_untimed_option_is_expected_to_deliver_as_its_siblings_did() -> None:

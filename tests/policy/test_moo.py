@@ -126,7 +126,7 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     job.run(2, *SLOW)  # the warm-up (a set-up step, a timed one); nor does the first exploration run it
     assert policy.phase == EXPLORE and reference not in dict(policy._s.plan)
     job.run(60, *SLOW)
-    assert reference not in policy._s.delivered and policy._reference_error() is not None
+    assert reference not in policy.gains.delivered and policy._reference_error() is not None
     # Compared on the model's raw figures: a fit fed by rank 4's slow first steps
     # (its init) puts the reference within the window where the model does not.
     gbit = moo(quality_reference="topk:0.1+powersgd:4")
@@ -332,7 +332,7 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     Job(policy).run(2, *SLOW)  # the warm-up (a set-up step, a timed one), on the reference: it has delivered
     assert policy.phase == EXPLORE and len(policy._s.plan) == 3
-    assert policy._reference_label in policy._s.delivered
+    assert policy._reference_label in policy.gains.delivered
     ranking = policy.ranking(policy.evaluate(predicted=True))
     ranked = [r.label for r in ranking if r.t_step_s <= ranking[0].t_step_s * policy.config.explore_prune]
     # the model's first choice is measured as the job would run it (no exploring
@@ -348,7 +348,7 @@ def test_a_reference_that_delivered_is_not_run_again_for_its_own_sake(share: flo
     policy = moo(explore_max=3, explore_share=share)
     settle(policy, Job(policy), *SLOW)  # the warm-up ran the reference
     reference = policy._reference_label
-    assert reference in policy._s.delivered
+    assert reference in policy.gains.delivered
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert policy.phase == EXPLORE
     # measured again only as any option is: ranked near the first, charged to the share
@@ -363,7 +363,7 @@ def test_a_powersgd_rank_priced_by_its_probes_may_be_chosen_on_a_calibrated_pred
     # at 0.11 s by a fit that had run there. Like a lossless option, its price
     # needs no run: a calibrated prediction may choose it.
     policy = moo(quality_reference="topk:0.1+powersgd:4")
-    policy._s.gains.update({"topk:0.1": 0.77, "powersgd:4": 0.5, "powersgd:2": 0.3})
+    policy.gains.probed.update({"topk:0.1": 0.77, "powersgd:4": 0.5, "powersgd:2": 0.3})
     rank4, topk = Choice(Compression("powersgd", 4), "dense_ring"), Choice(Compression("topk", 0.1), "ag_topk")
     key = calibration_key(rank4.compression, rank4.collective)
     measured = Evaluation(topk, 0.34, 0.005, 0.42, 0.77, True)
@@ -383,14 +383,14 @@ def test_an_option_that_delivered_where_it_ran_before_may_be_chosen_on_a_calibra
     # with Top-k 0.1 over AllGather, which had delivered its gain on the fast link,
     # predicted faster by a fit that had run it; a gain does not move with the link.
     policy = moo(quality_reference="topk:0.1")
-    policy._s.gains["topk:0.1"] = 0.6
+    policy.gains.probed["topk:0.1"] = 0.6
     bf16, topk = Choice(Compression("bf16"), "dense_ring"), Choice(Compression("topk", 0.1), "ag_topk")
     for _ in range(PREDICTION_TRUSTED):
         policy.calibration.observe(calibration_key(topk.compression, topk.collective), 0.15, 0.15)
     measured = Evaluation(bf16, 0.29, 0.004, 0.31, 1.0, True)
     predicted = Evaluation(topk, 0.15, 0.005, 0.18, 0.6, False)
     assert policy._best_trusted([measured, predicted])[1] == measured  # probed only: it runs first
-    policy._s.delivered[topk.label] = 0.6
+    policy.gains.delivered[topk.label] = 0.6
     assert policy._best_trusted([measured, predicted])[1] == predicted
 
 
@@ -437,7 +437,7 @@ def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
     settle(policy, job, 1e-3, 50e6)
     before = policy.explorations
     name = "topk:0.033"
-    was = policy._s.gains[name]
+    was = policy.gains.probed[name]
     d = policy.decide()
     row = next(r for r in policy.evaluate() if r.label == d.label)
     halved = {n: gain_of(Compression.parse(n)) / (1 if n == "topk:0.011" else 2) for n in d.probes}
@@ -446,7 +446,7 @@ def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
                                        t_comp_s=row.t_comp_s, t_sync_s=row.t_sync_s, gain=gain_of(d.compression),
                                        t_compute_s=job.t_compute, gains=halved))
     assert policy.explorations == before
-    assert policy._s.gains[name] < was * 0.6  # smoothed (0.05 per step) towards half
+    assert policy.gains.probed[name] < was * 0.6  # smoothed (0.05 per step) towards half
 
 
 _TIE_CR = 0.01
@@ -889,7 +889,7 @@ def test_an_option_the_model_puts_far_ahead_is_timed_in_a_blind_exploration_once
 
 def test_whatever_the_run_saved_a_step_keeps_half_of_what_the_reference_keeps() -> None:
     policy = moo()
-    policy._s.gains["topk:0.011"] = 0.6  # the reference loses 0.4
+    policy.gains.probed["topk:0.011"] = 0.6  # the reference loses 0.4
     for _ in range(1000):
         policy.budget.observe(0.0, 0.4)  # a long lossless stretch: savings to spend
     rows = [_row("topk:0.001@art_tree", 0.010, 0.15),  # delivers little: within twice the reference's error
@@ -1174,7 +1174,7 @@ def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_
     # ahead, and on a steady link the job looked at one option after another.
     policy = moo()
     settle(policy, Job(policy), *SLOW)
-    for figures in (policy._s.sync, policy._s.delivered):  # never ran: its gain is a probe's
+    for figures in (policy._s.sync, policy.gains.delivered):  # never ran: its gain is a probe's
         figures.pop("powersgd:2@dense_ring")
     policy._set_current(policy._by_label["powersgd:4@dense_ring"], "running as the test puts it")
     rows = policy.evaluate()

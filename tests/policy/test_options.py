@@ -121,6 +121,8 @@ def test_gains_and_times_of_options_no_candidate_has_are_not_kept() -> None:
         strange = {f"topk:{0.5 + j / 1000!r}": 0.5 for j in range(63)}
         policy.observe_step(StepReport(step=i, family="topk", param=0.3 + i / 1000, collective="ag_topk",
                                        t_comp_s=0.01, t_sync_s=0.1, gain=0.5, gains={**strange, "topk:0.1": 0.9}))
-    state = policy.state_dict()["state"]
-    assert set(state["gains"]) == {"topk:0.1"}
-    assert state["t_comp"] == {} and state["sync"] == {}
+    saved = policy.state_dict()
+    gains = saved["gains"]
+    assert set(gains["probed"]) == {"topk:0.1"} and gains["delivered"] == {}
+    assert set(gains["seen"]) == {"topk:0.1"}
+    assert saved["times"]["comp"] == {} and saved["state"]["sync"] == {}
