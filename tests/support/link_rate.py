@@ -1,4 +1,4 @@
-"""Whether a bandwidth test read the link, judged against what this host carries now."""
+"""Bandwidth tests on a shaped link, judged against what this host carries now."""
 
 from __future__ import annotations
 
