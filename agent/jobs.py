@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flexcomm.policy.jobspec import JobSpec
@@ -82,8 +82,8 @@ class Job:
         changed.set()
 
     def redecide(self) -> bool:
-        """Ask the policy again; True when the decision changed."""
-        decision = self.policy.decide()
+        """Have the policy choose on what it observed since; True when the decision changed."""
+        decision = self.policy.choose()
         if decision.same_choice(self.decision) and decision.exploring == self.decision.exploring:
             return False
         self._adopt(decision)
@@ -121,24 +121,24 @@ class Job:
         self.dirty = True
         return self.redecide()
 
-    def ingest(self, reports: Iterable[StepReport], on_policy_error: Callable[[str], None]) -> int:
-        """Feed step reports to the policy and keep them for the store; return the count."""
-        n = 0
+    def ingest(self, reports: Sequence[StepReport], on_policy_error: Callable[[str], None]) -> int:
+        """Feed step reports to the policy (`redecide` has it choose on them) and
+        keep them for the store; return the count."""
+        if not reports:
+            return 0
+        try:
+            self.policy.observe_steps(reports)
+        except ValueError as exc:  # a report this policy cannot take; the store keeps it still
+            self.policy_errors += 1
+            on_policy_error(str(exc))
         for r in reports:
-            try:
-                self.policy.observe_step(r)
-            except ValueError as exc:  # e.g. a CR the policy never offered
-                self.policy_errors += 1
-                on_policy_error(str(exc))
             self.last_step = max(self.last_step, r.step)
             self.last_epoch = max(self.last_epoch, r.epoch)
-            self.pending_reports.append(r)
-            n += 1
-        if n:
-            self.reports += n
-            self.last_report_unix = time.time()
-            self.dirty = True
-        return n
+        self.pending_reports.extend(reports)
+        self.reports += len(reports)
+        self.last_report_unix = time.time()
+        self.dirty = True
+        return len(reports)
 
     # -- persistence ----------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -2,12 +2,12 @@
 
 Feeds a MooPolicy (every compressor family: dense, bf16, PowerSGD at 3 ranks,
 Top-k at 5 CRs over 3 collectives) through warm-up and exploration on a modelled
-job, then times decide() two ways:
-- fresh: each decide() follows a new network observation (the bandwidth a few
-  percent off the last, below the change threshold), so it evaluates every
-  candidate, computes the Pareto front and applies hysteresis. This is what an
-  agent pays once per observation. Goal: median < 1 ms, p99 < 2 ms.
-- cached: decide() again with nothing new, as an agent answers repeated requests.
+job, then times a decision two ways:
+- fresh: choose() after a new network observation (the bandwidth a few percent
+  off the last, below the change threshold): it evaluates every candidate,
+  ranks them and applies hysteresis. This is what an agent pays once per
+  observation. Goal: median < 1 ms, p99 < 2 ms.
+- cached: decide(), the read an agent makes for repeated requests.
 Each fresh figure also on the thread's CPU clock (decide_fresh_cpu_*), which a
 busy host's scheduler does not inflate.
 Last line: {"decide_fresh_us": median, "decide_fresh_p99_us": ..., "decide_cached_us": ...}.
@@ -51,7 +51,7 @@ def main() -> None:
 
     def fresh(i: int) -> None:
         policy.observe_network(nets[i % 2])
-        policy.decide()
+        policy.choose()
 
     fresh_us = timed(fresh, 2000)
     # The same on the thread's CPU clock: on a shared host the wall clock's tail is
@@ -67,9 +67,9 @@ def main() -> None:
         "candidates": candidates,
         "machine": f"{platform.machine()} {platform.python_implementation()} {platform.python_version()}",
     }
-    print(f"decide() over {candidates} candidates on a fresh observation: median {result['decide_fresh_us']} us, "
+    print(f"choose() over {candidates} candidates on a fresh observation: median {result['decide_fresh_us']} us, "
           f"p99 {result['decide_fresh_p99_us']} us (CPU time: median {result['decide_fresh_cpu_us']} us, "
-          f"p99 {result['decide_fresh_cpu_p99_us']} us); cached {result['decide_cached_us']} us")
+          f"p99 {result['decide_fresh_cpu_p99_us']} us); decide() {result['decide_cached_us']} us")
     print(json.dumps(result))
 
 

@@ -322,8 +322,7 @@ class Controller:
             self._adopt()
         state = {"step": self.step, "epoch": self.epoch, "decision": self.decision.to_dict()}
         if self.rank == 0 and isinstance(self.source, PolicySource):
-            state["policy"] = self.source.policy.state_dict()
-            state["network_estimate"] = self.source.estimate.state_dict()
+            state.update(self.source.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -332,7 +331,5 @@ class Controller:
         self.epoch = int(state.get("epoch", 0))
         self.decision = Decision.from_dict(state["decision"])
         if self.rank == 0 and "policy" in state and isinstance(self.source, PolicySource):
-            self.source.policy.load_state_dict(state["policy"])
-            if "network_estimate" in state:
-                self.source.estimate.load_state_dict(state["network_estimate"])
+            self.source.load_state_dict(state)
 

@@ -28,8 +28,8 @@ node's agent in the background.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from flexcomm.policy.linkestimate import LinkEstimate, LinkEstimateConfig, SyncReader, network_news
 from flexcomm.policy.types import Decision, GradientLayout, NetworkObservation, Policy, StepReport
@@ -48,13 +48,14 @@ class DecisionSource(Protocol):
 
 
 class PolicySource:
-    """A `DecisionSource` over an in-process policy: report -> observe_step (and
-    the network estimate), latest -> decide. `clock` stamps the estimate: the
+    """A `DecisionSource` over an in-process policy: report -> observe_steps (and
+    the network estimate), latest -> choose (rank 0 asks once per agreement, as
+    an agent's client once per message). `clock` stamps the estimate: the
     wall clock, as the agent's, since the estimate is saved in checkpoints and
     may resume on another host."""
 
     def __init__(self, policy: Policy, clock: Callable[[], float] = time.time) -> None:
-        for method in ("observe_step", "decide"):
+        for method in ("observe_steps", "choose"):
             if not callable(getattr(policy, method, None)):
                 raise ValueError(f"policy: {type(policy).__name__} has no {method}()")
         self.policy = policy
@@ -63,11 +64,11 @@ class PolicySource:
         self._reader: SyncReader | None = None
 
     def latest(self) -> Decision | None:
-        return self.policy.decide()
+        return self.policy.choose()
 
     def report(self, report: StepReport) -> None:
         self._follow_network(report)  # the network the step ran on, then the step (as the agent)
-        self.policy.observe_step(report)
+        self.policy.observe_steps((report,))
 
     def _follow_network(self, report: StepReport) -> None:
         net, layout = getattr(self.policy, "network", None), getattr(self.policy, "layout", None)
@@ -83,6 +84,16 @@ class PolicySource:
         seen = self.estimate.observation(net, now)
         if network_news(net, seen):
             self.policy.observe_network(seen)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The policy's state and the network estimate, for a checkpoint."""
+        return {"policy": self.policy.state_dict(), "network_estimate": self.estimate.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state_dict()`; a checkpoint without an estimate keeps this one."""
+        self.policy.load_state_dict(state["policy"])
+        if "network_estimate" in state:
+            self.estimate.load_state_dict(state["network_estimate"])
 
     def close(self) -> None:
         pass

@@ -13,7 +13,7 @@ Pure and deterministic, like every policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,7 +96,11 @@ class GravacPolicy:
     def observe_network(self, net: NetworkObservation) -> None:
         pass  # GraVAC adapts to what training measures, not to the network
 
-    def observe_step(self, report: StepReport) -> None:
+    def observe_steps(self, reports: Sequence[StepReport]) -> None:
+        for report in reports:
+            self._observe_step(report)
+
+    def _observe_step(self, report: StepReport) -> None:
         s, cfg = self._s, self.config
         if report.choice != self._running():
             return  # a step of an earlier decision
@@ -152,6 +156,9 @@ class GravacPolicy:
         if s.index < 0:
             return DENSE_DECISION.choice
         return Choice(Compression(TOPK, self.config.crs[s.index]), self.config.collective)
+
+    def choose(self) -> Decision:
+        return self.decide()  # it chooses as it observes
 
     def decide(self) -> Decision:
         return Decision.of(self._running(), root=self.config.root, version=self._s.version,

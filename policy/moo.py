@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -359,8 +359,8 @@ class MooPolicy:
         self.gains = GainFigures(self.config.gain_smoothing)
         self.times = StepTimes()
         self._s = _State()
-        self._decision: Decision | None = None  # cached until an observation arrives
         self._price: float | None = None  # error_price(), cached until an observation arrives
+        self._fresh = True  # observed since the last choice
         self._reset_caches()
         self._set_current(self._warmup_option(), "warm-up: measuring the job on a known-good option")
         if self.config.warmup_steps == 0:
@@ -429,7 +429,7 @@ class MooPolicy:
             self.exploring.change_untimed()
 
     def _on_network(self, net: NetworkObservation) -> None:
-        self._decision = self._price = None
+        self._price, self._fresh = None, True
         self._s.observed = self._s.net = net
         if not net.lower_bound and (self._s.dear is None or net.beta_s_per_byte > self._s.dear.beta_s_per_byte):
             self._s.dear = net  # a lower bound may be far below the link
@@ -480,7 +480,7 @@ class MooPolicy:
         rows = self.evaluate(predicted=True, on=faster)
         if not rows:
             return None
-        best = self.choose(rows)
+        best = self.best(rows)
         return best.option if best.option.lossless else None
 
     def _probe_up(self, net: NetworkObservation, choice: Choice) -> None:
@@ -496,9 +496,13 @@ class MooPolicy:
         s.phase = EXPLORE
         self._run_plan_item()
 
-    def observe_step(self, report: StepReport) -> None:
+    def observe_steps(self, reports: Sequence[StepReport]) -> None:
+        for report in reports:
+            self._observe_step(report)
+
+    def _observe_step(self, report: StepReport) -> None:
         s = self._s
-        self._decision = self._price = None
+        self._price, self._fresh = None, True
         if report.t_compute_s > 0:
             self.times.observe_compute(report.t_compute_s)
         label = report.choice.label
@@ -594,14 +598,19 @@ class MooPolicy:
 
     # --- decisions -----------------------------------------------------------
 
+    def choose(self) -> Decision:
+        """Choose on what was observed since the last choice (while warming up or
+        exploring, the plan moved on as the steps came) and return the decision."""
+        if self._fresh and self._s.phase == EXPLOIT:
+            self._choose()
+        self._fresh = False
+        return self.decide()
+
     def decide(self) -> Decision:
-        """The current decision; re-evaluated only after a new observation, so
-        an agent may call it on every request."""
-        if self._decision is None:
-            if self._s.phase == EXPLOIT:
-                self._choose()
-            self._decision = self._s.current
-        return self._decision
+        current = self._s.current
+        if current is None:  # only between leaving an exploration and its choice
+            raise RuntimeError("the MOO has no decision in force")
+        return current
 
     def evaluate(self, *, predicted: bool = False, on: NetworkObservation | None = None) -> list[Evaluation]:
         """Every candidate with the figures the choice would use (skips those with
@@ -657,9 +666,10 @@ class MooPolicy:
     def t_compute(self) -> float:
         return self.times.t_compute
 
-    def choose(self, rows: list[Evaluation]) -> Evaluation:
-        """The choice among `rows` (no hysteresis): Pareto front, then ASF or
-        progress. Unknown gains leave time as the only objective."""
+    def best(self, rows: list[Evaluation]) -> Evaluation:
+        """The best of `rows` by the rule (no hysteresis): the fastest within the
+        allowance, or the Pareto front then ASF or progress. Unknown gains leave
+        time as the only objective."""
         if not rows:
             raise ValueError("rows: nothing to choose from")
         allowance = self._allowance()
@@ -684,7 +694,7 @@ class MooPolicy:
         spent, bf16 was never timed: 75 steps of rank 4 on a 1 Gbit/s link.)"""
         if not rows:
             return []
-        first = self.choose(rows)
+        first = self.best(rows)
         return [first, *(r for r in self._ordered(rows) if r is not first)]
 
     def _ordered(self, rows: list[Evaluation]) -> list[Evaluation]:
@@ -802,7 +812,7 @@ class MooPolicy:
                        "_family_references"):
             self.__dict__.pop(cached, None)
         self._reset_caches()
-        self._decision = self._price = None
+        self._price, self._fresh = None, True
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
             self.budget = QualityBudget(self.config.budget_payback_steps)
@@ -1014,7 +1024,7 @@ class MooPolicy:
         # them at 2.4), and looked at one collective after another (2-3 looks per
         # 1,000 steps).
         modelled = self._current_row(self.evaluate(predicted=True)) or current
-        best = next((r for r in [self.choose(rows), *reference] if not r.measured and r.label != current.label
+        best = next((r for r in [self.best(rows), *reference] if not r.measured and r.label != current.label
                      and not any(self._close(c, r, rows, max(UNTIMED_MARGIN, self._margin(c, r)))
                                  for c in (current, self._as_modelled_beside(modelled, r)))), None)
         if best is None:
@@ -1046,7 +1056,7 @@ class MooPolicy:
             model, runs = by_label.get(row.label), len(self._s.sync.get(row.label, ()))
             if row.error >= current.error or model is None or not 0 < runs < RUNNING_SAMPLES:
                 continue
-            if self.choose([model if r is row else r for r in rows]).label == row.label:
+            if self.best([model if r is row else r for r in rows]).label == row.label:
                 self._measure_both(row.label, current.label,
                                    f"{row.label} timed on {runs} step{'' if runs == 1 else 's'} only: "
                                    f"{row.t_step_s:.3g} s a step measured, "
@@ -1110,7 +1120,7 @@ class MooPolicy:
         if not current.option.lossless and self.watch.got_faster(self._net()):
             self._start_exploration(f"{why}; measuring lossless options on the faster link")
             return
-        best = self.choose(rows)
+        best = self.best(rows)
         # Only the margin on each objective holds here, not the one on the ASF score:
         # the network did change, and the first choice after it is free of that.
         margin = self._margin(current, best)
@@ -1433,14 +1443,14 @@ class MooPolicy:
         nobody had timed."""
         measured = [r for r in rows if r.measured]
         if not measured:
-            return rows, self.choose(rows)
-        best = self.choose(measured)
+            return rows, self.best(rows)
+        best = self.best(measured)
         if not predictions:
             return measured, best
         reference_error = self._reference_error()
         trusted = [r for r in rows if r.measured or (
             self._priced_unrun(r.option, reference_error) and self._fit_is_calibrated(r))]
-        challenger = self.choose(trusted)
+        challenger = self.best(trusted)
         if challenger.measured or self._close(best, challenger, trusted, self._margin(challenger)):
             return measured, best
         return trusted, challenger

@@ -6,7 +6,7 @@ user pins when they do not want adaptation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,11 @@ class StaticPolicy:
     def observe_network(self, net: NetworkObservation) -> None:
         pass
 
-    def observe_step(self, report: StepReport) -> None:
+    def observe_steps(self, reports: Sequence[StepReport]) -> None:
         pass
+
+    def choose(self) -> Decision:
+        return self.decide()  # it chooses as it observes
 
     def decide(self) -> Decision:
         return self._decision

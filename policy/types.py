@@ -740,7 +740,12 @@ DENSE_DECISION = Decision(DENSE, 0.0, DENSE_RING, reason="dense")
 
 class Policy(Protocol):
     """What every policy offers. Implementations are deterministic: the same
-    sequence of calls gives the same decisions (every rank's agreement rests on it).
+    sequence of calls gives the same decisions (every rank's agreement rests on
+    it). Observations are taken as they come, and the policy chooses when told
+    to, once per batch (an agent: once per report message, however it slices
+    the message): a choice evaluates every candidate, too dear for every report.
+    `decide` only reads, so anyone may call it any number of times without
+    moving the job.
     """
 
     name: str
@@ -748,11 +753,15 @@ class Policy(Protocol):
     def observe_network(self, net: NetworkObservation) -> None:
         """The latest bottleneck alpha/beta for the job's nodes."""
 
-    def observe_step(self, report: StepReport) -> None:
-        """One step's measurements (the step ran `report.cr`/`report.collective`)."""
+    def observe_steps(self, reports: Sequence[StepReport]) -> None:
+        """Steps' measurements in the order they ran (each ran `report.choice`)."""
+
+    def choose(self) -> Decision:
+        """Choose on what was observed since the last choice; return the decision
+        now in force (the last one when nothing was observed)."""
 
     def decide(self) -> Decision:
-        """The decision to run next. Cheap (well under a millisecond)."""
+        """The decision in force. Reads only."""
 
     def model_error(self) -> float | None:
         """The cost model's current relative error (Calibration.error), or None

@@ -161,8 +161,8 @@ def evaluate(config: MooConfig, layout: GradientLayout, net: NetworkObservation,
     if unknown:
         raise ValueError(f"gains: {unknown[0]} is not among the options considered ({', '.join(policy.probes)})")
     if t_compute > 0 or gains:
-        policy.observe_step(StepReport(step=0, family=DENSE, param=0.0, collective=DENSE_RING, t_comp_s=0.0,
-                                       t_sync_s=0.0, gain=1.0, t_compute_s=t_compute, gains=gains))
+        policy.observe_steps([StepReport(step=0, family=DENSE, param=0.0, collective=DENSE_RING, t_comp_s=0.0,
+                                         t_sync_s=0.0, gain=1.0, t_compute_s=t_compute, gains=gains)])
     return policy, policy.evaluate()
 
 
@@ -174,7 +174,7 @@ def decide(config: MooConfig, layout: GradientLayout, net: NetworkObservation, t
     rows = [r for r in rows if r.gain is not None] if gains else rows
     if not rows:
         raise ValueError("gains: no option has a gain; give gains of topk and powersgd, or none")
-    best = policy.choose(rows)
+    best = policy.best(rows)
     reason = policy.explain(best, rows)
     if left_out:
         reason += f"; {len(left_out)} option(s) without a gain left out"

@@ -142,7 +142,7 @@ def test_agent_absent_at_start(tmp_path: Path) -> None:
         t0 = time.perf_counter()
         for i in range(10_000):
             client.report(step(i))
-        assert time.perf_counter() - t0 < 2.0
+        assert time.perf_counter() - t0 < scaled(2.0)  # never waits on the absent agent
         assert client.latest() is None
         agent.start()
         wait_for(lambda: client.latest() is not None, what="the first decision")

@@ -29,6 +29,7 @@ from torch import nn
 
 from flexcomm.policy.types import Decision
 from support.client_ranks import run_ranks
+from support.waiting import scaled
 
 CONTROL_INTERVAL = 2
 SWITCH_STEPS = 16
@@ -232,16 +233,17 @@ class ScheduledPolicy:
     def __init__(self, schedule: dict[int, Decision]) -> None:
         self.schedule = schedule
         self.observed = 0
-        self.decides = 0
 
     def observe_network(self, net) -> None:
         pass
 
-    def observe_step(self, report) -> None:
-        self.observed += 1
+    def observe_steps(self, reports) -> None:
+        self.observed += len(reports)
+
+    def choose(self) -> Decision:
+        return self.decide()
 
     def decide(self) -> Decision:
-        self.decides += 1
         return self.schedule[max(s for s in self.schedule if s <= self.observed)]
 
     def state_dict(self) -> dict:
@@ -874,8 +876,9 @@ def test_step_times_agree_with_a_clock_outside_the_client(results):
     # waits for the first agreement, which is neither). Four ranks share two cores:
     # a rank preempted inside synchronize() but outside any timed part shows that
     # pause as compute, so a single step can be off by a scheduler slice (13.7 ms
-    # in one CI run); the median step cannot. The steps sleep 0, 40 or 80 ms, so a
-    # swap of compute and sync moves two steps in three by 25 ms or more.
+    # in one CI run, 54 ms on a host at load 6); the median step cannot. The steps
+    # sleep 0, 40 or 80 ms, so a swap of compute and sync moves two steps in three
+    # by 25 ms or more.
     off_compute, off_busy = [], []
     for step in range(1, 10):
         compute, busy = t["reported"][step]
@@ -883,8 +886,8 @@ def test_step_times_agree_with_a_clock_outside_the_client(results):
         off_compute.append(abs(compute - outside))
         off_busy.append(abs(busy - inside))
         assert compute + busy == pytest.approx(outside + inside, rel=0.05, abs=0.004), (step, t)
-    assert statistics.median(off_compute) < 0.006 and max(off_compute) < 0.03, (off_compute, t)
-    assert statistics.median(off_busy) < 0.006 and max(off_busy) < 0.03, (off_busy, t)
+    assert statistics.median(off_compute) < 0.006 and max(off_compute) < scaled(0.03), (off_compute, t)
+    assert statistics.median(off_busy) < 0.006 and max(off_busy) < scaled(0.03), (off_busy, t)
     assert t["reported"][-1][0] == 0.0  # the last step: no next one yet, compute unknown
 
 

@@ -16,10 +16,10 @@ def drive(policy: GravacPolicy, steps: int, gain, t_sync) -> list[float]:
         d = policy.decide()
         cr = d.compression.cr
         crs.append(cr)
-        policy.observe_step(StepReport(step=i, family=d.family, param=d.param, collective=d.collective,
+        policy.observe_steps([StepReport(step=i, family=d.family, param=d.param, collective=d.collective,
                                        t_comp_s=0.001, t_sync_s=t_sync(cr), gain=gain(cr) if cr < 1 else 1.0,
                                        t_compute_s=0.01,
-                                       gains={n: gain(Compression.parse(n).cr) for n in d.probes}))
+                                       gains={n: gain(Compression.parse(n).cr) for n in d.probes})])
     return crs
 
 

@@ -68,20 +68,20 @@ def test_lossless_when_bandwidth_is_high_and_compression_is_expensive() -> None:
     policy = moo()
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.05)
     settle(policy, job, 50e-6, 100e9)
-    assert policy.decide().family == "dense", policy.decide().reason
+    assert policy.choose().family == "dense", policy.choose().reason
 
 
 def test_bf16_when_it_halves_a_link_that_matters() -> None:
     policy = moo()
     job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.001}.get(c.family, 0.05))
     settle(policy, job, 50e-6, 5e9)
-    assert policy.decide().family == "bf16", policy.decide().reason
+    assert policy.choose().family == "bf16", policy.choose().reason
 
 
 def test_compressed_when_bandwidth_is_low() -> None:
     policy = moo()
     settle(policy, Job(policy), *SLOW)
-    d = policy.decide()
+    d = policy.choose()
     assert d.family in ("topk", "powersgd"), d.reason
     assert "predicted" in d.reason or "measured" in d.reason
 
@@ -90,26 +90,26 @@ def test_choice_follows_the_network_both_ways() -> None:
     policy = moo()
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *FAST)
-    fast = policy.decide()
+    fast = policy.choose()
     settle(policy, job, *SLOW)
-    slow = policy.decide()
+    slow = policy.choose()
     settle(policy, job, *FAST)
-    assert fast.family == "dense" and slow.family in ("topk", "powersgd") and policy.decide().family == "dense"
+    assert fast.family == "dense" and slow.family in ("topk", "powersgd") and policy.choose().family == "dense"
 
 
 def test_the_warm_up_runs_the_reference_else_the_cheapest_lossless_option() -> None:
     # The first exploration would run the reference anyway, for its delivered error.
     policy = moo()
-    assert policy.decide().label == policy._reference_label and policy.phase == WARMUP
+    assert policy.choose().label == policy._reference_label and policy.phase == WARMUP
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy.decide().label == policy._reference_label
+    assert policy.choose().label == policy._reference_label
     # With no reference among the options: without a network the fewest bytes
     # (bf16); with one, the lossless option the model puts fastest.
     lossless = moo(families=("dense", "bf16"))
-    assert lossless.decide().family == "bf16" and lossless.phase == WARMUP
+    assert lossless.choose().family == "bf16" and lossless.phase == WARMUP
     dense_only = moo(families=("dense",))
     dense_only.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert dense_only.decide().family == "dense" and dense_only.phase == WARMUP
+    assert dense_only.choose().family == "dense" and dense_only.phase == WARMUP
 
 
 def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_makes_it_cheap() -> None:
@@ -117,11 +117,11 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     # steps at 220-240 ms where PowerSGD rank 4, its family's reference, ran 40.
     policy = moo(quality_reference="topk:0.1+powersgd:4")
     reference, rank4 = "topk:0.1@ag_topk", "powersgd:4@dense_ring"
-    assert policy.decide().label == rank4  # no network known: the fewest bytes
+    assert policy.choose().label == rank4  # no network known: the fewest bytes
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     predicted = {r.label: r.t_step_s for r in policy.evaluate(predicted=True)}
     assert predicted[reference] > policy.config.explore_prune * predicted[rank4]
-    assert policy.decide().label == rank4
+    assert policy.choose().label == rank4
     job = Job(policy)
     job.run(2, *SLOW)  # the warm-up (a set-up step, a timed one); nor does the first exploration run it
     assert policy.phase == EXPLORE and reference not in dict(policy._s.plan)
@@ -135,12 +135,12 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     gbit.observe_network(NetworkObservation.from_link(1e-4, 1e9, 4))
     calibrated = {r.label: r.t_step_s for r in gbit.evaluate(predicted=True)}
     assert calibrated[reference] <= gbit.config.explore_prune * calibrated[rank4]
-    assert gbit.decide().label == rank4
+    assert gbit.choose().label == rank4
     # Where it is within the window it is the warm-up's option; and once the slow
     # job's link turns fast, the exploration that move starts runs it free.
     fast = moo(quality_reference="topk:0.1+powersgd:4")
     fast.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert fast.decide().label == reference
+    assert fast.choose().label == reference
     job.run(1, *FAST)
     assert policy.phase == EXPLORE and (reference, False) in policy._s.plan
 
@@ -151,15 +151,15 @@ def test_a_network_change_explores_only_when_it_would_change_the_choice() -> Non
     policy = moo(families=("dense", "bf16"))
     job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.005}[c.family])
     settle(policy, job, 1e-3, 100e6)
-    chosen, before = policy.decide().label, policy.explorations
+    chosen, before = policy.choose().label, policy.explorations
     # 12% less bandwidth: past the change threshold, but the same option stays best.
     policy.observe_network(NetworkObservation.from_link(1e-3, 100e6 / 1.12, 4))
     assert policy.explorations == before and policy.phase == EXPLOIT
-    assert policy.decide().label == chosen and "keeping" in policy.decide().reason
+    assert policy.choose().label == chosen and "keeping" in policy.choose().reason
     # 500x the bandwidth: the model now prefers another option, which is measured.
     policy.observe_network(NetworkObservation.from_link(50e-6, 50e9, 4))
     assert policy.explorations == before + 1 and policy.phase == EXPLORE
-    assert "network moved" in policy.decide().reason
+    assert "network moved" in policy.choose().reason
 
 
 def test_a_switch_names_the_option_it_leaves_with_its_figures() -> None:
@@ -176,7 +176,7 @@ def test_the_exploration_names_the_evidence_the_network_moved_on() -> None:
     policy = moo()
     settle(policy, Job(policy), 1e-3, 100e6)
     policy.observe_network(NetworkObservation(50e-6, 8 / 50e9, 4, evidence="passive+probe"))
-    assert "network moved (passive+probe): bandwidth 100 -> 5e+04 Mbit/s" in policy.decide().reason
+    assert "network moved (passive+probe): bandwidth 100 -> 5e+04 Mbit/s" in policy.choose().reason
 
 
 def test_small_moves_are_no_change() -> None:
@@ -209,11 +209,11 @@ def test_an_estimators_refinement_re_decides_but_keeps_what_was_measured() -> No
     assert measured
     refined = NetworkObservation.from_link(1e-3, 50e6 / 1.2, 4)
     policy.observe_network(replace(refined, moves=1))
-    policy.decide()
+    policy.choose()
     assert policy.explorations == before and policy._s.sync == measured
     assert policy.network.bandwidth_bps == pytest.approx(50e6 / 1.2)  # predictions use the refined figure
     policy.observe_network(replace(refined, moves=2))  # now it counted a move
-    assert policy._s.sync != measured and "network moved" in policy.decide().reason
+    assert policy._s.sync != measured and "network moved" in policy.choose().reason
 
 
 @pytest.mark.parametrize("control_interval", [1, 2, 5, 10])
@@ -257,7 +257,7 @@ def test_with_the_budget_spent_a_move_runs_only_the_models_first_choice() -> Non
     policy.error_price = lambda: 0.0  # the exploring budget alone
     job = Job(policy, t_comp=lambda c: {"dense": 0.0, "bf16": 0.001}.get(c.family, 0.2))
     settle(policy, job, 50e-6, 5e9)
-    assert policy.decide().label == "bf16@dense_ring" and not policy._budget_covers_an_item()
+    assert policy.choose().label == "bf16@dense_ring" and not policy._budget_covers_an_item()
     policy.observe_network(NetworkObservation.from_link(1e-3, 400e6, 4))
     first = policy.ranking(policy.evaluate(predicted=True))[0]
     bf16 = next(r for r in policy.evaluate(predicted=True) if r.label == "bf16@dense_ring")
@@ -286,7 +286,7 @@ def test_with_the_budget_spent_the_policy_runs_what_the_model_predicts_and_measu
     assert all(not exploring for _, exploring in policy._s.plan), policy._s.plan
     job.run(20, *FAST, observe=False)
     assert policy.explore_steps == spent and policy.phase == EXPLOIT
-    assert policy.decide().label == policy.ranking(policy.evaluate(predicted=True))[0].label or policy._s.sync
+    assert policy.choose().label == policy.ranking(policy.evaluate(predicted=True))[0].label or policy._s.sync
 
 
 def test_a_first_network_seen_while_exploring_blind_does_not_restart_it() -> None:
@@ -438,13 +438,13 @@ def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
     before = policy.explorations
     name = "topk:0.033"
     was = policy.gains.probed[name]
-    d = policy.decide()
+    d = policy.choose()
     row = next(r for r in policy.evaluate() if r.label == d.label)
     halved = {n: gain_of(Compression.parse(n)) / (1 if n == "topk:0.011" else 2) for n in d.probes}
     for i in range(40):
-        policy.observe_step(StepReport(step=1000 + i, family=d.family, param=d.param, collective=d.collective,
+        policy.observe_steps([StepReport(step=1000 + i, family=d.family, param=d.param, collective=d.collective,
                                        t_comp_s=row.t_comp_s, t_sync_s=row.t_sync_s, gain=gain_of(d.compression),
-                                       t_compute_s=job.t_compute, gains=halved))
+                                       t_compute_s=job.t_compute, gains=halved)])
     assert policy.explorations == before
     assert policy.gains.probed[name] < was * 0.6  # smoothed (0.05 per step) towards half
 
@@ -504,13 +504,13 @@ def test_hysteresis_holds_between_options_the_asf_scores_alike() -> None:
     choices = set()
     for rich_gain in (0.195, 0.205):
         rows = [fast, replace(rich, gain=rich_gain)]
-        best = policy.choose(rows)
+        best = policy.best(rows)
         choices.add(best.label)
         current = rows[1] if best == rows[0] else rows[0]
         assert policy._not_worth_switching(current, best, rows, 0.05)
     assert choices == {fast.label, rich.label}  # the ASF choice did flip
     rows = [fast, replace(rich, gain=0.5)]
-    assert policy.choose(rows) == rows[1]
+    assert policy.best(rows) == rows[1]
     assert not policy._not_worth_switching(rows[0], rows[1], rows, 0.05)
 
 
@@ -527,23 +527,23 @@ def test_a_running_option_kept_at_a_move_is_not_left_before_its_own_steps_time_i
     policy = moo()
     job = Job(policy)
     settle(policy, job, *SLOW)
-    running = policy.decide()
+    running = policy.choose()
     other = next(o for o in policy.options if o.lossless)
     policy._s.outliers[calibration_key(running.compression, running.collective)] = 1
     policy._keep_running(policy._current_row(policy.evaluate(predicted=True)).t_sync_s)
-    policy.observe_step(StepReport(step=job.step, family=other.compression.family, param=other.compression.param,
+    policy.observe_steps([StepReport(step=job.step, family=other.compression.family, param=other.compression.param,
                                    collective=other.collective, t_comp_s=0.001, t_sync_s=2.0, gain=1.0,
-                                   t_compute_s=0.02))
-    assert other.label in policy._s.sync and policy.decide().label == running.label
+                                   t_compute_s=0.02)])
+    assert other.label in policy._s.sync and policy.choose().label == running.label
     job.run(RUNNING_SAMPLES, *SLOW, observe=False)  # timed now: its own figure decides
-    assert policy.decide().label == running.label and policy.phase == EXPLOIT
+    assert policy.choose().label == running.label and policy.phase == EXPLOIT
 
 
 def test_state_round_trips_through_json_and_resumes_identically() -> None:
     a = moo()
     Job(a).run(25, 1e-3, 80e6)
     b = policy_from_state(json.loads(json.dumps(a.state_dict())))
-    assert b.decide() == a.decide() and b.layout == LAYOUT
+    assert b.choose() == a.choose() and b.layout == LAYOUT
     job_a, job_b = Job(a), Job(b)
     job_a.run(40, *FAST)  # priced by the 80 Mbit/s the state saw: dense, where Top-k 0.011 ran unpriced
     job_b.run(40, *FAST)
@@ -558,7 +558,7 @@ def test_a_state_of_an_older_format_keeps_the_settings_and_measures_afresh() -> 
            "state": {"phase": "exploit", "current": {"cr": 0.01, "collective": "ag_topk"}}}
     policy = policy_from_state(old)
     assert policy.phase == WARMUP and policy.config.c_low == 0.01
-    assert policy.decide().label == policy._reference_label and "older" in policy.decide().reason
+    assert policy.choose().label == policy._reference_label and "older" in policy.choose().reason
 
 
 options = st.sampled_from([o for o in MooConfig().options])
@@ -577,13 +577,13 @@ def test_identical_inputs_give_identical_decisions(net: tuple, events: list) -> 
             if isinstance(ev[1], Choice):
                 step, option, t_sync, gain = ev
                 c = option.compression
-                p.observe_step(StepReport(step=step, family=c.family, param=c.param, collective=option.collective,
+                p.observe_steps([StepReport(step=step, family=c.family, param=c.param, collective=option.collective,
                                           t_comp_s=0.01 * c.lossy, t_sync_s=t_sync,
                                           gain=gain if c.lossy else 1.0, t_compute_s=0.01,
-                                          gains={n: gain for n in p.probes}))
+                                          gains={n: gain for n in p.probes})])
             else:
                 p.observe_network(NetworkObservation.from_link(*ev))
-            seen[i].append(p.decide())
+            seen[i].append(p.choose())
     assert seen[0] == seen[1]
 
 
@@ -631,7 +631,7 @@ def test_make_policy_validates(kw: dict, field: str) -> None:
 
 def test_static_runs_any_family_over_its_default_collective() -> None:
     for text, collective in (("topk:0.01", "ag_topk"), ("powersgd:2", "dense_ring"), ("bf16", "dense_ring")):
-        d = make_policy("static", grad_bytes=M, nodes=4, options={"compression": text}).decide()
+        d = make_policy("static", grad_bytes=M, nodes=4, options={"compression": text}).choose()
         assert (d.compression.name, d.collective) == (text, collective)
 
 
@@ -641,8 +641,8 @@ def test_decisions_carry_probes_reason_and_increasing_versions() -> None:
     versions = []
     for _ in range(30):
         job.run(1, 1e-3, 50e6)
-        versions.append(policy.decide().version)
-    d = policy.decide()
+        versions.append(policy.choose().version)
+    d = policy.choose()
     assert d.probes == policy.probes and d.reason and d.model_forms == "ag=paper,tree=paper"
     assert versions == sorted(versions) and versions[-1] > versions[0]
 
@@ -654,8 +654,8 @@ def test_a_compressions_first_step_is_its_set_up_and_left_out_of_its_time() -> N
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
 
     def ran(step: int, t_comp: float) -> None:
-        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
-                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01))
+        policy.observe_steps([StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01)])
 
     def figure() -> float:
         return next(r for r in policy.evaluate() if r.label == "powersgd:4@dense_ring").t_comp_s
@@ -676,8 +676,8 @@ def test_one_stalled_compression_step_does_not_hold_its_time() -> None:
     policy = moo()
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     for step, t_comp in enumerate((0.035, 0.085, 0.0016, 0.0016)):
-        policy.observe_step(StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
-                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01))
+        policy.observe_steps([StepReport(step=step, family="powersgd", param=4, collective="dense_ring",
+                                       t_comp_s=t_comp, t_sync_s=0.02, gain=0.8, t_compute_s=0.01)])
     row = next(r for r in policy.evaluate() if r.label == "powersgd:4@dense_ring")
     assert row.t_comp_s == pytest.approx(0.0016)
 
@@ -694,7 +694,7 @@ def test_an_exploration_whose_last_item_ran_off_the_model_chooses_on_no_predicti
     assert policy.phase == EXPLORE and len(policy._s.plan) == 2
     while policy.phase == EXPLORE:
         job.run(1, 1e-3, 5e6, observe=False)  # the link fell; nothing told the policy
-    assert " s measured" in policy.decide().reason.split(";")[0], policy.decide().reason
+    assert " s measured" in policy.choose().reason.split(";")[0], policy.choose().reason
 
 
 def test_outliers_judged_on_a_network_left_behind_do_not_outlast_the_move() -> None:
@@ -714,8 +714,8 @@ def test_outliers_judged_on_a_network_left_behind_do_not_outlast_the_move() -> N
 def test_stale_reports_of_an_old_decision_do_not_advance_exploration() -> None:
     policy = moo(warmup_steps=2)
     for i in range(5):  # reports of a compression the policy never asked for
-        policy.observe_step(StepReport(step=i, family="topk", param=0.5, collective="ag_topk", t_comp_s=0.01,
-                                       t_sync_s=0.1, gain=0.9))
+        policy.observe_steps([StepReport(step=i, family="topk", param=0.5, collective="ag_topk", t_comp_s=0.01,
+                                       t_sync_s=0.1, gain=0.9)])
     assert policy.phase == WARMUP
 
 
@@ -737,7 +737,7 @@ def test_a_slower_link_seen_only_in_step_reports_is_not_a_move_of_its_own() -> N
     settle(policy, job, 1e-3, 1e9)
     before = policy.explorations
     job.run(15, 1e-3, 1e9 / 50, observe=False)
-    assert policy.explorations == before, policy.decide().reason
+    assert policy.explorations == before, policy.choose().reason
     policy.observe_network(NetworkObservation.from_link(1e-3, 1e9 / 50, 4))
     assert policy.network.bandwidth_bps == pytest.approx(1e9 / 50)
 
@@ -746,7 +746,7 @@ def test_a_lossy_option_whose_sync_falls_measures_the_best_lossless_option() -> 
     policy = moo(explore_share=0.1)
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
-    assert policy.decide().compression.lossy
+    assert policy.choose().compression.lossy
     before, first = policy.explorations, job.step
     job.run(12, *FAST, observe=False)  # no probe has seen it: only the running option's sync falls
     assert policy.explorations == before + 1
@@ -776,16 +776,16 @@ def test_a_noisy_host_on_a_steady_network_rarely_explores() -> None:
     job = Job(policy)
     job.run(3000, 1e-3, 100e6, host=lambda step: 2.0 if (step // 100) % 2 else 1.0,
             noise=lambda step: 2 ** rng.uniform(-0.3, 0.3), observe=False)
-    assert policy.explorations <= 1 + 3, (policy.explorations, policy.decide().reason)
+    assert policy.explorations <= 1 + 3, (policy.explorations, policy.choose().reason)
 
 
 def test_after_a_recovery_the_job_runs_lossless() -> None:
     policy = moo()
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
-    assert policy.decide().compression.lossy
+    assert policy.choose().compression.lossy
     job.run(12, *FAST)
-    assert policy.decide().family in ("dense", "bf16"), policy.decide().reason
+    assert policy.choose().family in ("dense", "bf16"), policy.choose().reason
 
 
 def test_after_a_recovery_a_lossless_option_is_measured_whatever_the_slow_fit_says() -> None:
@@ -795,7 +795,7 @@ def test_after_a_recovery_a_lossless_option_is_measured_whatever_the_slow_fit_sa
     policy = moo(explore_share=0.1)
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
-    assert policy.decide().compression.lossy
+    assert policy.choose().compression.lossy
     for predicted in (0.5, 1.0, 2.0, 4.0):
         policy.calibration.observe("dense_ring", predicted, 0.3 * predicted + 3.0)
     first = job.step
@@ -803,7 +803,7 @@ def test_after_a_recovery_a_lossless_option_is_measured_whatever_the_slow_fit_sa
     measured = {label for label, exploring in zip(job.decisions[first:], job.exploring[first:], strict=True)
                 if exploring}
     assert {"dense@dense_ring", "bf16@dense_ring"} & measured, job.decisions[first:]
-    assert policy.decide().family in ("dense", "bf16"), policy.decide().reason
+    assert policy.choose().family in ("dense", "bf16"), policy.choose().reason
 
 
 def test_layout_and_gradient_bytes_agree() -> None:
@@ -818,7 +818,7 @@ def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None
     policy = moo()
     job = Job(policy, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW, steps=150)
-    assert policy.decide().compression.lossy
+    assert policy.choose().compression.lossy
     before = policy.explorations
     # The same bandwidth, but only known to be at least that: on a link 4x as
     # fast would the model run lossless? At 20 Mbit/s no: nothing to probe.
@@ -830,7 +830,7 @@ def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None
     policy.watch.settle_on(bound)
     policy.observe_network(bound)
     assert policy.explorations == before + 1 and "probing up" in policy._s.why
-    assert policy.decide().compression.family in ("dense", "bf16") and policy.decide().exploring
+    assert policy.choose().compression.family in ("dense", "bf16") and policy.choose().exploring
     # Again at once: not before PROBE_UP_EVERY steps.
     policy._s.phase = EXPLOIT
     policy.observe_network(NetworkObservation(50e-6, 8 / 2.6e9, 4, lower_bound=True))
@@ -841,10 +841,10 @@ def test_a_step_disturbed_by_a_bandwidth_test_keeps_out_of_the_sync_figures() ->
     policy = moo()
     job = Job(policy)
     settle(policy, job, *SLOW)
-    d = policy.decide()
+    d = policy.choose()
     before = (dict(policy._s.sync), policy.calibration.state_dict(), list(policy.watch.running_sync))
-    policy.observe_step(StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
-                                   t_comp_s=0.01, t_sync_s=99.0, gain=0.5, t_compute_s=0.02, disturbed=True))
+    policy.observe_steps([StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
+                                   t_comp_s=0.01, t_sync_s=99.0, gain=0.5, t_compute_s=0.02, disturbed=True)])
     assert (dict(policy._s.sync), policy.calibration.state_dict(), list(policy.watch.running_sync)) == before
 
 
@@ -855,15 +855,15 @@ def test_an_item_being_measured_waits_for_steps_a_bandwidth_test_did_not_disturb
     job = Job(policy)
     job.run(2, *SLOW, observe=False)  # the warm-up: its compression's set-up step and a timed one
     assert policy.phase == EXPLORE
-    item = policy.decide().label
+    item = policy.choose().label
     for _ in range(5):  # a test runs: every step of the item is disturbed
-        d = policy.decide()
-        policy.observe_step(StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
-                                       t_comp_s=0.001, t_sync_s=0.5, gain=0.5, t_compute_s=0.02, disturbed=True))
+        d = policy.choose()
+        policy.observe_steps([StepReport(step=job.step, family=d.family, param=d.param, collective=d.collective,
+                                       t_comp_s=0.001, t_sync_s=0.5, gain=0.5, t_compute_s=0.02, disturbed=True)])
         job.step += 1
-    assert policy.decide().label == item and item not in policy._s.sync  # still measuring it
+    assert policy.choose().label == item and item not in policy._s.sync  # still measuring it
     job.run(policy.config.explore_steps, *SLOW, observe=False)
-    assert item in policy._s.sync and policy.decide().label != item
+    assert item in policy._s.sync and policy.choose().label != item
 
 
 def test_an_option_the_model_puts_far_ahead_is_timed_in_a_blind_exploration_once_the_network_is_known() -> None:
@@ -883,7 +883,7 @@ def test_an_option_the_model_puts_far_ahead_is_timed_in_a_blind_exploration_once
     lossless = [label for label, exploring in zip(job.decisions, job.exploring, strict=True)
                 if not exploring and label.startswith(("dense", "bf16"))]
     assert len(lossless) <= 2 + 2 * policy.config.explore_steps, job.decisions
-    assert policy.decide().compression.lossy, policy.decide().reason
+    assert policy.choose().compression.lossy, policy.choose().reason
     assert policy._s.why == "first exploration" and policy.explorations == 1
 
 
@@ -894,7 +894,7 @@ def test_whatever_the_run_saved_a_step_keeps_half_of_what_the_reference_keeps() 
         policy.budget.observe(0.0, 0.4)  # a long lossless stretch: savings to spend
     rows = [_row("topk:0.001@art_tree", 0.010, 0.15),  # delivers little: within twice the reference's error
             _row("topk:0.011@ag_topk", 0.030, 0.35), _row("bf16@dense_ring", 0.250, 1.0)]
-    assert policy.choose(rows).label == "topk:0.011@ag_topk"
+    assert policy.best(rows).label == "topk:0.011@ag_topk"
 
 
 def test_a_fall_of_a_sync_within_the_links_burst_measures_nothing() -> None:
@@ -904,7 +904,7 @@ def test_a_fall_of_a_sync_within_the_links_burst_measures_nothing() -> None:
     policy = MooPolicy(small.grad_bytes, MooConfig(quality_reference="topk:0.011", explore_share=0.1), small)
     job = Job(policy, small, t_comp=lambda c: 0.0 if c.family == "dense" else 0.03)
     settle(policy, job, *SLOW)
-    assert policy.decide().compression.lossy
+    assert policy.choose().compression.lossy
     before = policy.explorations
     job.run(12, *FAST, observe=False)
     assert policy.explorations == before, policy._s.why
@@ -917,12 +917,12 @@ def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
     policy = MooPolicy(small.grad_bytes, MooConfig(families=("dense", "bf16")), small)
     job = Job(policy, small, t_compute=0.5)
     settle(policy, job, *SLOW)
-    assert policy.decide().label == "bf16@dense_ring"
+    assert policy.choose().label == "bf16@dense_ring"
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert "too close to call: measuring both" in policy._s.why
     assert policy._s.plan == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
     job.run(10, *FAST)
-    assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
+    assert policy.phase == EXPLOIT and policy.choose().label == "dense@dense_ring"
 
 
 def test_after_a_move_its_own_steps_showed_a_call_too_close_measures_the_other_alone() -> None:
@@ -937,7 +937,7 @@ def test_after_a_move_its_own_steps_showed_a_call_too_close_measures_the_other_a
     bf16_fast = option_sync_time(Compression("bf16"), "dense_ring", small, NetworkObservation.from_link(*FAST, 4))
     assert policy._s.sync["bf16@dense_ring"] == [pytest.approx(bf16_fast * job.model_error, rel=0.05)]
     job.run(10, *FAST)
-    assert policy.phase == EXPLOIT and policy.decide().label == "dense@dense_ring"
+    assert policy.phase == EXPLOIT and policy.choose().label == "dense@dense_ring"
 
 
 @pytest.mark.parametrize(("evidence", "plan"), [
@@ -968,17 +968,27 @@ def topk_running_with_powersgd_2_untimed() -> tuple[MooPolicy, Job]:
     return policy, job
 
 
+def test_decide_only_reads_and_the_choice_is_made_once_on_what_was_observed() -> None:
+    policy, _ = topk_running_with_powersgd_2_untimed()  # its last steps observed, not yet chosen on
+    before = json.dumps(policy.state_dict(), sort_keys=True)
+    assert [policy.decide().label for _ in range(3)] == ["topk:0.011@art_ring"] * 3
+    assert json.dumps(policy.state_dict(), sort_keys=True) == before
+    assert policy.choose().label == "powersgd:2@dense_ring"  # on a prediction
+    chosen = json.dumps(policy.state_dict(), sort_keys=True)
+    assert policy.choose() == policy.decide() and json.dumps(policy.state_dict(), sort_keys=True) == chosen
+
+
 def test_an_option_chosen_on_a_prediction_is_judged_on_it_until_its_own_steps_give_a_figure() -> None:
     # The cnn lab: PowerSGD rank 4, chosen on a 0.11 s prediction, was left after 4
     # steps at 0.17 s (the link beginning to fall) for bf16, timed before, which
     # then ran 0.6 s a step. As with a measured choice, its first steps are no figure.
     policy, job = topk_running_with_powersgd_2_untimed()
-    assert policy.decide().label == "powersgd:2@dense_ring" and not policy.watch.sync_measured()
+    assert policy.choose().label == "powersgd:2@dense_ring" and not policy.watch.sync_measured()
     job.run(RUNNING_SAMPLES - 1, *SLOW, noise=lambda step: 4.0, observe=False)
     assert set(job.decisions[-(RUNNING_SAMPLES - 1):]) == {"powersgd:2@dense_ring"}
-    assert policy.decide().label == "powersgd:2@dense_ring"
+    assert policy.choose().label == "powersgd:2@dense_ring"
     job.run(1, *SLOW, noise=lambda step: 4.0, observe=False)  # five steps: now its own figure decides
-    assert policy.watch.sync_measured() and policy.decide().label != "powersgd:2@dense_ring"
+    assert policy.watch.sync_measured() and policy.choose().label != "powersgd:2@dense_ring"
 
 
 def test_an_untimed_option_the_model_puts_far_ahead_is_run_and_the_faster_kept() -> None:
@@ -993,7 +1003,7 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_run_and_the_faster_kept()
     job.run(2 * policy.config.explore_steps + 6, *SLOW)
     assert "powersgd:2@dense_ring" in job.decisions[seen:]
     assert not any(job.exploring[seen:]) and policy.explorations == explorations + 1
-    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:2@dense_ring"
+    assert policy.phase == EXPLOIT and policy.choose().label == "powersgd:2@dense_ring"
     policy._measure_an_untimed_first_choice(policy.evaluate())
     assert policy.phase == EXPLOIT and policy.explorations == explorations + 1
 
@@ -1004,7 +1014,7 @@ def bf16_settled_at_1_gbit() -> tuple[MooPolicy, Job]:
                        small)
     job = Job(policy, small, t_compute=0.05)
     settle(policy, job, 50e-6, 1e9, steps=80)
-    assert policy.decide().label == "bf16@dense_ring"
+    assert policy.choose().label == "bf16@dense_ring"
     return policy, job
 
 
@@ -1015,20 +1025,21 @@ def bf16_left_on_few_slow_steps(samples: int) -> tuple[MooPolicy, Job]:
     policy._s.sync["bf16@dense_ring"] = [3 * policy._s.sync["bf16@dense_ring"][-1]] * samples
     policy._set_current(policy._by_label["powersgd:2@dense_ring"], "left bf16 as the test puts it")
     job.run(RUNNING_SAMPLES, 50e-6, 1e9, observe=False)
-    assert policy.decide().label == "powersgd:2@dense_ring", policy._s.why
+    assert policy.choose().label == "powersgd:2@dense_ring", policy._s.why
     return policy, job
 
 
 def test_a_saver_timed_on_fewer_steps_than_the_running_option_is_timed_again_and_kept() -> None:
     # The lm lab timed bf16 on two slow steps at 1 Gbit/s and ran PowerSGD rank 4
-    # through the fast phases. At a look, bf16 (losing less, chosen at the
-    # model's figure) runs again; its figure, now on more steps, keeps it.
+    # through the fast phases. At looks, bf16 (losing less, chosen at the
+    # model's figure) runs again; its figure, once on enough steps, keeps it.
     policy, job = bf16_left_on_few_slow_steps(2)
     seen, explorations = len(job.decisions), policy.explorations
-    job.run(LOOK_AGAIN_STEPS + 6, 50e-6, 1e9, observe=False)
+    job.run(2 * LOOK_AGAIN_STEPS + 6, 50e-6, 1e9, observe=False)
     assert re.search(r"bf16@dense_ring timed on [234] steps only", policy._s.why), policy._s.why
     assert "bf16@dense_ring" in job.decisions[seen:] and not any(job.exploring[seen:])
-    assert policy.explorations == explorations + 1 and policy.decide().label == "bf16@dense_ring"
+    assert explorations < policy.explorations <= explorations + 2
+    assert job.decisions[-RUNNING_SAMPLES:] == ["bf16@dense_ring"] * RUNNING_SAMPLES
 
 
 def test_an_untimed_saver_is_left_to_the_look_for_untimed_options() -> None:
@@ -1081,7 +1092,7 @@ def test_a_running_option_that_slowed_before_any_move_was_seen_is_not_left_for_a
     policy = moo()
     job = Job(policy)
     settle(policy, job, *link)
-    assert policy.decide().label == "topk:0.011@art_ring"
+    assert policy.choose().label == "topk:0.011@art_ring"
     seen = len(job.decisions)
     job.run(20, *link, noise=lambda step: 2.0, observe=False)
     assert set(job.decisions[seen:]) == {"topk:0.011@art_ring"}, policy._s.why
@@ -1095,13 +1106,13 @@ def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> 
     policy = moo()
     job = Job(policy)
     settle(policy, job, *FAST)
-    assert policy.decide().label == "topk:0.011@art_ring"
+    assert policy.choose().label == "topk:0.011@art_ring"
     job.run(2, *SLOW, observe=False)  # the agent's estimate moved on 3; the third is yet to come
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     assert policy._s.plan == [("powersgd:2@dense_ring", False)], policy._s.why
     assert policy._s.sync["topk:0.011@art_ring"] == [pytest.approx(0.29, rel=0.05)]
     job.run(policy.config.explore_steps + 4, *SLOW)
-    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:2@dense_ring"
+    assert policy.phase == EXPLOIT and policy.choose().label == "powersgd:2@dense_ring"
 
 
 def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_link() -> None:
@@ -1125,7 +1136,7 @@ def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measure
     job = Job(policy)
     settle(policy, job, *FAST)
     settle(policy, job, *SLOW)
-    assert policy.decide().label == "powersgd:2@dense_ring"
+    assert policy.choose().label == "powersgd:2@dense_ring"
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     planned = [label for label, _ in policy._s.plan]
     assert planned[0] == "topk:0.011@art_ring" and "powersgd:2@dense_ring" not in planned, planned
@@ -1147,8 +1158,8 @@ def _measure_nothing_delivered(policy: MooPolicy, job: Job, steps: int) -> None:
     AR collective whose non-root ranks send little), as a free item."""
     policy._measure_both("topk:0.033@art_ring", policy._current_label(), "the test measures it")
     for step in range(job.step, job.step + steps):
-        policy.observe_step(StepReport(step=step, family="topk", param=0.033, collective="art_ring", t_comp_s=0.01,
-                                       t_sync_s=0.3, gain=0.0, t_compute_s=0.02))
+        policy.observe_steps([StepReport(step=step, family="topk", param=0.033, collective="art_ring", t_comp_s=0.01,
+                                       t_sync_s=0.3, gain=0.0, t_compute_s=0.02)])
     job.step += steps
 
 
@@ -1182,10 +1193,10 @@ def test_the_look_weighs_an_untimed_option_against_the_running_one_as_the_model_
     noisy = replace(running, t_sync_s=3 * running.t_sync_s, t_step_s=3 * running.t_step_s)
     rows = [noisy if r is running else r for r in rows]
     rank_2 = next(r for r in rows if r.label == "powersgd:2@dense_ring")
-    assert policy.choose(rows) == rank_2 and not rank_2.measured
+    assert policy.best(rows) == rank_2 and not rank_2.measured
     assert not policy._close(noisy, rank_2, rows, UNTIMED_MARGIN)  # 2x ahead of the measured median
     assert not policy._measure_an_untimed_first_choice(rows)
-    assert policy.phase == EXPLOIT and policy.decide().label == "powersgd:4@dense_ring"
+    assert policy.phase == EXPLOIT and policy.choose().label == "powersgd:4@dense_ring"
 
 
 def test_the_look_puts_the_running_option_on_the_untimed_ones_footing() -> None:
@@ -1196,7 +1207,7 @@ def test_the_look_puts_the_running_option_on_the_untimed_ones_footing() -> None:
     # collective, calibrated beside calibrated, it is 4x ahead: looked at.
     policy = moo()
     settle(policy, Job(policy), *SLOW)
-    running = policy.decide()
+    running = policy.choose()
     key = calibration_key(running.compression, running.collective)
     policy.calibration.forget(key)
     for raw in (0.05, 0.1, 0.2) * 2:
@@ -1208,7 +1219,7 @@ def test_the_look_puts_the_running_option_on_the_untimed_ones_footing() -> None:
     for _ in range(RUNNING_SAMPLES):
         policy.watch.ran(slow, slow / 0.02)
     rows = policy.evaluate()
-    untimed = policy.choose(rows)
+    untimed = policy.best(rows)
     assert untimed.label == "topk:0.011@art_ring" and not untimed.measured
     assert policy._current_row(rows).t_step_s > (1 + UNTIMED_MARGIN) * untimed.t_step_s  # as measured
     assert not policy._measure_an_untimed_first_choice(rows)
@@ -1225,7 +1236,7 @@ def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -
     job.adopted, job.control_interval = policy._s.current, 10**9  # one long message, no decision in it
     job.run(3 * LOOK_AGAIN_STEPS, *SLOW, observe=False)
     assert policy.phase == EXPLOIT and policy._s.why != "" and "untimed" not in policy._s.why
-    policy.decide()
+    policy.choose()
     assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
     assert policy._s.plan == [("powersgd:2@dense_ring", False)]
 
@@ -1243,7 +1254,7 @@ def test_nothing_is_chosen_on_the_models_word_while_the_running_options_steps_ar
     job.run(LOOK_AGAIN_STEPS - 3, *SLOW, observe=False)
     job.run(3, *SLOW, noise=lambda step: 10.0, observe=False)
     assert 0 < policy._s.outliers[calibration_key(Compression("topk", 0.011), "art_ring")] < CALIBRATION_RESET
-    assert policy.decide().label == running and policy.phase == EXPLOIT
+    assert policy.choose().label == running and policy.phase == EXPLOIT
     job.run(1, *SLOW, observe=False)
-    policy.decide()
+    policy.choose()
     assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why

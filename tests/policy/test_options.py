@@ -112,15 +112,15 @@ def test_the_largest_grid_allowed_is_built() -> None:
     config = MooConfig(c_low=0.001, c_high=0.1, factor=(0.1 / 0.001) ** (1 / (MAX_CANDIDATE_CRS - 1)),
                        families=("topk",))
     assert len(config.crs) <= MAX_CANDIDATE_CRS
-    assert MooPolicy(1e6, config).decide().probes == tuple(f"topk:{c!r}" for c in config.crs)
+    assert MooPolicy(1e6, config).choose().probes == tuple(f"topk:{c!r}" for c in config.crs)
 
 
 def test_gains_and_times_of_options_no_candidate_has_are_not_kept() -> None:
     policy = MooPolicy(1e6)
     for i in range(50):
         strange = {f"topk:{0.5 + j / 1000!r}": 0.5 for j in range(63)}
-        policy.observe_step(StepReport(step=i, family="topk", param=0.3 + i / 1000, collective="ag_topk",
-                                       t_comp_s=0.01, t_sync_s=0.1, gain=0.5, gains={**strange, "topk:0.1": 0.9}))
+        policy.observe_steps([StepReport(step=i, family="topk", param=0.3 + i / 1000, collective="ag_topk",
+                                       t_comp_s=0.01, t_sync_s=0.1, gain=0.5, gains={**strange, "topk:0.1": 0.9})])
     saved = policy.state_dict()
     gains = saved["gains"]
     assert set(gains["probed"]) == {"topk:0.1"} and gains["delivered"] == {}

@@ -58,7 +58,7 @@ class Job:
             self.policy.observe_network(net)
         for _ in range(steps):
             if self.adopted is None or self.step % self.control_interval == 0:
-                self.adopted = self.policy.decide()
+                self.adopted = self.policy.choose()
             d = self.adopted
             self.decisions.append(d.label)
             self.exploring.append(d.exploring)
@@ -66,11 +66,11 @@ class Job:
             if noise:
                 t_sync *= noise(self.step)
             slow = host(self.step) if host else 1.0
-            self.policy.observe_step(StepReport(
+            self.policy.observe_steps([StepReport(
                 step=self.step, family=d.family, param=d.param, collective=d.collective,
                 t_comp_s=self.t_comp(d.compression) * slow, t_sync_s=t_sync * slow, gain=gain_of(d.compression),
                 t_compute_s=self.t_compute * slow,
-                gains={name: gain_of(Compression.parse(name)) for name in d.probes}))
+                gains={name: gain_of(Compression.parse(name)) for name in d.probes})])
             self.step += 1
 
     def switches(self, last: int) -> int:
