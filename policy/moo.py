@@ -86,6 +86,7 @@ from flexcomm.policy.evaluation import (
 from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.gains import GainFigures
 from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
+from flexcomm.policy.plan import ExplorationPlan
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
 from flexcomm.policy.steptimes import StepTimes
 from flexcomm.policy.types import (
@@ -119,7 +120,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 13
+STATE_FORMAT = 14
 CALIBRATION_OUTLIER = 3.0
 CALIBRATION_RESET = 8
 LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed option the model puts first
@@ -307,17 +308,12 @@ class MooConfig:
 class _State:
     phase: str = WARMUP
     phase_steps: int = 0
-    plan: list[tuple[str, bool]] = field(default_factory=list)  # (option label, exploring) to measure
-    plan_index: int = 0
-    explored_before: list[str] = field(default_factory=list)  # the last plan's explored options
     net: NetworkObservation | None = None  # the network as the policy takes it now
     observed: NetworkObservation | None = None  # the last one observe_network was given
     dear: NetworkObservation | None = None  # the slowest network (not a lower bound) seen (error_price)
     sync: dict[str, list[float]] = field(default_factory=dict)  # option label -> latest syncs, since the last change
     current: Decision | None = None
     version: int = 0
-    explorations: int = 0
-    why: str = ""  # what started the current exploration
     outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
     next_look: int = 0  # phase_steps from which the next look for an untimed option is due
@@ -326,7 +322,6 @@ class _State:
         """Plain data: the decision and the networks by their own to_dict."""
         d = plain_fields(self)
         d["current"] = self.current.to_dict() if self.current else None
-        d["plan"] = [[label, exploring] for label, exploring in self.plan]
         for key in ("net", "observed", "dear"):
             d[key] = d[key].to_dict() if d[key] is not None else None
         return d
@@ -335,7 +330,6 @@ class _State:
     def from_dict(cls, d: Mapping[str, Any]) -> _State:
         d = dict(d)
         d["current"] = Decision.from_dict(d["current"]) if d.get("current") else None
-        d["plan"] = [(str(label), bool(exploring)) for label, exploring in d.get("plan") or ()]
         for key in ("net", "observed", "dear"):
             d[key] = NetworkObservation(**d[key]) if d.get(key) else None
         return cls(**d)
@@ -358,6 +352,7 @@ class MooPolicy:
         self.watch = Reconsideration()
         self.gains = GainFigures(self.config.gain_smoothing)
         self.times = StepTimes()
+        self.plan = ExplorationPlan()
         self._s = _State()
         self._price: float | None = None  # error_price(), cached until an observation arrives
         self._fresh = True  # observed since the last choice
@@ -487,12 +482,12 @@ class MooPolicy:
         """Run `choice`, the best lossless option, for one item, as an exploration of one."""
         s = self._s
         s.probed_up_at = self.exploring.steps_seen
-        s.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
+        self.plan.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
                  f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
                  f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
         self._new_plan([(choice.label, True), (self._current_label(), False)])
         s.sync = {}
-        s.explorations += 1
+        self.plan.started += 1
         s.phase = EXPLORE
         self._run_plan_item()
 
@@ -796,6 +791,7 @@ class MooPolicy:
             "reconsideration": self.watch.state_dict(),
             "gains": self.gains.state_dict(),
             "times": self.times.state_dict(),
+            "plan": self.plan.state_dict(),
             "state": self._s.to_dict(),
         }
 
@@ -820,6 +816,7 @@ class MooPolicy:
             self.watch = Reconsideration()
             self.gains = GainFigures(self.config.gain_smoothing)
             self.times = StepTimes()
+            self.plan = ExplorationPlan()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
@@ -829,6 +826,7 @@ class MooPolicy:
         self.watch = Reconsideration.from_state(state["reconsideration"])
         self.gains = GainFigures.from_state(state["gains"], self.config.gain_smoothing)
         self.times = StepTimes.from_state(state["times"])
+        self.plan = ExplorationPlan.from_state(state["plan"])
         self._s = _State.from_dict(state["state"])
 
     @property
@@ -842,7 +840,7 @@ class MooPolicy:
 
     @property
     def explorations(self) -> int:
-        return self._s.explorations
+        return self.plan.started
 
     @property
     def explore_steps(self) -> int:
@@ -913,7 +911,7 @@ class MooPolicy:
         s = self._s
         if s.current is not None and label == self._current_label():
             return s.current.exploring
-        return any(item == label and exploring for item, exploring in s.plan) or label in s.explored_before
+        return self.plan.spent_on(label)
 
     def _runs_current(self, report: StepReport) -> bool:
         return report.choice.label == self._current_label()
@@ -984,7 +982,7 @@ class MooPolicy:
         if s.phase == WARMUP and s.phase_steps >= cfg.warmup_steps and self._compression_timed():
             self._start_exploration("first exploration")
         elif s.phase == EXPLORE and s.phase_steps >= cfg.explore_steps:
-            s.plan_index += 1
+            self.plan.next()
             self._run_plan_item()
         elif s.phase == EXPLOIT:
             fell = self._lossy_sync_fell()
@@ -1082,11 +1080,11 @@ class MooPolicy:
         sync on this network, as its latest steps showed it; then it is not run
         again."""
         s = self._s
-        s.why = why
+        self.plan.why = why
         self._new_plan([(first, False)] + ([(running, False)] if shown is None else []))
         if shown is not None and running not in s.sync:
             s.sync[running] = [shown]
-        s.explorations += 1
+        self.plan.started += 1
         s.phase = EXPLORE
         self._run_plan_item()
 
@@ -1179,18 +1177,18 @@ class MooPolicy:
         option had nothing moved; not so where the model now puts another ahead
         of it by more than the margin, or where it is an exploring item."""
         s = self._s
-        s.why = why
+        self.plan.why = why
         shown = self._running_shows_the_move()
         running = self._current_label() if shown is not None else None
         with_lossless = with_lossless or self.watch.got_faster(self._net())
         self._new_plan(self._exploration_plan(with_lossless, measured=running, running_free=running_free))
         s.sync = {} if running is None else {running: [shown]}
         self._rebase()  # what a move during the exploration is judged against
-        if not s.plan:  # nothing to predict with and no exploring left: stay
+        if not self.plan.items:  # nothing to predict with and no exploring left: stay
             s.phase = EXPLOIT
             s.current = replace(s.current, reason=f"{why}; exploring budget spent: staying")
             return
-        s.explorations += 1
+        self.plan.started += 1
         s.phase = EXPLORE
         self._run_plan_item()
 
@@ -1202,19 +1200,13 @@ class MooPolicy:
         at 20 Mbit/s, 500 ms a step for 4 steps, with the network known from its
         third step; dropping dense alone left the model's first choice, PowerSGD,
         unplanned, and Top-k 0.1 ran 14 steps at 220 ms until a look found it."""
-        s = self._s
-        done = s.plan[:s.plan_index + 1]
-        ran = {label for label, _ in done}
-        rest = [item for item in self._exploration_plan(False) if item[0] not in ran]
-        s.plan = done + rest[:max(0, self.config.explore_max - len(done))]
+        self.plan.replan_rest(self._exploration_plan(False), self.config.explore_max)
 
     def _new_plan(self, plan: list[tuple[str, bool]]) -> None:
         """Measure `plan` from its first item. The last plan's explored options stay
         charged while the job runs them on until its next agreement."""
-        s = self._s
         self.exploring.plan_started()
-        s.explored_before = [label for label, exploring in s.plan if exploring]
-        s.plan, s.plan_index = plan, 0
+        self.plan.start(plan)
 
     def _explore_allowance(self) -> int:
         return self.exploring.allowance(self.config.explore_share, self.config.explore_horizon)
@@ -1326,19 +1318,19 @@ class MooPolicy:
         return [others[0], reference, *others[1:]] if others else [reference]
 
     def _run_plan_item(self) -> None:
-        s = self._s
+        plan = self.plan
         # An explored item is charged again as it starts: the steps a decision takes
         # to be adopted are known once the plan's first item has been adopted.
-        while s.plan_index < len(s.plan) and s.plan[s.plan_index][1] and not self._budget_covers_an_item():
-            s.plan_index += 1
-        if s.plan_index >= len(s.plan):
+        while (item := plan.item()) is not None and item[1] and not self._budget_covers_an_item():
+            plan.next()
+        if item is None:
             self._finish_exploration()
             return
-        label, exploring = s.plan[s.plan_index]
+        label, exploring = item
         option = next(o for o in self.options if o.label == label)
         if exploring:
             self.exploring.item_started()
-        self._set_current(option, f"measuring {s.plan_index + 1}/{len(s.plan)} ({s.why})", exploring=exploring)
+        self._set_current(option, plan.describe(), exploring=exploring)
 
     def _finish_exploration(self) -> None:
         """Choose among what was measured; then, while the rule puts an untimed

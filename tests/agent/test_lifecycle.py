@@ -330,7 +330,7 @@ def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_sho
                                   gain=0.8)
         # its compression's set-up step and a timed one
         await lifecycle.ingest(job, [dataclasses.replace(ran, step=1), dataclasses.replace(ran, step=2)], None)
-        assert job.policy.phase == "explore" and job.policy._s.why == "first exploration"
+        assert job.policy.phase == "explore" and job.policy.plan.why == "first exploration"
         assert not job.policy.watch.blind  # planned on the network, by the model
         await persister.close()
 

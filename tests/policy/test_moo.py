@@ -124,7 +124,7 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     assert policy.choose().label == rank4
     job = Job(policy)
     job.run(2, *SLOW)  # the warm-up (a set-up step, a timed one); nor does the first exploration run it
-    assert policy.phase == EXPLORE and reference not in dict(policy._s.plan)
+    assert policy.phase == EXPLORE and reference not in dict(policy.plan.items)
     job.run(60, *SLOW)
     assert reference not in policy.gains.delivered and policy._reference_error() is not None
     # Compared on the model's raw figures: a fit fed by rank 4's slow first steps
@@ -142,7 +142,7 @@ def test_a_reference_far_behind_a_familys_reference_waits_for_a_network_that_mak
     fast.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert fast.choose().label == reference
     job.run(1, *FAST)
-    assert policy.phase == EXPLORE and (reference, False) in policy._s.plan
+    assert policy.phase == EXPLORE and (reference, False) in policy.plan.items
 
 
 def test_a_network_change_explores_only_when_it_would_change_the_choice() -> None:
@@ -245,7 +245,7 @@ def test_a_move_during_an_exploration_drops_its_figures_and_plans_again() -> Non
     assert policy.phase == EXPLORE and policy._s.sync
     before = policy.explorations
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert policy.explorations == before + 1 and "while exploring" in policy._s.why
+    assert policy.explorations == before + 1 and "while exploring" in policy.plan.why
     assert not policy._s.sync  # nothing measured on the slow link is averaged with the fast one
 
 
@@ -262,7 +262,7 @@ def test_with_the_budget_spent_a_move_runs_only_the_models_first_choice() -> Non
     first = policy.ranking(policy.evaluate(predicted=True))[0]
     bf16 = next(r for r in policy.evaluate(predicted=True) if r.label == "bf16@dense_ring")
     assert bf16.t_step_s <= policy.config.explore_prune * first.t_step_s  # the prune alone keeps it
-    assert "now prefers" in policy._s.why and policy._s.plan == [(first.label, False)]
+    assert "now prefers" in policy.plan.why and policy.plan.items == [(first.label, False)]
 
 
 def test_an_explored_item_is_charged_the_steps_the_job_ran_it() -> None:
@@ -283,7 +283,7 @@ def test_with_the_budget_spent_the_policy_runs_what_the_model_predicts_and_measu
     policy.exploring.spent += policy._explore_allowance()  # nothing left
     spent = policy.explore_steps
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert all(not exploring for _, exploring in policy._s.plan), policy._s.plan
+    assert all(not exploring for _, exploring in policy.plan.items), policy.plan.items
     job.run(20, *FAST, observe=False)
     assert policy.explore_steps == spent and policy.phase == EXPLOIT
     assert policy.choose().label == policy.ranking(policy.evaluate(predicted=True))[0].label or policy._s.sync
@@ -293,10 +293,10 @@ def test_a_first_network_seen_while_exploring_blind_does_not_restart_it() -> Non
     policy = moo(warmup_steps=0)  # no network: one option per family, blind
     job = Job(policy)
     job.run(2, *SLOW, observe=False)
-    before, plan, index = policy.explorations, list(policy._s.plan), policy._s.plan_index
+    before, plan, index = policy.explorations, list(policy.plan.items), policy.plan.index
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy.explorations == before and policy._s.plan_index == index
-    assert policy._s.plan[:index + 1] == plan[:index + 1]  # the items run stay measured
+    assert policy.explorations == before and policy.plan.index == index
+    assert policy.plan.items[:index + 1] == plan[:index + 1]  # the items run stay measured
 
 
 def test_the_switching_margin_comes_from_the_two_fits_compared() -> None:
@@ -331,13 +331,13 @@ def test_an_exploration_measures_the_few_the_model_ranks_first() -> None:
     policy = moo(explore_max=3)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     Job(policy).run(2, *SLOW)  # the warm-up (a set-up step, a timed one), on the reference: it has delivered
-    assert policy.phase == EXPLORE and len(policy._s.plan) == 3
+    assert policy.phase == EXPLORE and len(policy.plan.items) == 3
     assert policy._reference_label in policy.gains.delivered
     ranking = policy.ranking(policy.evaluate(predicted=True))
     ranked = [r.label for r in ranking if r.t_step_s <= ranking[0].t_step_s * policy.config.explore_prune]
     # the model's first choice is measured as the job would run it (no exploring
     # steps); the next ones explore
-    assert policy._s.plan == [(ranked[0], False), (ranked[1], True), (ranked[2], True)]
+    assert policy.plan.items == [(ranked[0], False), (ranked[1], True), (ranked[2], True)]
 
 
 @pytest.mark.parametrize("share", [0.2, 0.0])
@@ -352,8 +352,8 @@ def test_a_reference_that_delivered_is_not_run_again_for_its_own_sake(share: flo
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
     assert policy.phase == EXPLORE
     # measured again only as any option is: ranked near the first, charged to the share
-    assert (reference, True) in policy._s.plan if share else reference not in dict(policy._s.plan)
-    assert (reference, False) not in policy._s.plan
+    assert (reference, True) in policy.plan.items if share else reference not in dict(policy.plan.items)
+    assert (reference, False) not in policy.plan.items
 
 
 def test_a_powersgd_rank_priced_by_its_probes_may_be_chosen_on_a_calibrated_prediction() -> None:
@@ -396,11 +396,11 @@ def test_an_option_that_delivered_where_it_ran_before_may_be_chosen_on_a_calibra
 
 def test_no_network_explores_one_option_per_family_the_reference_second() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1)
-    plan = [label for label, _ in policy._s.plan]
+    plan = [label for label, _ in policy.plan.items]
     assert sorted(label.split("@")[0].split(":")[0] for label in plan) == ["bf16", "dense", "powersgd", "topk"]
     assert plan[0] == policy._reference_label  # Top-k as a user runs it, not the family's first option
     # the reference runs (the warm-up's option) and explores nothing; the others do
-    assert [exploring for _, exploring in policy._s.plan] == [False, True, True, True]
+    assert [exploring for _, exploring in policy.plan.items] == [False, True, True, True]
 
 
 def test_a_blind_plan_goes_on_as_the_model_plans_once_the_network_is_known() -> None:
@@ -408,11 +408,11 @@ def test_a_blind_plan_goes_on_as_the_model_plans_once_the_network_is_known() -> 
     # after bf16 on the ring, 500 ms a step for 4 steps, with the network known from
     # its third step. Known, the model puts dense behind bf16 on the same ring.
     policy = moo(warmup_steps=0, explore_share=0.1)
-    blind = list(policy._s.plan)
+    blind = list(policy.plan.items)
     assert ("dense@dense_ring", True) in blind
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy.phase == EXPLORE and policy._s.plan_index == 0 and policy._s.plan[0] == blind[0]
-    plan = dict(policy._s.plan)
+    assert policy.phase == EXPLORE and policy.plan.index == 0 and policy.plan.items[0] == blind[0]
+    plan = dict(policy.plan.items)
     assert "dense@dense_ring" not in plan
     # the rest planned as the model plans: its first choice and the reference, free
     first = policy.ranking(policy.evaluate(predicted=True))[0].label
@@ -425,7 +425,8 @@ def test_a_blind_plan_goes_on_as_the_model_plans_once_the_network_is_known() -> 
 
 def test_a_reference_that_loses_nothing_is_measured_blind_like_any_family() -> None:
     policy = moo(warmup_steps=0, explore_share=0.1, quality_reference="bf16")
-    assert [label.split("@")[0].split(":")[0] for label, _ in policy._s.plan] == ["bf16", "dense", "powersgd", "topk"]
+    families = [label.split("@")[0].split(":")[0] for label, _ in policy.plan.items]
+    assert families == ["bf16", "dense", "powersgd", "topk"]
 
 
 def test_by_default_a_gain_change_re_decides_without_exploring() -> None:
@@ -691,7 +692,7 @@ def test_an_exploration_whose_last_item_ran_off_the_model_chooses_on_no_predicti
     job = Job(policy)
     settle(policy, job, *SLOW)
     job.run(1, *FAST)
-    assert policy.phase == EXPLORE and len(policy._s.plan) == 2
+    assert policy.phase == EXPLORE and len(policy.plan.items) == 2
     while policy.phase == EXPLORE:
         job.run(1, 1e-3, 5e6, observe=False)  # the link fell; nothing told the policy
     assert " s measured" in policy.choose().reason.split(";")[0], policy.choose().reason
@@ -750,7 +751,7 @@ def test_a_lossy_option_whose_sync_falls_measures_the_best_lossless_option() -> 
     before, first = policy.explorations, job.step
     job.run(12, *FAST, observe=False)  # no probe has seen it: only the running option's sync falls
     assert policy.explorations == before + 1
-    assert "sync of the running lossy option fell" in policy._s.why
+    assert "sync of the running lossy option fell" in policy.plan.why
     measured = {label for label, exploring in zip(job.decisions[first:], job.exploring[first:], strict=True)
                 if exploring or not label.startswith(("topk", "powersgd"))}
     assert {"dense@dense_ring", "bf16@dense_ring"} & measured, job.decisions[first:]
@@ -829,7 +830,7 @@ def test_a_lower_bound_bandwidth_probes_up_with_a_lossless_option_once() -> None
     bound = NetworkObservation(50e-6, 8 / 2.5e9, 4, lower_bound=True)
     policy.watch.settle_on(bound)
     policy.observe_network(bound)
-    assert policy.explorations == before + 1 and "probing up" in policy._s.why
+    assert policy.explorations == before + 1 and "probing up" in policy.plan.why
     assert policy.choose().compression.family in ("dense", "bf16") and policy.choose().exploring
     # Again at once: not before PROBE_UP_EVERY steps.
     policy._s.phase = EXPLOIT
@@ -878,13 +879,13 @@ def test_an_option_the_model_puts_far_ahead_is_timed_in_a_blind_exploration_once
     job.run(2, *SLOW, observe=False)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
     first = policy.ranking(policy.evaluate(predicted=True))[0].label
-    assert first in dict(policy._s.plan)
+    assert first in dict(policy.plan.items)
     job.run(30, *SLOW, observe=False)
     lossless = [label for label, exploring in zip(job.decisions, job.exploring, strict=True)
                 if not exploring and label.startswith(("dense", "bf16"))]
     assert len(lossless) <= 2 + 2 * policy.config.explore_steps, job.decisions
     assert policy.choose().compression.lossy, policy.choose().reason
-    assert policy._s.why == "first exploration" and policy.explorations == 1
+    assert policy.plan.why == "first exploration" and policy.explorations == 1
 
 
 def test_whatever_the_run_saved_a_step_keeps_half_of_what_the_reference_keeps() -> None:
@@ -907,7 +908,7 @@ def test_a_fall_of_a_sync_within_the_links_burst_measures_nothing() -> None:
     assert policy.choose().compression.lossy
     before = policy.explorations
     job.run(12, *FAST, observe=False)
-    assert policy.explorations == before, policy._s.why
+    assert policy.explorations == before, policy.plan.why
 
 
 def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
@@ -919,8 +920,8 @@ def test_after_a_move_a_call_too_close_for_the_model_is_measured() -> None:
     settle(policy, job, *SLOW)
     assert policy.choose().label == "bf16@dense_ring"
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert "too close to call: measuring both" in policy._s.why
-    assert policy._s.plan == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
+    assert "too close to call: measuring both" in policy.plan.why
+    assert policy.plan.items == [("dense@dense_ring", False), ("bf16@dense_ring", False)]
     job.run(10, *FAST)
     assert policy.phase == EXPLOIT and policy.choose().label == "dense@dense_ring"
 
@@ -932,8 +933,8 @@ def test_after_a_move_its_own_steps_showed_a_call_too_close_measures_the_other_a
     settle(policy, job, *SLOW)
     job.run(3, *FAST, observe=False)  # bf16's steps ran on the new link before the estimate moved
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    assert policy._s.plan == [("dense@dense_ring", False)], policy._s.why
-    assert "too close to call: measuring dense@dense_ring" in policy._s.why
+    assert policy.plan.items == [("dense@dense_ring", False)], policy.plan.why
+    assert "too close to call: measuring dense@dense_ring" in policy.plan.why
     bf16_fast = option_sync_time(Compression("bf16"), "dense_ring", small, NetworkObservation.from_link(*FAST, 4))
     assert policy._s.sync["bf16@dense_ring"] == [pytest.approx(bf16_fast * job.model_error, rel=0.05)]
     job.run(10, *FAST)
@@ -954,7 +955,7 @@ def test_after_a_move_its_syncs_made_one_of_its_steps_shows_it(evidence: str, pl
     settle(policy, job, *SLOW)
     job.run(1, *FAST, observe=False)
     policy.observe_network(replace(NetworkObservation.from_link(*FAST, 4), evidence=evidence))
-    assert policy._s.plan == plan, policy._s.why
+    assert policy.plan.items == plan, policy.plan.why
 
 
 def topk_running_with_powersgd_2_untimed() -> tuple[MooPolicy, Job]:
@@ -998,8 +999,8 @@ def test_an_untimed_option_the_model_puts_far_ahead_is_run_and_the_faster_kept()
     policy, job = topk_running_with_powersgd_2_untimed()
     explorations, seen = policy.explorations, len(job.decisions)
     policy._measure_an_untimed_first_choice(policy.evaluate())
-    assert policy._s.plan == [("powersgd:2@dense_ring", False)]
-    assert "powersgd:2@dense_ring ahead at 0.12 s a step, untimed" in policy._s.why
+    assert policy.plan.items == [("powersgd:2@dense_ring", False)]
+    assert "powersgd:2@dense_ring ahead at 0.12 s a step, untimed" in policy.plan.why
     job.run(2 * policy.config.explore_steps + 6, *SLOW)
     assert "powersgd:2@dense_ring" in job.decisions[seen:]
     assert not any(job.exploring[seen:]) and policy.explorations == explorations + 1
@@ -1025,7 +1026,7 @@ def bf16_left_on_few_slow_steps(samples: int) -> tuple[MooPolicy, Job]:
     policy._s.sync["bf16@dense_ring"] = [3 * policy._s.sync["bf16@dense_ring"][-1]] * samples
     policy._set_current(policy._by_label["powersgd:2@dense_ring"], "left bf16 as the test puts it")
     job.run(RUNNING_SAMPLES, 50e-6, 1e9, observe=False)
-    assert policy.choose().label == "powersgd:2@dense_ring", policy._s.why
+    assert policy.choose().label == "powersgd:2@dense_ring", policy.plan.why
     return policy, job
 
 
@@ -1036,7 +1037,7 @@ def test_a_saver_timed_on_fewer_steps_than_the_running_option_is_timed_again_and
     policy, job = bf16_left_on_few_slow_steps(2)
     seen, explorations = len(job.decisions), policy.explorations
     job.run(2 * LOOK_AGAIN_STEPS + 6, 50e-6, 1e9, observe=False)
-    assert re.search(r"bf16@dense_ring timed on [234] steps only", policy._s.why), policy._s.why
+    assert re.search(r"bf16@dense_ring timed on [234] steps only", policy.plan.why), policy.plan.why
     assert "bf16@dense_ring" in job.decisions[seen:] and not any(job.exploring[seen:])
     assert explorations < policy.explorations <= explorations + 2
     assert job.decisions[-RUNNING_SAMPLES:] == ["bf16@dense_ring"] * RUNNING_SAMPLES
@@ -1053,14 +1054,14 @@ def test_an_untimed_saver_is_left_to_the_look_for_untimed_options() -> None:
     assert not policy._measure_a_thinly_timed_saver(policy.evaluate())
     policy._s.sync["bf16@dense_ring"] = [0.02]  # one slow step timed it
     assert policy._measure_a_thinly_timed_saver(policy.evaluate())
-    assert policy._s.plan == [("bf16@dense_ring", False)] and "timed on 1 step only" in policy._s.why
+    assert policy.plan.items == [("bf16@dense_ring", False)] and "timed on 1 step only" in policy.plan.why
 
 
 def test_a_saver_timed_on_as_many_steps_as_the_running_option_is_not_timed_again() -> None:
     policy, job = bf16_left_on_few_slow_steps(RUNNING_SAMPLES)
     seen = len(job.decisions)
     job.run(3 * LOOK_AGAIN_STEPS, 50e-6, 1e9, observe=False)
-    assert "bf16@dense_ring" not in job.decisions[seen:], policy._s.why
+    assert "bf16@dense_ring" not in job.decisions[seen:], policy.plan.why
 
 
 def test_the_running_option_is_run_again_beside_an_untimed_one_when_its_figure_is_a_prediction() -> None:
@@ -1068,7 +1069,7 @@ def test_the_running_option_is_run_again_beside_an_untimed_one_when_its_figure_i
     running = policy._current_label()
     policy.watch.chose(running, 0.29, predicted=True)
     policy._measure_an_untimed_first_choice(policy.evaluate())
-    assert policy._s.plan == [("powersgd:2@dense_ring", False), (running, False)]
+    assert policy.plan.items == [("powersgd:2@dense_ring", False), (running, False)]
 
 
 def test_an_exploration_that_ends_far_behind_an_untimed_option_looks_at_it_at_once() -> None:
@@ -1080,7 +1081,7 @@ def test_an_exploration_that_ends_far_behind_an_untimed_option_looks_at_it_at_on
     policy._s.sync = {running: policy._s.sync[running]}  # the others' figures: a move dropped them
     policy.calibration.forget("powersgd")  # untrusted: only a look may choose it
     policy._finish_exploration()
-    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why, policy._s.why
+    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy.plan.why, policy.plan.why
 
 
 def test_a_running_option_that_slowed_before_any_move_was_seen_is_not_left_for_a_figure_taken_before() -> None:
@@ -1095,7 +1096,7 @@ def test_a_running_option_that_slowed_before_any_move_was_seen_is_not_left_for_a
     assert policy.choose().label == "topk:0.011@art_ring"
     seen = len(job.decisions)
     job.run(20, *link, noise=lambda step: 2.0, observe=False)
-    assert set(job.decisions[seen:]) == {"topk:0.011@art_ring"}, policy._s.why
+    assert set(job.decisions[seen:]) == {"topk:0.011@art_ring"}, policy.plan.why
 
 
 def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> None:
@@ -1109,7 +1110,7 @@ def test_a_move_the_running_options_steps_showed_does_not_measure_it_again() -> 
     assert policy.choose().label == "topk:0.011@art_ring"
     job.run(2, *SLOW, observe=False)  # the agent's estimate moved on 3; the third is yet to come
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy._s.plan == [("powersgd:2@dense_ring", False)], policy._s.why
+    assert policy.plan.items == [("powersgd:2@dense_ring", False)], policy.plan.why
     assert policy._s.sync["topk:0.011@art_ring"] == [pytest.approx(0.29, rel=0.05)]
     job.run(policy.config.explore_steps + 4, *SLOW)
     assert policy.phase == EXPLOIT and policy.choose().label == "powersgd:2@dense_ring"
@@ -1122,8 +1123,8 @@ def test_a_move_the_running_options_steps_did_not_show_measures_it_on_the_new_li
     settle(policy, job, *FAST)
     job.run(1, *SLOW, observe=False)  # one slow step is no figure
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))  # a probe saw it first
-    assert policy._s.plan[0] == ("powersgd:2@dense_ring", False)
-    assert ("topk:0.011@art_ring", True) in policy._s.plan
+    assert policy.plan.items[0] == ("powersgd:2@dense_ring", False)
+    assert ("topk:0.011@art_ring", True) in policy.plan.items
 
 
 def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measured() -> None:
@@ -1138,7 +1139,7 @@ def test_an_option_calibrated_fits_put_behind_beyond_their_errors_is_not_measure
     settle(policy, job, *SLOW)
     assert policy.choose().label == "powersgd:2@dense_ring"
     policy.observe_network(NetworkObservation.from_link(*FAST, 4))
-    planned = [label for label, _ in policy._s.plan]
+    planned = [label for label, _ in policy.plan.items]
     assert planned[0] == "topk:0.011@art_ring" and "powersgd:2@dense_ring" not in planned, planned
 
 
@@ -1149,8 +1150,8 @@ def test_an_option_only_an_uncalibrated_fit_puts_ahead_of_the_running_one_leaves
     job = Job(policy)
     settle(policy, job, *FAST)
     policy.observe_network(NetworkObservation.from_link(*SLOW, 4))
-    assert policy._s.plan[0] == ("powersgd:2@dense_ring", False)
-    assert ("topk:0.011@art_ring", True) in policy._s.plan
+    assert policy.plan.items[0] == ("powersgd:2@dense_ring", False)
+    assert ("topk:0.011@art_ring", True) in policy.plan.items
 
 
 def _measure_nothing_delivered(policy: MooPolicy, job: Job, steps: int) -> None:
@@ -1225,7 +1226,7 @@ def test_the_look_puts_the_running_option_on_the_untimed_ones_footing() -> None:
     assert not policy._measure_an_untimed_first_choice(rows)
     policy.calibration.observe("art_ring", 0.3, 0.3)
     assert policy._measure_an_untimed_first_choice(policy.evaluate())
-    assert policy._s.plan == [("topk:0.011@art_ring", False)]
+    assert policy.plan.items == [("topk:0.011@art_ring", False)]
 
 
 def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -> None:
@@ -1235,10 +1236,10 @@ def test_the_look_for_an_untimed_option_is_made_at_a_decision_not_per_report() -
     policy, job = topk_running_with_powersgd_2_untimed()
     job.adopted, job.control_interval = policy._s.current, 10**9  # one long message, no decision in it
     job.run(3 * LOOK_AGAIN_STEPS, *SLOW, observe=False)
-    assert policy.phase == EXPLOIT and policy._s.why != "" and "untimed" not in policy._s.why
+    assert policy.phase == EXPLOIT and policy.plan.why != "" and "untimed" not in policy.plan.why
     policy.choose()
-    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
-    assert policy._s.plan == [("powersgd:2@dense_ring", False)]
+    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy.plan.why
+    assert policy.plan.items == [("powersgd:2@dense_ring", False)]
 
 
 def test_nothing_is_chosen_on_the_models_word_while_the_running_options_steps_are_far_off_it() -> None:
@@ -1257,4 +1258,4 @@ def test_nothing_is_chosen_on_the_models_word_while_the_running_options_steps_ar
     assert policy.choose().label == running and policy.phase == EXPLOIT
     job.run(1, *SLOW, observe=False)
     policy.choose()
-    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy._s.why
+    assert policy.phase == EXPLORE and "powersgd:2@dense_ring ahead" in policy.plan.why
