@@ -86,6 +86,7 @@ from flexcomm.policy.evaluation import (
 from flexcomm.policy.exploring import ExploreBudget
 from flexcomm.policy.gains import GainFigures
 from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
+from flexcomm.policy.outliers import OutlierGate, Verdict
 from flexcomm.policy.plan import ExplorationPlan
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
 from flexcomm.policy.steptimes import StepTimes
@@ -120,9 +121,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 14
-CALIBRATION_OUTLIER = 3.0
-CALIBRATION_RESET = 8
+STATE_FORMAT = 15
 LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed option the model puts first
 # An untimed option the model puts ahead is run only when predicted at least this much
 # better: fits in the lab were off by up to 0.80, and a margin of the fits' own error
@@ -314,7 +313,6 @@ class _State:
     sync: dict[str, list[float]] = field(default_factory=dict)  # option label -> latest syncs, since the last change
     current: Decision | None = None
     version: int = 0
-    outliers: dict[str, int] = field(default_factory=dict)  # calibration key -> outliers in a row
     probed_up_at: int | None = None  # steps seen when a lossless option last ran to probe up
     next_look: int = 0  # phase_steps from which the next look for an untimed option is due
 
@@ -353,6 +351,7 @@ class MooPolicy:
         self.gains = GainFigures(self.config.gain_smoothing)
         self.times = StepTimes()
         self.plan = ExplorationPlan()
+        self.outliers = OutlierGate()
         self._s = _State()
         self._price: float | None = None  # error_price(), cached until an observation arrives
         self._fresh = True  # observed since the last choice
@@ -435,7 +434,7 @@ class MooPolicy:
             # Outliers were judged against the network just left: kept, a fit whose
             # last fast-link steps swung 3x on host jitter (2 against 6 ms) stayed
             # untrusted through a short lab's 10 Mbit/s phase, and Top-k 0.1 with it.
-            self._s.outliers = {}
+            self.outliers.clear()
         if self._s.phase == EXPLOIT and moved:
             self._s.sync = {}  # measured on the old network
             self._reconsider(self.watch.change_reason(net))
@@ -524,25 +523,19 @@ class MooPolicy:
             self._advance()
 
     def _calibrate(self, report: StepReport) -> None:
-        """Fit the model's error on this pair, unless the time is so far off the
-        calibrated prediction (CALIBRATION_OUTLIER x either way) that the network
-        the policy knows is not the one the step ran on (a change not yet probed):
-        that is the change detector's to judge. Outliers that persist
-        (CALIBRATION_RESET in a row) mean the model itself is off: its fit starts over."""
+        """Fit the model's error on this pair, as the outlier gate lets it."""
         net = self._net()
         if net is None:
             return
         key = calibration_key(report.compression, report.collective)
         raw = self._link_time(report.choice, net)
-        outliers = self._s.outliers
-        if self.calibration.observations(key):
-            ratio = report.t_sync_s / max(self.calibration.apply(key, raw), 1e-12)
-            if not 1 / CALIBRATION_OUTLIER <= ratio <= CALIBRATION_OUTLIER:
-                outliers[key] = outliers.get(key, 0) + 1
-                if outliers[key] < CALIBRATION_RESET:
-                    return
-                self.calibration.forget(key)
-        outliers.pop(key, None)
+        fitted = self.calibration.observations(key)
+        ratio = report.t_sync_s / max(self.calibration.apply(key, raw), 1e-12) if fitted else None
+        verdict = self.outliers.judge(key, ratio)
+        if verdict is Verdict.SKIP:
+            return
+        if verdict is Verdict.REFIT:
+            self.calibration.forget(key)
         self.calibration.observe(key, raw, report.t_sync_s)
 
     def _observe_gains(self, report: StepReport, exploring: bool) -> None:
@@ -792,6 +785,7 @@ class MooPolicy:
             "gains": self.gains.state_dict(),
             "times": self.times.state_dict(),
             "plan": self.plan.state_dict(),
+            "outliers": self.outliers.state_dict(),
             "state": self._s.to_dict(),
         }
 
@@ -817,6 +811,7 @@ class MooPolicy:
             self.gains = GainFigures(self.config.gain_smoothing)
             self.times = StepTimes()
             self.plan = ExplorationPlan()
+            self.outliers = OutlierGate()
             self._s = _State()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
@@ -827,6 +822,7 @@ class MooPolicy:
         self.gains = GainFigures.from_state(state["gains"], self.config.gain_smoothing)
         self.times = StepTimes.from_state(state["times"])
         self.plan = ExplorationPlan.from_state(state["plan"])
+        self.outliers = OutlierGate.from_state(state["outliers"])
         self._s = _State.from_dict(state["state"])
 
     @property
@@ -1406,7 +1402,7 @@ class MooPolicy:
         the link fell 100x: it ran 0.37 s a step there, and the move then
         detected dropped that figure, so bf16 was run again."""
         running = self._by_label.get(self.watch.running or "")  # s.current, or the item an exploration ended on
-        return running is not None and self._outlying(calibration_key(running.compression, running.collective))
+        return running is not None and self.outliers.outlying(calibration_key(running.compression, running.collective))
 
     def _look_due(self) -> bool:
         """Whether to look for an untimed option now: once per LOOK_AGAIN_STEPS
@@ -1465,11 +1461,7 @@ class MooPolicy:
         it predicts on is not the one the job runs on (the short lab chose dense,
         predicted at 75 ms from a stale fast link, where bf16 had just run 311 ms)."""
         key = calibration_key(row.option.compression, row.option.collective)
-        return self.calibration.observations(key) >= PREDICTION_TRUSTED and not self._outlying(key)
-
-    def _outlying(self, key: str) -> bool:
-        """Whether the latest steps of calibration `key` are outliers (_calibrate)."""
-        return bool(self._s.outliers.get(key))
+        return self.calibration.observations(key) >= PREDICTION_TRUSTED and not self.outliers.outlying(key)
 
     def _margin(self, *rows: Evaluation) -> float:
         """How much better an option must look to switch to it: the hysteresis, or

@@ -17,7 +17,6 @@ from flexcomm.policy import make_policy, policy_from_state
 from flexcomm.policy.costmodel import calibration_key, crossover_ratio, option_sync_time
 from flexcomm.policy.evaluation import Evaluation, outdone, within
 from flexcomm.policy.moo import (
-    CALIBRATION_RESET,
     EXPLOIT,
     EXPLORE,
     LOOK_AGAIN_STEPS,
@@ -28,6 +27,7 @@ from flexcomm.policy.moo import (
     MooPolicy,
     candidate_crs,
 )
+from flexcomm.policy.outliers import CALIBRATION_RESET
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
 from flexcomm.policy.types import Choice, Compression, GradientLayout, NetworkObservation, StepReport
 from support.policy_sim import LAYOUT, Job, gain_of
@@ -530,7 +530,7 @@ def test_a_running_option_kept_at_a_move_is_not_left_before_its_own_steps_time_i
     settle(policy, job, *SLOW)
     running = policy.choose()
     other = next(o for o in policy.options if o.lossless)
-    policy._s.outliers[calibration_key(running.compression, running.collective)] = 1
+    policy.outliers.in_a_row[calibration_key(running.compression, running.collective)] = 1
     policy._keep_running(policy._current_row(policy.evaluate(predicted=True)).t_sync_s)
     policy.observe_steps([StepReport(step=job.step, family=other.compression.family, param=other.compression.param,
                                    collective=other.collective, t_comp_s=0.001, t_sync_s=2.0, gain=1.0,
@@ -707,9 +707,9 @@ def test_outliers_judged_on_a_network_left_behind_do_not_outlast_the_move() -> N
     job.adopted, job.control_interval = policy._s.current, 10**9
     job.run(2, *SLOW, noise=lambda step: 10.0, observe=False)
     key = calibration_key(Compression("topk", 0.011), "art_ring")
-    assert policy._outlying(key)
+    assert policy.outliers.outlying(key)
     policy.observe_network(NetworkObservation.from_link(SLOW[0], SLOW[1] / 10, 4))
-    assert not policy._outlying(key)
+    assert not policy.outliers.outlying(key)
 
 
 def test_stale_reports_of_an_old_decision_do_not_advance_exploration() -> None:
@@ -1254,7 +1254,7 @@ def test_nothing_is_chosen_on_the_models_word_while_the_running_options_steps_ar
     job.adopted, job.control_interval = policy._s.current, 10**9
     job.run(LOOK_AGAIN_STEPS - 3, *SLOW, observe=False)
     job.run(3, *SLOW, noise=lambda step: 10.0, observe=False)
-    assert 0 < policy._s.outliers[calibration_key(Compression("topk", 0.011), "art_ring")] < CALIBRATION_RESET
+    assert 0 < policy.outliers.in_a_row[calibration_key(Compression("topk", 0.011), "art_ring")] < CALIBRATION_RESET
     assert policy.choose().label == running and policy.phase == EXPLOIT
     job.run(1, *SLOW, observe=False)
     policy.choose()
