@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from flexcomm.agent.jobs import Jobs
-from flexcomm.agent.lifecycle import JobLifecycle, StoreUnavailable
+from flexcomm.agent.lifecycle import INGEST_SLICE, JobLifecycle, StoreUnavailable
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import NetworkFeed
 from flexcomm.agent.persist import Persister
@@ -332,6 +332,31 @@ def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_sho
         await lifecycle.ingest(job, [dataclasses.replace(ran, step=1), dataclasses.replace(ran, step=2)], None)
         assert job.policy.phase == "explore" and job.policy.plan.why == "first exploration"
         assert not job.policy.watch.blind  # planned on the network, by the model
+        await persister.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_message_is_fed_a_slice_at_a_time_and_chosen_on_once(tmp_path: Path) -> None:
+    """In-process: the policy observes a long message's reports a slice at a
+    time (the loop serves others between slices) and chooses on them once,
+    after the last (a choice per slice cost a quarter of the ingest rate); the
+    network the message showed comes first, with its own choice."""
+    async def scenario() -> None:
+        persister = Persister(str(tmp_path / "a.db"))
+        await persister.open()
+        network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+        lifecycle = JobLifecycle(Jobs(4), network, persister, Metrics(), policy_for)
+        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                       policy="moo")
+        job = (await lifecycle.register(spec, replace=False)).job
+        chosen_after: list[int] = []
+        choose = job.policy.choose
+        job.policy.choose = lambda: (chosen_after.append(job.policy.exploring.steps_seen), choose())[1]
+        steps = [StepReport(step=i, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
+                            t_sync_s=0.35, gain=1.0) for i in range(3 * INGEST_SLICE + 5)]
+        assert await lifecycle.ingest(job, steps, None) == len(steps)
+        assert chosen_after == [0, len(steps)]
         await persister.close()
 
     asyncio.run(scenario())
