@@ -120,10 +120,13 @@ def test_tiny_grid_end_to_end(privileged: None, tmp_path: Path) -> None:
     rows = load_measured(out / "measured.json")
     assert len(rows) == 1 + 3 * 2  # dense, and three Top-k collectives at two CRs
     assert all(r.t_sync_s > 0 and len(r.samples_s) >= 3 and r.alpha_op_s > 0 for r in rows)
-    # The agent's bandwidth probe saw the shaped 50 Mbit/s, less TCP/IP headers:
-    # the best of its three readings (a loaded host only lowers one; in one suite
-    # run all three read 83-87% while the other worker ran), none above the link.
-    assert all(0.85 * 50e6 < max(r.bandwidth_probes_bps) < 1.0 * 50e6 for r in rows)
+    # The agent's bandwidth probe saw the shaped link: never above its 50 Mbit/s
+    # (unshaped, the veths carry gigabits) and not far below it (a failed probe
+    # reads 0). How close it reads is test_iperf's to judge, with a plain test
+    # beside it: here the suite's other worker loads the host, and in two CI runs
+    # all three readings fell below 85% (83-87% in one).
+    readings = [r.bandwidth_probes_bps for r in rows]
+    assert all(0.5 * 50e6 < max(probes) < 1.0 * 50e6 for probes in readings), readings
     assert all(len(r.bandwidth_probes_bps) == 3 and r.bandwidth_probe_bps == statistics.median(r.bandwidth_probes_bps)
                for r in rows)
     # 256 KB dense over 50 Mbit/s with 2 nodes is 41 ms of wire time (38 ms after the
