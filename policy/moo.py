@@ -481,14 +481,11 @@ class MooPolicy:
         """Run `choice`, the best lossless option, for one item, as an exploration of one."""
         s = self._s
         s.probed_up_at = self.exploring.steps_seen
-        self.plan.why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} "
-                 f"{net.bandwidth_bps / 1e6:.4g} Mbit/s"
-                 f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
-        self._new_plan([(choice.label, True), (self._current_label(), False)])
+        why = (f"bandwidth {'at least' if net.lower_bound else 'last confirmed'} {net.bandwidth_bps / 1e6:.4g} Mbit/s"
+               f"{'' if net.lower_bound else f' {net.age_s:.0f} s ago'}: probing up with {choice.label}")
+        self._new_plan([(choice.label, True), (self._current_label(), False)], why)
         s.sync = {}
-        self.plan.started += 1
-        s.phase = EXPLORE
-        self._run_plan_item()
+        self._measure_plan()
 
     def observe_steps(self, reports: Sequence[StepReport]) -> None:
         for report in reports:
@@ -1076,13 +1073,10 @@ class MooPolicy:
         sync on this network, as its latest steps showed it; then it is not run
         again."""
         s = self._s
-        self.plan.why = why
-        self._new_plan([(first, False)] + ([(running, False)] if shown is None else []))
+        self._new_plan([(first, False)] + ([(running, False)] if shown is None else []), why)
         if shown is not None and running not in s.sync:
             s.sync[running] = [shown]
-        self.plan.started += 1
-        s.phase = EXPLORE
-        self._run_plan_item()
+        self._measure_plan()
 
     def _lossy_sync_fell(self) -> float:
         """How far the running lossy option's sync fell (per second of compute)
@@ -1173,20 +1167,17 @@ class MooPolicy:
         option had nothing moved; not so where the model now puts another ahead
         of it by more than the margin, or where it is an exploring item."""
         s = self._s
-        self.plan.why = why
         shown = self._running_shows_the_move()
         running = self._current_label() if shown is not None else None
         with_lossless = with_lossless or self.watch.got_faster(self._net())
-        self._new_plan(self._exploration_plan(with_lossless, measured=running, running_free=running_free))
+        self._new_plan(self._exploration_plan(with_lossless, measured=running, running_free=running_free), why)
         s.sync = {} if running is None else {running: [shown]}
         self._rebase()  # what a move during the exploration is judged against
         if not self.plan.items:  # nothing to predict with and no exploring left: stay
             s.phase = EXPLOIT
             s.current = replace(s.current, reason=f"{why}; exploring budget spent: staying")
             return
-        self.plan.started += 1
-        s.phase = EXPLORE
-        self._run_plan_item()
+        self._measure_plan()
 
     def _replan_blind_rest(self) -> None:
         """The network is known, and an exploration planned blind goes on: what it
@@ -1198,11 +1189,16 @@ class MooPolicy:
         unplanned, and Top-k 0.1 ran 14 steps at 220 ms until a look found it."""
         self.plan.replan_rest(self._exploration_plan(False), self.config.explore_max)
 
-    def _new_plan(self, plan: list[tuple[str, bool]]) -> None:
-        """Measure `plan` from its first item. The last plan's explored options stay
-        charged while the job runs them on until its next agreement."""
+    def _new_plan(self, plan: list[tuple[str, bool]], why: str) -> None:
+        """Plan to measure `plan` from its first item, for `why`. The last plan's
+        explored options stay charged while the job runs them on until its next
+        agreement."""
         self.exploring.plan_started()
-        self.plan.start(plan)
+        self.plan.start(plan, why)
+
+    def _measure_plan(self) -> None:
+        self._s.phase = EXPLORE
+        self._run_plan_item()
 
     def _explore_allowance(self) -> int:
         return self.exploring.allowance(self.config.explore_share, self.config.explore_horizon)

@@ -26,11 +26,13 @@ class ExplorationPlan:
     why: str = ""  # what started it
     started: int = 0  # explorations started in the job
 
-    def start(self, items: Iterable[Item]) -> None:
-        """Measure `items` from the first; the last plan's explored options stay
+    def start(self, items: Iterable[Item], why: str) -> None:
+        """Measure `items` from the first, for `why` (an exploration started, if
+        there is anything to measure); the last plan's explored options stay
         spent on while the job runs them on."""
         self.explored_before = [label for label, exploring in self.items if exploring]
-        self.items, self.index = list(items), 0
+        self.items, self.index, self.why = list(items), 0, why
+        self.started += bool(self.items)
 
     def item(self) -> Item | None:
         """The item being measured; None once every item has been."""

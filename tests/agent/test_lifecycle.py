@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from flexcomm.agent.jobs import Jobs
+from flexcomm.agent.jobs import Job, Jobs
 from flexcomm.agent.lifecycle import INGEST_SLICE, JobLifecycle, StoreUnavailable
 from flexcomm.agent.metrics import Metrics
 from flexcomm.agent.network_feed import NetworkFeed
@@ -306,19 +306,25 @@ def test_a_replacement_the_store_refused_leaves_the_running_job_its_estimate(tmp
     asyncio.run(scenario())
 
 
+async def one_moo_job(tmp_path: Path) -> tuple[Persister, JobLifecycle, Job]:
+    """In-process: a real store and network model, and a MOO job registered on
+    two nodes with no network known."""
+    persister = Persister(str(tmp_path / "a.db"))
+    await persister.open()
+    network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
+    lifecycle = JobLifecycle(Jobs(4), network, persister, Metrics(), policy_for)
+    spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
+                   policy="moo")
+    return persister, lifecycle, (await lifecycle.register(spec, replace=False)).job
+
+
 def test_a_jobs_first_exploration_is_planned_on_the_network_its_first_report_showed(tmp_path: Path) -> None:
     """In-process (a real store and network model): a MOO job registered with no
     network known. Its first report's syncs give the estimate, and the policy sees
     that network before the report ends its warm-up: the exploration is ranked by
     the model, not the blind plan of one option per family."""
     async def scenario() -> None:
-        persister = Persister(str(tmp_path / "a.db"))
-        await persister.open()
-        network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
-        lifecycle = JobLifecycle(Jobs(4), network, persister, Metrics(), policy_for)
-        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
-                       policy="moo")
-        job = (await lifecycle.register(spec, replace=False)).job
+        persister, lifecycle, job = await one_moo_job(tmp_path)
         assert job.policy.network is None
         warm_up = StepReport(step=0, family="dense", param=0.0, collective="dense_ring", t_comp_s=0.0,
                              t_sync_s=0.35, gain=1.0)  # 4 MB in 0.35 s: about 100 Mbit/s
@@ -343,13 +349,7 @@ def test_a_message_is_fed_a_slice_at_a_time_and_chosen_on_once(tmp_path: Path) -
     after the last (a choice per slice cost a quarter of the ingest rate); the
     network the message showed comes first, with its own choice."""
     async def scenario() -> None:
-        persister = Persister(str(tmp_path / "a.db"))
-        await persister.open()
-        network = NetworkFeed(Estimator(), Metrics(), redecide=lambda _: None)
-        lifecycle = JobLifecycle(Jobs(4), network, persister, Metrics(), policy_for)
-        spec = JobSpec(job_id="j", world_size=2, grad_bytes=4_000_000, nodes=("10.99.0.1", "10.99.0.2"),
-                       policy="moo")
-        job = (await lifecycle.register(spec, replace=False)).job
+        persister, lifecycle, job = await one_moo_job(tmp_path)
         chosen_after: list[int] = []
         choose = job.policy.choose
         job.policy.choose = lambda: (chosen_after.append(job.policy.exploring.steps_seen), choose())[1]
