@@ -128,7 +128,9 @@ class Job:
             return 0
         try:
             self.policy.observe_steps(reports)
-        except ValueError as exc:  # a report this policy cannot take; the store keeps it still
+        except ValueError as exc:
+            # A report this policy cannot take: the rest of the slice goes unobserved
+            # (counted once); the store keeps every report still.
             self.policy_errors += 1
             on_policy_error(str(exc))
         for r in reports:
