@@ -18,9 +18,12 @@ if any, are never consulted. A source must never block the training step:
 
 `PolicySource` wraps an in-process `flexcomm.policy` Policy (pure and
 microseconds-fast, so it runs inline). A policy that knows the job's gradient
-(`layout`) and was given a network (`network`) has it followed the way the agent
+(`layout`) and takes a network (`network`) has it followed the way the agent
 follows it: every step's sync goes to the same estimate (policy/linkestimate.py),
-and the policy observes the network again when the estimate moves. The agent
+and the policy observes the network again when the estimate moves. Given none,
+it gets its first from the syncs once the source knows the job's world size
+(`use_world`, at set-up), with alpha 0, as the agent's for a job no probe has
+reached: without it, the one-line fallback's MOO never saw the link move. The agent
 client (client/agent_client.py) is the other implementation: it talks to the
 node's agent in the background.
 """
@@ -62,6 +65,12 @@ class PolicySource:
         self.clock = clock
         self.estimate = LinkEstimate(LinkEstimateConfig(probes=False))  # nothing probes in-process
         self._reader: SyncReader | None = None
+        self.world: int | None = None  # the job's ranks (`use_world`), for a policy given no network
+
+    def use_world(self, world: int) -> None:
+        """The job's ranks: with them a policy given no network learns one from
+        its syncs (alpha 0, as the agent does for a job no probe has reached)."""
+        self.world = world
 
     def latest(self) -> Decision | None:
         return self.policy.choose()
@@ -72,18 +81,29 @@ class PolicySource:
 
     def _follow_network(self, report: StepReport) -> None:
         net, layout = getattr(self.policy, "network", None), getattr(self.policy, "layout", None)
-        if not isinstance(net, NetworkObservation) or not isinstance(layout, GradientLayout):
-            return  # a policy that takes no network, or was given none to start from
+        given = isinstance(net, NetworkObservation)
+        nodes = net.nodes if given else self._world_for_a_blind_policy(net)
+        if nodes is None or not isinstance(layout, GradientLayout):
+            return  # a policy that takes no network, or neither a network nor the world is known
         now = self.clock()
-        self.estimate.bucket = net.bucket  # the link's token bucket, as the policy prices it
-        if self._reader is None or self._reader.nodes != net.nodes:
-            self._reader = SyncReader(layout, net.nodes, getattr(self.policy, "forms", None))
-        if self.estimate.beta_s_per_byte is None:
-            self.estimate.observe_report(net.beta_s_per_byte, now)  # the network it was given
+        if given:
+            self.estimate.bucket = net.bucket  # the link's token bucket, as the policy prices it
+            if self.estimate.beta_s_per_byte is None:
+                self.estimate.observe_report(net.beta_s_per_byte, now)  # the network it was given
+        if self._reader is None or self._reader.nodes != nodes:
+            self._reader = SyncReader(layout, nodes, getattr(self.policy, "forms", None))
         self._reader.observe(self.estimate, (report,), now)
-        seen = self.estimate.observation(net, now)
-        if network_news(net, seen):
+        if self.estimate.beta_s_per_byte is None:
+            return  # the syncs have not read the link yet
+        seen = self.estimate.observation(net if given else NetworkObservation(0.0, 1.0, nodes), now)
+        if not given or network_news(net, seen):
             self.policy.observe_network(seen)
+
+    def _world_for_a_blind_policy(self, net: object) -> int | None:
+        """The job's ranks, for a policy that takes a network and was given none
+        (its first comes from the syncs); else None."""
+        takes_one = net is None and hasattr(self.policy, "network") and hasattr(self.policy, "observe_network")
+        return self.world if takes_one else None
 
     def state_dict(self) -> dict[str, Any]:
         """The policy's state and the network estimate, for a checkpoint."""

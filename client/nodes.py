@@ -72,9 +72,11 @@ def job_nodes(group: dist.ProcessGroup | None = None) -> list[str]:
 
 
 def share_nodes(source: object, group: dist.ProcessGroup | None = None) -> list[str]:
-    """Gather the nodes (on every rank) and give them to `source` if it asks for them."""
+    """Gather the nodes (on every rank) and give them, and the job's world size,
+    to `source` if it asks for them (`use_nodes`, `use_world`)."""
     nodes = job_nodes(group)
-    use = getattr(source, "use_nodes", None)
-    if callable(use):
-        use(nodes)
+    for ask, value in (("use_nodes", nodes), ("use_world", dist.get_world_size(group))):
+        use = getattr(source, ask, None)
+        if callable(use):
+            use(value)
     return nodes

@@ -52,3 +52,22 @@ def test_a_policy_without_a_network_is_left_alone():
     static = PolicySource(make_policy("dense", grad_bytes=GRAD_BYTES, nodes=2))
     static.report(dense_step(0, 20e6, moo))
     assert static.latest().family == "dense"
+
+
+def test_a_moo_given_no_network_learns_one_from_its_syncs_once_it_knows_the_world():
+    """The one-line fallback when no agent answers: a MOO with no network. Given
+    none and not the world, it is left alone; with the world, its syncs give it
+    the link, and it follows the link's moves."""
+    moo = make_policy("moo", grad_bytes=GRAD_BYTES, nodes=2)
+    clock = iter(float(t) for t in range(1000))
+    source = PolicySource(moo, clock=lambda: next(clock))
+    source.report(dense_step(0, 20e6, moo))
+    assert moo.network is None
+    source.use_world(2)
+    for step in range(1, 7):
+        source.report(dense_step(step, 20e6, moo))
+    assert moo.network.bandwidth_bps == pytest.approx(20e6, rel=0.1)
+    assert moo.network.alpha_s == 0.0 and moo.network.nodes == 2
+    for step in range(7, 40):
+        source.report(dense_step(step, 200e6, moo))
+    assert moo.network.bandwidth_bps == pytest.approx(200e6, rel=0.2)
