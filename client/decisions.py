@@ -82,7 +82,8 @@ class PolicySource:
     def _follow_network(self, report: StepReport) -> None:
         net, layout = getattr(self.policy, "network", None), getattr(self.policy, "layout", None)
         given = isinstance(net, NetworkObservation)
-        nodes = net.nodes if given else self._world_for_a_blind_policy(net)
+        blind = net is None and hasattr(self.policy, "network")  # takes a network, was given none
+        nodes = net.nodes if given else self.world if blind else None
         if nodes is None or not isinstance(layout, GradientLayout):
             return  # a policy that takes no network, or neither a network nor the world is known
         now = self.clock()
@@ -95,15 +96,11 @@ class PolicySource:
         self._reader.observe(self.estimate, (report,), now)
         if self.estimate.beta_s_per_byte is None:
             return  # the syncs have not read the link yet
-        seen = self.estimate.observation(net if given else NetworkObservation(0.0, 1.0, nodes), now)
+        # Given none, the first has the estimate's bandwidth and no latency (none is measured in-process).
+        seen = self.estimate.observation(net if given else NetworkObservation(0.0, self.estimate.beta_s_per_byte,
+                                                                              nodes), now)
         if not given or network_news(net, seen):
             self.policy.observe_network(seen)
-
-    def _world_for_a_blind_policy(self, net: object) -> int | None:
-        """The job's ranks, for a policy that takes a network and was given none
-        (its first comes from the syncs); else None."""
-        takes_one = net is None and hasattr(self.policy, "network") and hasattr(self.policy, "observe_network")
-        return self.world if takes_one else None
 
     def state_dict(self) -> dict[str, Any]:
         """The policy's state and the network estimate, for a checkpoint."""
