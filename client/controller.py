@@ -21,6 +21,7 @@ input fails when the hook is built, not at step 1000.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections import deque
@@ -296,6 +297,7 @@ class Controller:
                 t_comp_s=stats.t_comp_s, t_sync_s=stats.t_sync_s, gain=stats.gain, bytes_sent=stats.bytes_sent,
                 epoch=epoch, t_compute_s=stats.t_compute_s,
                 gains=merge_masses(stats.probes) if stats.probes else {}, ended_unix=ended_unix,
+                grad_norm=math.sqrt(stats.norm_g),
             )
             self.source.report(report)
         except Exception:

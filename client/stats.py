@@ -66,13 +66,14 @@ class StepStats:
     bytes_sent: int = 0
     norm_e: float = 0.0
     norm_c: float = 0.0
+    norm_g: float = 0.0  # ||g||^2 before any residual joined it, on steps that read gains (rank 0)
     probes: list[tuple[dict[str, float], float]] = field(default_factory=list)
     sync_intervals: list[tuple[float, float]] = field(default_factory=list, repr=False)
     host_spans: list[tuple[float, float]] = field(default_factory=list, repr=False)  # every span, host clock
     device_spans: list[tuple[float, float]] = field(default_factory=list, repr=False)  # device clock, from origin
     began: float | None = field(default=None, repr=False)  # host clock at the step's start
     _spans: list[tuple[str, Any, Any, Any]] = field(default_factory=list, repr=False)
-    _norms: tuple[list[torch.Tensor], list[torch.Tensor]] = field(default_factory=lambda: ([], []), repr=False)
+    _norms: tuple[list[torch.Tensor], ...] = field(default_factory=lambda: ([], [], []), repr=False)
     _pending: list[Pending] = field(default_factory=list, repr=False)
     _origin: tuple[Any, Any] | None = field(default=None, repr=False)
     resolved: bool = field(default=False, repr=False)  # resolve() has folded everything recorded
@@ -123,13 +124,13 @@ class StepStats:
         with self._lock:
             self._spans.append((field_name, clock, start, end))
 
-    def add_norms(self, e: torch.Tensor | None = None, c: torch.Tensor | None = None) -> None:
+    def add_norms(self, e: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                  g: torch.Tensor | None = None) -> None:
         """Squared norms of one bucket (0-dim tensors on its device)."""
         with self._lock:
-            if e is not None:
-                self._norms[0].append(e)
-            if c is not None:
-                self._norms[1].append(c)
+            for kept, norm in zip(self._norms, (e, c, g), strict=True):
+                if norm is not None:
+                    kept.append(norm)
 
     def add_probe(self, pending: Pending) -> None:
         with self._lock:
@@ -139,10 +140,9 @@ class StepStats:
     def seal(self) -> None:
         """Start copying the norms recorded so far to the host (the step's end)."""
         with self._lock:
-            e, c = self._norms
-            self._norms = ([], [])
-        if e or c:
-            self.add_probe(_Norms(e, c))
+            norms, self._norms = self._norms, ([], [], [])
+        if any(norms):
+            self.add_probe(_Norms(*norms))
 
     def ready(self) -> bool:
         with self._lock:
@@ -196,17 +196,19 @@ def covered(intervals: list[tuple[float, float]], low: float = float("-inf"), hi
 class _Norms:
     """A step's bucket norms on their way to the host."""
 
-    def __init__(self, e: list[torch.Tensor], c: list[torch.Tensor]) -> None:
-        self.count_e = len(e)
-        self.later = Later(e + c)
+    def __init__(self, e: list[torch.Tensor], c: list[torch.Tensor], g: list[torch.Tensor]) -> None:
+        self.ends = (len(e), len(e) + len(c))
+        self.later = Later(e + c + g)
 
     def ready(self) -> bool:
         return self.later.ready()
 
     def fold(self, stats: StepStats) -> None:
         values = self.later.numbers()
-        stats.norm_e += sum(values[: self.count_e])
-        stats.norm_c += sum(values[self.count_e :])
+        e, c = self.ends
+        stats.norm_e += sum(values[:e])
+        stats.norm_c += sum(values[e:c])
+        stats.norm_g += sum(values[c:])
 
 
 @contextmanager

@@ -59,6 +59,8 @@ class GradientStep:
     def run(self, bucket: Bucket, decision: Decision, stats: StepStats,
             probes: Sequence[Compression] = ()) -> Future:
         compressor = self.compressors[decision.family]
+        if probes:  # the critical-regime signal, read before any residual joins g
+            stats.add_norms(g=squared_norm(bucket.g))
         g_e = self._compensate(bucket, compressor.lossy, stats)
         if probes:
             self._probe(bucket, g_e, probes, stats)

@@ -25,11 +25,12 @@ Where each figure comes from:
   priced as its share of what that reference keeps, of what the first keeps.
 
 Its parts, each with its own state: the quality budget (policy.budget), the
-exploring budget (policy.exploring), the reconsideration rule
-(policy.reconsider), the gain figures (policy.gains), the compute and
-compression times (policy.steptimes) and the calibration (policy.costmodel);
-a candidate as it is judged and the rules that compare candidates are
-policy.evaluation.
+critical-regime detector (policy.regime: in a critical regime a step may
+deliver at most `critical_share` of the reference's error), the exploring
+budget (policy.exploring), the reconsideration rule (policy.reconsider), the
+gain figures (policy.gains), the compute and compression times
+(policy.steptimes) and the calibration (policy.costmodel); a candidate as it
+is judged and the rules that compare candidates are policy.evaluation.
 
 Phases: warm-up (a lossless option, to measure the job), exploring (run the few
 options the calibrated model puts nearest the best choice, one or two steps each;
@@ -89,6 +90,7 @@ from flexcomm.policy.linkestimate import BURST_BYTES, SYNC, SYNC_BOUND
 from flexcomm.policy.outliers import OutlierGate, Verdict
 from flexcomm.policy.plan import ExplorationPlan
 from flexcomm.policy.reconsider import RUNNING_SAMPLES, Reconsideration
+from flexcomm.policy.regime import CriticalRegime
 from flexcomm.policy.steptimes import StepTimes
 from flexcomm.policy.types import (
     AG_TOPK,
@@ -121,7 +123,7 @@ from flexcomm.policy.types import (
 
 WARMUP, EXPLORE, EXPLOIT = "warmup", "explore", "exploit"
 OBJECTIVES = ("budget", "asf", "progress")
-STATE_FORMAT = 15
+STATE_FORMAT = 16
 LOOK_AGAIN_STEPS = 10  # steps between looks, while exploiting, for an untimed option the model puts first
 # An untimed option the model puts ahead is run only when predicted at least this much
 # better: fits in the lab were off by up to 0.80, and a margin of the fits' own error
@@ -185,6 +187,9 @@ class MooConfig:
     objective: str = "budget"
     quality_reference: str = "topk:0.1+powersgd:4"
     budget_payback_steps: int = 100
+    critical_share: float = 1.0
+    critical_window: int = 5
+    critical_change: float = 0.5
     weight_time: float = 0.6
     weight_gain: float = 0.4
     change_threshold: float = 0.10
@@ -241,8 +246,10 @@ class MooConfig:
         check_range("gain_smoothing", self.gain_smoothing, 0, 1, open_low=True)
         check_range("explore_share", self.explore_share, 0, 1)
         check_range("explore_prune", self.explore_prune, 1, 1e6)
+        check_range("critical_share", self.critical_share, 0, 1)
+        check_range("critical_change", self.critical_change, 0, 10, open_low=True)
         for name, low in (("warmup_steps", 0), ("explore_steps", 1), ("budget_payback_steps", 1),
-                          ("explore_horizon", 0), ("explore_max", 1)):
+                          ("explore_horizon", 0), ("explore_max", 1), ("critical_window", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000:
                 raise ValueError(f"{name}: must be a whole number in {low}..1000000, got {v!r}")
@@ -346,6 +353,7 @@ class MooPolicy:
         self.config = config or MooConfig()
         self.calibration = Calibration()
         self.budget = QualityBudget(self.config.budget_payback_steps)
+        self.regime = self._new_regime()
         self.exploring = ExploreBudget()
         self.watch = Reconsideration()
         self.gains = GainFigures(self.config.gain_smoothing)
@@ -359,6 +367,9 @@ class MooPolicy:
         self._set_current(self._warmup_option(), "warm-up: measuring the job on a known-good option")
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
+
+    def _new_regime(self) -> CriticalRegime:
+        return CriticalRegime(self.config.critical_window, self.config.critical_change)
 
     def _reset_caches(self) -> None:
         """Figures derived from the layout and config alone, computed once each."""
@@ -496,6 +507,7 @@ class MooPolicy:
         self._price, self._fresh = None, True
         if report.t_compute_s > 0:
             self.times.observe_compute(report.t_compute_s)
+        self.regime.observe(report.grad_norm)
         label = report.choice.label
         exploring = self._spent_exploring(label)
         self._observe_gains(report, exploring)
@@ -699,7 +711,10 @@ class MooPolicy:
         (policy.budget) and ERROR_BAND of the reference's error more; None while
         the reference's error is not known yet."""
         ref = self._reference_error()
-        return None if ref is None else min(self.budget.allowance(ref) + ERROR_BAND * ref, error_cap(ref))
+        if ref is None:
+            return None
+        allowance = min(self.budget.allowance(ref) + ERROR_BAND * ref, error_cap(ref))
+        return min(allowance, self.config.critical_share * ref) if self.regime.critical else allowance
 
     @cached_property
     def _reference_label(self) -> str | None:
@@ -777,6 +792,7 @@ class MooPolicy:
             "config": self.config.to_dict(),
             "calibration": self.calibration.state_dict(),
             "budget": self.budget.state_dict(),
+            "regime": self.regime.state_dict(),
             "exploring": self.exploring.state_dict(),
             "reconsideration": self.watch.state_dict(),
             "gains": self.gains.state_dict(),
@@ -803,6 +819,7 @@ class MooPolicy:
         if state.get("format") != STATE_FORMAT:
             self.calibration = Calibration()
             self.budget = QualityBudget(self.config.budget_payback_steps)
+            self.regime = self._new_regime()
             self.exploring = ExploreBudget()
             self.watch = Reconsideration()
             self.gains = GainFigures(self.config.gain_smoothing)
@@ -814,6 +831,8 @@ class MooPolicy:
             return
         self.calibration = Calibration.from_state(state["calibration"])
         self.budget = QualityBudget.from_state(state["budget"], self.config.budget_payback_steps)
+        self.regime = CriticalRegime.from_state(state["regime"], self.config.critical_window,
+                                                self.config.critical_change)
         self.exploring = ExploreBudget.from_state(state["exploring"])
         self.watch = Reconsideration.from_state(state["reconsideration"])
         self.gains = GainFigures.from_state(state["gains"], self.config.gain_smoothing)
@@ -1584,7 +1603,9 @@ class MooPolicy:
         price, dear = self.error_price(), self._s.dear
         worth = (f"; a reference's error spent where it saves {price * ref_error:.0%} of a step ({PRICE_SHARE:.0%} "
                  f"of what it saves at {dear.bandwidth_bps / 1e6:.4g} Mbit/s)" if price and ref_error and dear else "")
-        return (f"fastest within the error allowance {allowed} (error {1 - (best.gain or 0):.2f}){worth}; "
+        critical = (f" in a {self.regime.describe()}, {self.config.critical_share:.0%} of the reference's error "
+                    "at most") if self.regime.critical else ""
+        return (f"fastest within the error allowance {allowed}{critical} (error {1 - (best.gain or 0):.2f}){worth}; "
                 f"{ref}, {spent}")
 
 

@@ -595,9 +595,11 @@ class StepReport:
     gain it would have had on this step's gradient (read off one gradient).
     t_compute_s is forward + backward time, when known (else 0). ended_unix: when
     the step ended, in seconds since the epoch on the reporting host's clock
-    (0 when unknown). disturbed: the step overlapped a bandwidth test of the
-    job's paths (set by the agent, never sent by a client): its times say
-    nothing of the path or the option.
+    (0 when unknown). grad_norm: the L2 norm of the reporting rank's own
+    gradient before any residual joined it, read on the steps that read gains (0
+    when not read): the critical-regime signal (policy.regime). disturbed: the
+    step overlapped a bandwidth test of the job's paths (set by the agent, never
+    sent by a client): its times say nothing of the path or the option.
     """
 
     step: int
@@ -612,6 +614,7 @@ class StepReport:
     t_compute_s: float = 0.0
     gains: Mapping[str, float] = field(default_factory=dict)
     ended_unix: float = 0.0
+    grad_norm: float = 0.0
     disturbed: bool = False
 
     def __post_init__(self) -> None:
@@ -626,6 +629,7 @@ class StepReport:
         _finite("t_sync_s", self.t_sync_s)
         _finite("t_compute_s", self.t_compute_s)
         _finite("ended_unix", self.ended_unix)
+        _finite("grad_norm", self.grad_norm)
         gain = _finite("gain", self.gain)
         if gain > 1.0 + 1e-6:
             raise ValueError(f"gain: must be in [0, 1], got {self.gain!r}")

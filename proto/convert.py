@@ -94,6 +94,7 @@ def report_to_proto(report: StepReport) -> pb.StepReport:
         bytes_sent=report.bytes_sent,
         gains=[pb.Gain(compression=name, gain=g) for name, g in report.gains.items()],
         ended_unix=report.ended_unix,
+        grad_norm=report.grad_norm,
     )
 
 

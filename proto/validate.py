@@ -152,7 +152,7 @@ def report(msg: pb.StepReport, where: str) -> StepReport:
         return StepReport(step=msg.step, family=msg.family, param=msg.param, collective=collective,
                           t_comp_s=msg.t_comp_s, t_sync_s=msg.t_sync_s, gain=msg.gain,
                           bytes_sent=msg.bytes_sent, epoch=msg.epoch, t_compute_s=msg.t_compute_s, gains=gains,
-                          ended_unix=msg.ended_unix)
+                          ended_unix=msg.ended_unix, grad_norm=msg.grad_norm)
     except ValueError as exc:  # anything the shared vocabulary checks beyond the above
         raise ValueError(f"{where}.{exc}") from None
 

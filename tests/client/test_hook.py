@@ -18,6 +18,7 @@ Bad input fails at construction (in this process, and a group of one rank).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import statistics
 import time
@@ -180,7 +181,6 @@ def check_sparse_through_ddp(rank: int, world: int) -> dict:
 def _restart(rank: int, world: int, model, state) -> list[float]:
     """A new DDP model and hook restored from `state` (as after a restart) runs its
     dense warm-up step, then uses the restored residual: checked by hand."""
-    import copy
 
     import torch.distributed as dist
 
@@ -361,7 +361,12 @@ def check_switching(rank: int, world: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     lossless_after_lossy_residual_zero = None
     in_flight_after_backward = []
+    local_norm_at_14 = None
     for step in range(SWITCH_STEPS):
+        if step == 14:  # a probe step: rank 0's own gradient, as its hook sees it before averaging
+            alone = copy.deepcopy(model.module)
+            train_step(alone, torch.optim.SGD(alone.parameters(), lr=0.05), rank, step)
+            local_norm_at_14 = float(torch.cat([p.grad.reshape(-1) for p in alone.parameters()]).norm())
         train_step(model, opt, rank, step)
         in_flight_after_backward.append(state.controller._pending is not None)
         opt.step()
@@ -374,8 +379,9 @@ def check_switching(rank: int, world: int) -> dict:
         "sequence": [(s.step, s.compression.name, s.collective, s.version, tuple(s.roots))
                      for s in state.history],
         "source_calls": source.calls,
-        "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s, r.ended_unix)
-                    for r in source.reports],
+        "reports": [(r.step, r.compression.name, r.collective, sorted(r.gains), r.t_compute_s, r.ended_unix,
+                     r.grad_norm) for r in source.reports],
+        "local_norm_at_14": local_norm_at_14,
         "rejected": state.controller.rejected,
         "in_flight_after_backward": in_flight_after_backward,
         "lossless_flushed": lossless_after_lossy_residual_zero,
@@ -387,7 +393,6 @@ def check_checkpoint_with_powersgd_and_policy(rank: int, world: int) -> dict:
     """A job on PowerSGD with an in-process MOO on rank 0, checkpointed at step 6
     and restored into a new model and hook: the same factors, residuals, step and
     policy state come back, and the restored job decides as the original would."""
-    import copy
 
     from flexcomm.client.hook import register
     from flexcomm.policy import GradientLayout, make_policy
@@ -429,7 +434,6 @@ def check_powersgd_in_one_rebuilt_bucket(rank: int, world: int) -> dict:
     """PowerSGD on a model in one bucket, which DDP rebuilds before the second
     backward to the same size with the parameters reversed: the 1-D tensors
     PowerSGD sends dense come back as the group's exact mean on every step."""
-    import copy
 
     from flexcomm.client.hook import register
 
@@ -845,6 +849,9 @@ def test_switching_follows_rank_0_on_every_rank(results):
     assert [(r[1], r[2]) for r in reports] == [e[1:3] for e in expected]
     assert reports[14][3] == sorted(PROBES)  # asked by the decision agreed at step 12
     assert reports[15][3] == []
+    # The probe steps read rank 0's own gradient norm too, before any residual joined it.
+    assert [r[0] for r in reports if r[6] > 0] == [r[0] for r in reports if r[3]]
+    assert reports[14][6] == pytest.approx(per_rank[0]["switching"]["local_norm_at_14"], rel=1e-5)
     # Buckets overlap under DDP; their sync is counted once, so compute stays positive.
     assert all(r[4] > 0 for r in reports[:-1])
     # Each step is stamped with when it ended on this host's clock (the last, closing, is not).

@@ -48,11 +48,12 @@ class Job:
 
     def run(self, steps: int, latency_s: float, bandwidth_bps: float, *,
             noise: Callable[[int], float] | None = None, host: Callable[[int], float] | None = None,
-            observe: bool = True) -> None:
+            observe: bool = True, grad_norm: Callable[[int], float] | None = None) -> None:
         """`steps` steps on this link; the policy is told the network first unless
         observe=False (a probe that has not seen the change). noise(step) scales
         the sync time alone (the link); host(step) every time the step reports
-        (a loaded CPU slows compute, compression and gloo's own work alike)."""
+        (a loaded CPU slows compute, compression and gloo's own work alike);
+        grad_norm(step) the gradient norm each step reads (none by default)."""
         net = NetworkObservation.from_link(latency_s, bandwidth_bps, self.nodes)
         if observe:
             self.policy.observe_network(net)
@@ -70,7 +71,8 @@ class Job:
                 step=self.step, family=d.family, param=d.param, collective=d.collective,
                 t_comp_s=self.t_comp(d.compression) * slow, t_sync_s=t_sync * slow, gain=gain_of(d.compression),
                 t_compute_s=self.t_compute * slow,
-                gains={name: gain_of(Compression.parse(name)) for name in d.probes})])
+                gains={name: gain_of(Compression.parse(name)) for name in d.probes},
+                grad_norm=grad_norm(self.step) if grad_norm else 0.0)])
             self.step += 1
 
     def switches(self, last: int) -> int:
