@@ -48,11 +48,11 @@ Statistics: `state.last_stats()` is the last finished step's `StepStats`
 collective, version, roots); `state.history` holds recent ones; `state.rank_stats`
 every rank's means from the last agreement. Rank 0 reports each step to its
 source as a `StepReport` when the next step starts, with the gains of the
-decision's probes and the norm of its own gradient every `probe_interval` steps. `state.set_epoch(e)` sets the
-epoch reports carry. On a GPU a step's times come from CUDA events and its norms
-and gains from device tensors, read once the device has done that work (a step
-or two later; nothing waits for them), so history, rank_stats and reports trail
-the step by that much.
+decision's probes and the norm of its own gradient every `probe_interval`
+steps. `state.set_epoch(e)` sets the epoch reports carry. On a GPU a step's
+times come from CUDA events and its norms and gains from device tensors, read
+once the device has done that work (a step or two later; nothing waits for
+them), so history, rank_stats and reports trail the step by that much.
 
 Checkpointing: `state.state_dict()` / `state.load_state_dict(...)` on every rank
 (step counter, adopted decision, residuals, PowerSGD's factors, and rank 0's

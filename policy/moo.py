@@ -708,8 +708,9 @@ class MooPolicy:
 
     def _allowance(self) -> float | None:
         """The error a newly chosen option may deliver: what a step may deliver now
-        (policy.budget) and ERROR_BAND of the reference's error more; None while
-        the reference's error is not known yet."""
+        (policy.budget) and ERROR_BAND of the reference's error more, in a
+        critical regime (policy.regime) critical_share of the reference's error
+        at most; None while the reference's error is not known yet."""
         ref = self._reference_error()
         if ref is None:
             return None
