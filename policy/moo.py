@@ -351,16 +351,7 @@ class MooPolicy:
             raise ValueError(f"grad_bytes: must be finite and > 0, got {grad_bytes!r}")
         self.layout = layout or GradientLayout.flat(grad_bytes)
         self.config = config or MooConfig()
-        self.calibration = Calibration()
-        self.budget = QualityBudget(self.config.budget_payback_steps)
-        self.regime = self._new_regime()
-        self.exploring = ExploreBudget()
-        self.watch = Reconsideration()
-        self.gains = GainFigures(self.config.gain_smoothing)
-        self.times = StepTimes()
-        self.plan = ExplorationPlan()
-        self.outliers = OutlierGate()
-        self._s = _State()
+        self._new_parts()
         self._price: float | None = None  # error_price(), cached until an observation arrives
         self._fresh = True  # observed since the last choice
         self._reset_caches()
@@ -368,8 +359,18 @@ class MooPolicy:
         if self.config.warmup_steps == 0:
             self._start_exploration("first exploration")
 
-    def _new_regime(self) -> CriticalRegime:
-        return CriticalRegime(self.config.critical_window, self.config.critical_change)
+    def _new_parts(self) -> None:
+        """Every part's state as a new job's, with the settings of `config`."""
+        self.calibration = Calibration()
+        self.budget = QualityBudget(self.config.budget_payback_steps)
+        self.regime = CriticalRegime(self.config.critical_window, self.config.critical_change)
+        self.exploring = ExploreBudget()
+        self.watch = Reconsideration()
+        self.gains = GainFigures(self.config.gain_smoothing)
+        self.times = StepTimes()
+        self.plan = ExplorationPlan()
+        self.outliers = OutlierGate()
+        self._s = _State()
 
     def _reset_caches(self) -> None:
         """Figures derived from the layout and config alone, computed once each."""
@@ -818,16 +819,7 @@ class MooPolicy:
         self._reset_caches()
         self._price, self._fresh = None, True
         if state.get("format") != STATE_FORMAT:
-            self.calibration = Calibration()
-            self.budget = QualityBudget(self.config.budget_payback_steps)
-            self.regime = self._new_regime()
-            self.exploring = ExploreBudget()
-            self.watch = Reconsideration()
-            self.gains = GainFigures(self.config.gain_smoothing)
-            self.times = StepTimes()
-            self.plan = ExplorationPlan()
-            self.outliers = OutlierGate()
-            self._s = _State()
+            self._new_parts()
             self._set_current(self._warmup_option(), "warm-up: state of an older flexcomm, measuring afresh")
             return
         self.calibration = Calibration.from_state(state["calibration"])
